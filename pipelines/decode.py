@@ -1,0 +1,89 @@
+"""pipeline=decode (default): serve the workload, print a short table, return the results payload."""
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from synodic.config.registry import Component, register
+
+
+@register("pipeline")
+class DecodePipeline(Component):
+    kind: Literal["decode"] = "decode"
+    show: int = Field(4, ge=0, description="requests whose text is printed in the summary table")
+    stream: bool = Field(False, description="print request 0's tokens as they are generated")
+
+
+def serve(cfg, requests=None, progress=True):
+    """Builds the graph and serves the workload; returns (graph, engine, requests)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from synodic.engine.engine import Engine
+    from synodic.engine.text import load_codec
+    from synodic.engine.workload import build_requests, max_seq_len
+    from synodic.graph import build_graph, load_model  # noqa: F401
+
+    from synodic.models.weights import shipped_dir
+    wl = cfg.workload
+    ckpt = (Path(cfg.model.weights) if cfg.model.weights not in ("auto", "random")
+            else shipped_dir(cfg.model.kind) if cfg.model.weights == "auto" and not cfg.model.overrides
+            else None)
+    vocab = cfg.model.architecture().vocab_size
+    requests = requests or build_requests(wl, load_codec(ckpt), vocab)
+    graph = build_graph(cfg, max_seq_len(wl, requests))
+    engine = Engine(graph, max_running=wl.concurrency)
+    total = sum(r.params.max_tokens for r in requests)
+    if not progress:
+        engine.generate(requests)
+        return graph, engine, requests
+    with Progress(TextColumn("decode"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                  TimeElapsedColumn(), transient=True) as bar:
+        task = bar.add_task("decode", total=total)
+        engine.generate(requests, on_token=lambda r, t: bar.advance(task))
+    return graph, engine, requests
+
+
+def metrics(engine, requests) -> dict:
+    done = [r for r in requests if r.first_token_s is not None]
+    ttft = [1e3 * (r.first_token_s - r.arrival_s) for r in done]
+    tpot = [1e3 * (r.finish_s - r.first_token_s) / (len(r.output_ids) - 1)
+            for r in done if r.finish_s is not None and len(r.output_ids) > 1]
+    wall = max((r.finish_s or r.arrival_s) for r in requests) - min(r.arrival_s for r in requests)
+    dec_tokens = engine.ledger.tokens
+    return {"decode_tokens_per_s": dec_tokens / engine.decode_s if engine.decode_s else 0.0,
+            "ttft_ms": sum(ttft) / len(ttft) if ttft else None,
+            "tpot_ms": sum(tpot) / len(tpot) if tpot else None,
+            "wall_s": wall, "decode_s": engine.decode_s, "prefill_s": engine.prefill_s,
+            "output_tokens": sum(len(r.output_ids) for r in requests),
+            "preemptions": sum(r.preemptions for r in requests),
+            "finish_reasons": {k: sum(r.finish_reason == k for r in requests)
+                               for k in sorted({str(r.finish_reason) for r in requests})}}
+
+
+def run(cfg, run_dir: Path) -> dict:
+    from rich.console import Console
+    from rich.table import Table
+
+    from synodic.results.writer import request_record
+
+    con = Console()
+    p = cfg.pipeline
+    if p.stream:
+        from synodic.engine.engine import Engine  # noqa: F401  (streaming is the engine's on_token hook)
+    graph, engine, requests = serve(cfg)
+    codec = graph.codec
+    m = metrics(engine, requests)
+    table = Table(title=f"{cfg.model.kind} · ssm={cfg.ssm.kind} · kv={cfg.kv.kind} · {graph.device}")
+    table.add_column("id", justify="right")
+    table.add_column("prompt")
+    table.add_column("output")
+    for r in requests[: p.show]:
+        table.add_row(str(r.id), codec.decode(r.prompt_ids)[-40:], codec.decode(r.output_ids)[:120])
+    con.print(table)
+    led = engine.ledger.summary()
+    con.print(f"{m['output_tokens']} tokens from {len(requests)} requests in {m['wall_s']:.2f}s · "
+              f"decode {m['decode_tokens_per_s']:.1f} tok/s · TTFT {m['ttft_ms'] or 0:.1f} ms · "
+              f"TPOT {m['tpot_ms'] or 0:.2f} ms · preemptions {m['preemptions']} · "
+              f"SSM bytes/token {led['ssm_bytes_per_token']:.0f}")
+    return {"requests": [request_record(r, codec) for r in requests], "metrics": m, "ledger": led,
+            "tokenizer": codec.name, "weights": str(graph.ckpt_dir or "random")}

@@ -1,0 +1,35 @@
+"""What run.py does after Hydra composes: validate, run the pipeline, write results.json.
+Bad input exits with code 2 and one line per problem; SYNODIC_TRACEBACK=1 shows the traceback."""
+import importlib
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from synodic.config import ConfigError, validate
+
+
+def execute(dcfg) -> int:
+    try:
+        raw = OmegaConf.to_container(dcfg, resolve=True)
+        raw.pop("hydra", None)
+        cfg = validate(raw)
+        from hydra.core.hydra_config import HydraConfig
+        hc = HydraConfig.get()
+        run_dir = Path(hc.runtime.output_dir)
+        choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
+        from synodic.graph import resolve_device
+        device = resolve_device(cfg.runtime)
+        mod = importlib.import_module(f"synodic.pipelines.{cfg.pipeline.kind}")
+        payload = mod.run(cfg, run_dir)
+    except ConfigError as e:
+        if os.environ.get("SYNODIC_TRACEBACK"):
+            raise
+        for line in e.lines:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    from synodic.results.writer import write_results
+    path = write_results(run_dir, cfg, choices, payload, device)
+    print(f"results: {path}")
+    return 0

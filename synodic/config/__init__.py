@@ -1,0 +1,7 @@
+"""Config graph: per-group registries, the RunConfig schema, one-line errors, the config hash."""
+from .errors import ConfigError
+from .registry import GROUPS, REGISTRIES, Component, register
+from .schema import config_hash, run_config_class, validate
+
+__all__ = ["ConfigError", "GROUPS", "REGISTRIES", "Component", "register", "config_hash",
+           "run_config_class", "validate"]

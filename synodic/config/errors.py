@@ -1,0 +1,40 @@
+"""One line per problem: the key, the value given and what was expected."""
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+
+class ConfigError(Exception):
+    """Bad user input; `lines` are printed one per problem and the run exits with code 2."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+def _short(v, limit: int = 60) -> str:
+    s = repr(v)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def format_validation_error(err: ValidationError, registries=None) -> list[str]:
+    lines = []
+    for e in err.errors():
+        loc = [str(p) for p in e["loc"]]
+        # Drop the discriminator tag pydantic inserts for tagged unions (ssm.eager.state_dtype → ssm.state_dtype).
+        if len(loc) >= 2 and registries and loc[0] in registries and loc[1] in registries[loc[0]].classes:
+            loc = [loc[0]] + loc[2:]
+        key = ".".join(loc) or "<root>"
+        typ, given = e["type"], e.get("input")
+        if typ == "union_tag_invalid" and registries and loc and loc[0] in registries:
+            expected = "one of " + ", ".join(registries[loc[0]].kinds())
+            lines.append(f"{key}.kind={_short(e['ctx']['tag'])}: expected {expected}")
+        elif typ == "extra_forbidden":
+            lines.append(f"{key}={_short(given)}: unknown key; expected one of the documented fields "
+                         f"(see `python run.py --cfg job`)")
+        elif typ == "missing":
+            lines.append(f"{key}: missing; expected a value")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{key}={_short(given)}: {msg}")
+    return lines

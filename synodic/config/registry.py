@@ -1,0 +1,50 @@
+"""Per-group registries. A component is a pydantic class whose `kind` Literal is its registration key;
+the union of a group's classes is that group's schema — nothing else lists them."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+GROUPS = ("model", "ssm", "kv", "spec", "quant", "workload", "runtime", "pipeline")
+
+
+class Component(BaseModel):
+    """Base of every config option: frozen, unknown keys rejected, every field documented."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def build(self, ctx: Any) -> Any:  # pragma: no cover - overridden where a group builds something
+        raise NotImplementedError(f"{type(self).__name__} builds nothing")
+
+
+class Registry:
+    def __init__(self, group: str):
+        self.group = group
+        self.classes: dict[str, type[Component]] = {}
+
+    def register(self, cls: type[Component]) -> type[Component]:
+        ann = cls.model_fields["kind"].annotation
+        for kind in get_args(ann) if getattr(ann, "__origin__", None) is Literal else ():
+            if kind in self.classes:
+                raise ValueError(f"{self.group}: kind {kind!r} registered twice")
+            self.classes[kind] = cls
+        for name, f in cls.model_fields.items():
+            if name != "kind" and not f.description:
+                raise TypeError(f"{cls.__name__}.{name}: every config field needs a description")
+        return cls
+
+    def kinds(self) -> list[str]:
+        return sorted(self.classes)
+
+    def schema(self):
+        members = list(dict.fromkeys(self.classes.values()))
+        if len(members) == 1:
+            return members[0]
+        return Annotated[Union[tuple(members)], Field(discriminator="kind")]
+
+
+REGISTRIES = {g: Registry(g) for g in GROUPS}
+
+
+def register(group: str):
+    return REGISTRIES[group].register

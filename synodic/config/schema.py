@@ -1,0 +1,78 @@
+"""RunConfig: one field per group, each the tagged union of that group's registered components,
+plus the cross-component rules in a single validator."""
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model_validator
+
+from .errors import ConfigError, format_validation_error
+from .registry import GROUPS, REGISTRIES
+
+
+class _RunBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="after")
+    def _cross(self):
+        problems = cross_rules(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+def cross_rules(cfg) -> list[str]:
+    """Rules spanning groups; each message names the keys and values involved."""
+    out = []
+    p, rt, kv, wl = cfg.pipeline, cfg.runtime, cfg.kv, cfg.workload
+    if rt.device == "cpu" and rt.cuda_graphs:
+        out.append("runtime.cuda_graphs=true with runtime.device=cpu: expected runtime.cuda_graphs=false "
+                   "(CUDA graphs need a GPU)")
+    if getattr(p, "batch_sizes", None) and max(p.batch_sizes) > rt.max_slots:
+        out.append(f"pipeline.batch_sizes={list(p.batch_sizes)} with runtime.max_slots={rt.max_slots}: "
+                   f"expected every batch size <= runtime.max_slots")
+    need = getattr(wl, "prompt_len", 0) + getattr(wl, "output_len", 0)
+    if need and hasattr(kv, "capacity_tokens") and need > kv.capacity_tokens():
+        out.append(f"workload.prompt_len+output_len={need} with kv.num_blocks*kv.block_size="
+                   f"{kv.capacity_tokens()}: expected the KV pool to hold at least one request")
+    return out
+
+
+@lru_cache(maxsize=1)
+def run_config_class() -> type[BaseModel]:
+    from .components import load_all
+    load_all()
+    fields = {g: (REGISTRIES[g].schema(), ...) for g in GROUPS}
+    return create_model("RunConfig", __base__=_RunBase, **fields)
+
+
+def validate(raw: dict[str, Any]):
+    """Raw composed dict → RunConfig, or ConfigError with one line per problem."""
+    cls = run_config_class()
+    missing = [g for g in GROUPS if g not in raw]
+    extra = [k for k in raw if k not in GROUPS]
+    if missing or extra:
+        raise ConfigError([f"{k}: missing group; expected one of {', '.join(REGISTRIES[k].kinds())}"
+                           for k in missing] +
+                          [f"{k}: unknown group; expected one of {', '.join(GROUPS)}" for k in extra])
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as e:
+        lines = format_validation_error(e, REGISTRIES)
+        # the cross-rule validator joins its problems with '; '
+        raise ConfigError([s for line in lines for s in _split_cross(line)]) from None
+
+
+def _split_cross(line: str) -> list[str]:
+    if line.startswith("<root>="):
+        msg = line.split(": ", 1)[1] if ": " in line else line
+        return msg.split("; ")
+    return [line]
+
+
+def config_hash(cfg) -> str:
+    blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,16 @@
+"""`runtime` group: where the engine runs (local: this process; Ray executors plug in here)."""
+from typing import Literal
+
+from pydantic import Field
+
+from synodic.config.registry import Component, register
+
+
+@register("runtime")
+class LocalRuntime(Component):
+    """In-process execution on the CPU or one GPU."""
+    kind: Literal["local"] = "local"
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda if present, else cpu")
+    max_slots: int = Field(64, ge=1, description="SSM state slots = max sequences decoding at once")
+    cuda_graphs: bool | None = Field(None, description="capture decode steps in CUDA graphs; null: on when running on a GPU")
+    seed: int = Field(0, description="global torch seed")

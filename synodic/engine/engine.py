@@ -1,0 +1,80 @@
+"""The decode loop: admit → prefill → grow/preempt → one batched decode step → sample → finish."""
+import time
+from typing import Callable
+
+import torch
+
+from .ledger import ByteLedger
+from .request import Request
+from .runner import ModelRunner
+from .sampler import Sampler
+from .scheduler import Scheduler
+
+
+class Engine:
+    def __init__(self, graph, max_running: int | None = None):
+        self.graph = graph
+        self.runner = ModelRunner(graph.model, graph.ssm, graph.kv, graph.max_slots, graph.device,
+                                  graph.cuda_graphs)
+        blocks = graph.kv.blocks if graph.kv is not None else None
+        self.scheduler = Scheduler(graph.max_slots, blocks, max_running or graph.max_slots)
+        self.sampler = Sampler()
+        self.ledger = ByteLedger()
+        self.decode_s = 0.0
+        self.prefill_s = 0.0
+
+    def _sync(self):
+        if self.graph.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _append(self, r: Request, tok: int, now: float, on_token) -> None:
+        r.output_ids.append(tok)
+        if r.first_token_s is None:
+            r.first_token_s = now
+        if on_token is not None:
+            on_token(r, tok)
+        if tok in r.params.stop_token_ids:
+            self.scheduler.finish(r, "stop")
+        elif len(r.output_ids) >= r.params.max_tokens:
+            self.scheduler.finish(r, "length")
+        if r.done:
+            r.finish_s = now
+            self.sampler.forget(r.id)
+
+    def generate(self, requests: list[Request], on_token: Callable[[Request, int], None] | None = None,
+                 progress: Callable[[int], None] | None = None) -> list[Request]:
+        """Serves every request to completion; on_token streams (request, token) as tokens appear."""
+        t0 = time.perf_counter()
+        for r in requests:
+            r.arrival_s = t0
+            self.scheduler.add(r)
+        sched = self.scheduler
+        while sched.has_work():
+            admitted = sched.admit()
+            for r in admitted:
+                ts = time.perf_counter()
+                logits = self.runner.prefill(r.slot, r.context)
+                tok = self.sampler.sample(logits[None], [r])[0]
+                now = time.perf_counter()
+                self.prefill_s += now - ts
+                self._append(r, tok, now, on_token)
+            sched.grow()
+            batch = [r for r in sched.running if not r.done]
+            if not batch:
+                if not admitted and not sched.running:  # pool empty yet nothing admits: give up loudly
+                    for r in list(sched.waiting):
+                        sched.waiting.remove(r)
+                        sched.finish(r, "rejected_kv_capacity", release=False)
+                continue
+            ts = time.perf_counter()
+            logits = self.runner.decode([r.slot for r in batch], [r.length - 1 for r in batch],
+                                        [r.output_ids[-1] for r in batch], max(r.length for r in batch))
+            toks = self.sampler.sample(logits, batch)
+            now = time.perf_counter()
+            self.decode_s += now - ts
+            self.ledger.add(len(batch), self.graph.step_bytes([r.length for r in batch]))
+            for r, tok in zip(batch, toks):
+                self._append(r, tok, now, on_token)
+            if progress is not None:
+                progress(len(batch))
+        return requests

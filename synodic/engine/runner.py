@@ -1,0 +1,86 @@
+"""Runs the model: prefill one prompt, or one decode step over a batch, optionally replaying a CUDA
+graph per (batch bucket, KV view) from fixed-address buffers."""
+import torch
+
+from synodic.models.lm import DecodeContext, PrefillContext
+
+
+class ModelRunner:
+    def __init__(self, model, ssm, kv, max_slots: int, device, cuda_graphs: bool):
+        self.model, self.ssm, self.kv = model, ssm, kv
+        self.max_slots = max_slots
+        self.device = torch.device(device)
+        self.use_graphs = cuda_graphs and self.device.type == "cuda"
+        n = max_slots
+        self.ids = torch.zeros(n, 1, dtype=torch.long, device=device)
+        self.pos = torch.zeros(n, dtype=torch.long, device=device)
+        self.slots = torch.full((n,), -1, dtype=torch.long, device=device)  # -1 = padding row
+        self.rows = torch.full((n,), n, dtype=torch.long, device=device)    # padding → scratch row n
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, tokens: list[int]) -> torch.Tensor:
+        """Runs the whole context through the model, seeding `slot`; returns the last logits [V]."""
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[None]
+        ctx = PrefillContext(ssm=self.ssm, kv=self.kv, slot=slot, start=0)
+        return self.model(ids, ctx)[0, -1]
+
+    def _bucket(self, b: int) -> int:
+        if not self.use_graphs:
+            return b
+        return min(self.max_slots, 1 << (b - 1).bit_length())
+
+    def _bind(self, bucket: int, view_blocks: int) -> None:
+        if self.ssm is not None:
+            self.ssm.bind(self.slots[:bucket], self.rows[:bucket])
+        if self.kv is not None:
+            self.kv.bind(self.rows[:bucket], self.pos[:bucket], view_blocks)
+
+    def _forward(self, bucket: int) -> torch.Tensor:
+        ctx = DecodeContext(ssm=self.ssm, kv=self.kv, positions=self.pos[:bucket])
+        return self.model(self.ids[:bucket], ctx)[:, 0]
+
+    @torch.inference_mode()
+    def decode(self, slots: list[int], positions: list[int], tokens: list[int], max_len: int) -> torch.Tensor:
+        """One token per row: row i feeds tokens[i] at positions[i] into slot slots[i]. Returns logits [B, V]."""
+        b = len(slots)
+        bucket = self._bucket(b)
+        pad = bucket - b
+        self.ids[:bucket, 0] = torch.tensor(tokens + [0] * pad)
+        self.pos[:bucket] = torch.tensor(positions + [0] * pad)
+        self.slots[:bucket] = torch.tensor(slots + [-1] * pad)
+        self.rows[:bucket] = torch.tensor(slots + [self.max_slots] * pad)
+        view = self.kv.view_blocks_for(max_len) if self.kv is not None else 0
+        self._bind(bucket, view)
+        if not self.use_graphs:
+            return self._forward(bucket)[:b]
+        key = (bucket, view)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(bucket, view)
+            # capture ran with every row as padding; restore this step's rows
+            self.slots[:bucket] = torch.tensor(slots + [-1] * pad)
+            self.rows[:bucket] = torch.tensor(slots + [self.max_slots] * pad)
+            self._bind(bucket, view)
+        graph, out = self.graphs[key]
+        graph.replay()
+        return out[:b]
+
+    def _capture(self, bucket: int, view: int):
+        # Warm-up and capture with all rows as padding so only scratch state/pages are touched.
+        saved_slots, saved_rows = self.slots[:bucket].clone(), self.rows[:bucket].clone()
+        self.slots[:bucket] = -1
+        self.rows[:bucket] = self.max_slots
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward(bucket)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self._forward(bucket)
+        self.slots[:bucket], self.rows[:bucket] = saved_slots, saved_rows
+        return graph, out

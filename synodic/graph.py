@@ -1,0 +1,89 @@
+"""Graph builder: validated RunConfig → ServingGraph (model + SSM backend + KV policy + spec + quant).
+Hardware checks happen here, before any large allocation, and fail with one line each."""
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from synodic.config.errors import ConfigError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class BuildContext:
+    model: torch.nn.Module
+    device: torch.device
+    max_slots: int
+    max_seq_len: int
+
+
+@dataclass
+class ServingGraph:
+    cfg: object
+    model: torch.nn.Module
+    codec: object
+    device: torch.device
+    max_slots: int
+    max_seq_len: int
+    cuda_graphs: bool
+    ssm: object = None
+    kv: object = None
+    spec: object = None
+    quant: object = None
+    ckpt_dir: Path | None = None
+    weight_bytes: int = 0
+    embed_row_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def step_bytes(self, lengths: list[int]) -> dict[str, int]:
+        """Bytes one decode step moves for rows of these context lengths (new token included)."""
+        b = len(lengths)
+        out = {"weights_read": self.weight_bytes + b * self.embed_row_bytes}
+        if self.ssm is not None:
+            out.update(self.ssm.bytes_per_step(b))
+        if self.kv is not None:
+            out.update(self.kv.bytes_for(lengths))
+        return out
+
+
+def resolve_device(rt) -> torch.device:
+    if rt.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(["runtime.device='cuda': no CUDA device on this machine; expected "
+                           "runtime.device=cpu or auto"])
+    if rt.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(rt.device)
+
+
+def load_model(choice, device, dtype):
+    from synodic.models.weights import load_checkpoint, random_model, shipped_dir
+    ckpt = None
+    if choice.weights not in ("auto", "random"):
+        ckpt = Path(choice.weights)
+    elif choice.weights == "auto" and not choice.overrides:
+        ckpt = shipped_dir(choice.kind)
+    if ckpt is not None:
+        return load_checkpoint(ckpt, device, dtype).eval(), ckpt
+    return random_model(choice.architecture(), choice.seed, device, dtype).eval(), None
+
+
+def build_graph(cfg, max_seq_len: int, max_slots: int | None = None) -> ServingGraph:
+    device = resolve_device(cfg.runtime)
+    torch.manual_seed(cfg.runtime.seed)
+    model, ckpt = load_model(cfg.model, device, DTYPES[cfg.model.dtype])
+    from synodic.engine.text import load_codec
+    slots = max_slots or cfg.runtime.max_slots
+    ctx = BuildContext(model=model, device=device, max_slots=slots, max_seq_len=max_seq_len)
+    cuda_graphs = device.type == "cuda" if cfg.runtime.cuda_graphs is None else cfg.runtime.cuda_graphs
+    g = ServingGraph(cfg=cfg, model=model, codec=load_codec(ckpt), device=device, max_slots=slots,
+                     max_seq_len=max_seq_len, cuda_graphs=cuda_graphs, ckpt_dir=ckpt)
+    g.ssm = cfg.ssm.build(ctx) if model.ssm_layers else None
+    g.kv = cfg.kv.build(ctx) if model.attention_layers else None
+    g.spec = cfg.spec.build(ctx)
+    g.quant = cfg.quant.build(ctx)
+    emb = model.embed_tokens.weight
+    g.embed_row_bytes = emb.shape[1] * emb.element_size()
+    g.weight_bytes = sum(m.weight.numel() * m.weight.element_size()
+                         for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return g

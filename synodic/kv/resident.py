@@ -1,0 +1,70 @@
+"""`kv=resident`: every past K/V row in a paged device pool; decode attends over all of them."""
+import math
+
+import torch
+
+from .blocks import BlockManager
+
+
+class ResidentKVPolicy:
+    def __init__(self, model, max_slots: int, device, cfg, max_seq_len: int):
+        self.layers = model.attention_layers
+        self.block_size = cfg.block_size
+        bs = cfg.block_size
+        self.blocks = BlockManager(cfg.num_blocks, bs, max_slots, max(1, -(-max_seq_len // bs)), device)
+        dtype = next(model.parameters()).dtype
+        # +1 page: the scratch page of padded rows.
+        self.k = [torch.zeros(cfg.num_blocks + 1, bs, m.nkv, m.hd, device=device, dtype=dtype)
+                  for m in self.layers]
+        self.v = [torch.zeros_like(k) for k in self.k]
+        self.slot_ids = torch.zeros(0, dtype=torch.long, device=device)
+        self.positions = self.slot_ids
+        self.view_blocks = 1
+
+    # -- host-side, between steps -------------------------------------------------------------
+    def bind(self, slot_ids: torch.Tensor, positions: torch.Tensor, view_blocks: int) -> None:
+        """Batch rows (padding mapped to the scratch row), the new token's position per row, and how many pages of
+        each row's table a step reads (a fixed bucket, so a captured graph stays valid)."""
+        self.slot_ids = slot_ids
+        self.positions = positions
+        self.view_blocks = view_blocks
+
+    def view_blocks_for(self, max_len: int) -> int:
+        need = self.blocks.blocks_for(max_len)
+        return min(self.blocks.max_blocks_per_seq, 1 << max(0, math.ceil(math.log2(need))))
+
+    # -- model-side ---------------------------------------------------------------------------
+    def write_prefill(self, i: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        pos = torch.arange(start, start + k.shape[0], device=k.device)
+        page = self.blocks.table[slot, pos // self.block_size].long()
+        self.k[i][page, pos % self.block_size] = k.to(self.k[i].dtype)
+        self.v[i][page, pos % self.block_size] = v.to(self.v[i].dtype)
+
+    def attend(self, i: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
+        """q [B, nq, hd], k_new/v_new [B, nkv, hd] of the token at self.positions → o [B, nq, hd]."""
+        bs, table = self.block_size, self.blocks.table
+        pos = self.positions.long()
+        page = table[self.slot_ids, pos // bs].long()
+        self.k[i][page, pos % bs] = k_new.to(self.k[i].dtype)
+        self.v[i][page, pos % bs] = v_new.to(self.v[i].dtype)
+        pages = table[self.slot_ids, : self.view_blocks].long()  # [B, nb]
+        B, nq, hd = q.shape
+        K = self.k[i][pages].flatten(1, 2)  # [B, T, nkv, hd]
+        V = self.v[i][pages].flatten(1, 2)
+        nkv = K.shape[2]
+        qg = q.float().view(B, nkv, nq // nkv, hd)
+        s = torch.einsum("bgrd,btgd->bgrt", qg, K.float()) / math.sqrt(hd)
+        t = torch.arange(K.shape[1], device=q.device)
+        s = s.masked_fill((t[None, :] > pos[:, None])[:, None, None, :], float("-inf"))
+        o = torch.einsum("bgrt,btgd->bgrd", s.softmax(-1), V.float())
+        return o.reshape(B, nq, hd).to(q.dtype)
+
+    # -- ledger -------------------------------------------------------------------------------
+    def row_bytes(self) -> int:
+        return sum(k[0, 0].numel() * k.element_size() * 2 for k in self.k)
+
+    def bytes_for(self, lengths: list[int]) -> dict[str, int]:
+        """Device KV bytes a decode step reads for rows of these context lengths (new token included)."""
+        rows = sum(lengths)
+        return {"kv_device_read": rows * self.row_bytes(), "kv_host_fetch": 0,
+                "kv_selected_rows": rows * len(self.k), "kv_host_fetched_rows": 0}

@@ -1,0 +1,62 @@
+"""GQA attention with RoPE and optional QK-norm. Prefill uses SDPA over the prompt and hands K/V to
+the KV policy; decode hands the new token's K/V to the policy, which stores and attends."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import HybridConfig
+from .norm import RMSNorm
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float, rot_dim: int) -> torch.Tensor:
+    """Rotate-half RoPE on the first rot_dim dims. x [..., T, heads, D], pos broadcastable to [..., T]."""
+    half = rot_dim // 2
+    inv = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    ang = pos.float()[..., None] * inv  # [..., T, half]
+    cos, sin = ang.cos()[..., None, :], ang.sin()[..., None, :]
+    xr, rest = x[..., :rot_dim].float(), x[..., rot_dim:]
+    x1, x2 = xr[..., :half], xr[..., half:]
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    return torch.cat([out, rest], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: HybridConfig, attn_index: int):
+        super().__init__()
+        self.attn_index = attn_index
+        self.nq, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.theta = cfg.rope_theta
+        self.rot = int(self.hd * cfg.partial_rotary_factor) // 2 * 2
+        self.q_proj = nn.Linear(cfg.hidden_size, self.nq * self.hd, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.nq * self.hd, cfg.hidden_size, bias=False)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+
+    def _qkv(self, h, pos):
+        q = self.q_proj(h).unflatten(-1, (self.nq, self.hd))
+        k = self.k_proj(h).unflatten(-1, (self.nkv, self.hd))
+        v = self.v_proj(h).unflatten(-1, (self.nkv, self.hd))
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return rope(q, pos, self.theta, self.rot), rope(k, pos, self.theta, self.rot), v
+
+    def forward(self, hidden: torch.Tensor, ctx=None) -> torch.Tensor:
+        b, T, _ = hidden.shape
+        if ctx is not None and ctx.mode == "decode":
+            q, k, v = self._qkv(hidden, ctx.positions[:, None])
+            o = ctx.kv.attend(self.attn_index, q[:, 0], k[:, 0], v[:, 0])[:, None]
+        else:
+            start = 0 if ctx is None else ctx.start
+            pos = torch.arange(start, start + T, device=hidden.device)
+            q, k, v = self._qkv(hidden, pos)
+            if ctx is not None:
+                ctx.kv.write_prefill(self.attn_index, ctx.slot, start, k[0], v[0])
+            rep = self.nq // self.nkv
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.repeat_interleave(rep, 2).transpose(1, 2),
+                v.repeat_interleave(rep, 2).transpose(1, 2), is_causal=True).transpose(1, 2)
+        return self.o_proj(o.flatten(-2))

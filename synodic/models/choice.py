@@ -1,0 +1,45 @@
+"""`model` group: which architecture preset and which weights."""
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from synodic.config.registry import Component, register
+
+from .config import HybridConfig
+from .presets import PRESETS
+
+
+@register("model")
+class ModelChoice(Component):
+    kind: Literal[tuple(PRESETS)]  # type: ignore[valid-type]
+    weights: str = Field("auto", description="auto: the shipped trained checkpoint if there is one, "
+                         "else random; random: seeded random init; or a checkpoint directory")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
+    seed: int = Field(0, description="seed of the random init")
+    overrides: dict[str, Any] = Field(default_factory=dict,
+                                      description="HybridConfig fields replacing the preset's")
+
+    @field_validator("weights")
+    @classmethod
+    def _weights(cls, v: str) -> str:
+        if v not in ("auto", "random") and not (Path(v) / "model.safetensors").is_file():
+            raise ValueError(f"expected auto, random or a directory holding model.safetensors "
+                             f"(no {Path(v) / 'model.safetensors'})")
+        return v
+
+    @model_validator(mode="after")
+    def _overrides(self):
+        self.architecture()  # raises on bad override keys/values
+        return self
+
+    def architecture(self) -> HybridConfig:
+        base = PRESETS[self.kind]
+        if self.weights not in ("auto", "random"):
+            from .weights import load_config
+            base = load_config(self.weights)
+        elif self.weights == "auto":
+            from .weights import load_config, shipped_dir
+            d = shipped_dir(self.kind)
+            base = load_config(d) if d and not self.overrides else base
+        return HybridConfig.model_validate({**base.model_dump(), **self.overrides})

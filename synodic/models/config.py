@@ -1,0 +1,88 @@
+"""Architecture config of a hybrid decoder LM.
+
+Field names follow Hugging Face's configs — NemotronH (`hybrid_override_pattern`, `mamba_*`,
+`ssm_state_size`, `n_groups`) for Mamba-2 hybrids and Qwen3-Next (`layer_types`, `linear_*`) for
+Gated DeltaNet hybrids — so loading a real checkpoint later is a key mapping, not a redesign.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+BlockKind = Literal["mamba2", "gdn", "attention", "mlp"]
+
+
+class HybridConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_type: Literal["nemotron_h", "qwen3_next"] = Field(
+        description="nemotron_h: one block per layer from hybrid_override_pattern; "
+        "qwen3_next: each layer is a mixer (layer_types) followed by a SwiGLU MLP")
+    vocab_size: int = Field(ge=2, description="Vocabulary size (embedding rows).")
+    hidden_size: int = Field(ge=1, description="Residual stream width.")
+    intermediate_size: int = Field(ge=1, description="MLP hidden width.")
+    num_hidden_layers: int = Field(ge=1, description="Number of layers.")
+    tie_word_embeddings: bool = Field(False, description="LM head shares the embedding matrix.")
+    rms_norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon.")
+    mlp_hidden_act: Literal["relu2", "silu"] = Field(
+        "silu", description="relu2: squared-ReLU MLP (NemotronH); silu: SwiGLU (gate*up).")
+    # nemotron_h layout: 'M' Mamba-2, '*' attention, '-' MLP; one char per layer.
+    hybrid_override_pattern: str | None = Field(None, description="NemotronH layer pattern (M, *, -).")
+    # qwen3_next layout
+    layer_types: list[Literal["linear_attention", "full_attention"]] | None = Field(
+        None, description="Qwen3-Next mixer per layer.")
+    # attention
+    num_attention_heads: int = Field(4, ge=1, description="Query heads.")
+    num_key_value_heads: int = Field(2, ge=1, description="KV heads (GQA).")
+    head_dim: int = Field(32, ge=2, description="Attention head dim.")
+    rope_theta: float = Field(10000.0, gt=0, description="RoPE base.")
+    partial_rotary_factor: float = Field(1.0, gt=0, le=1, description="Fraction of head_dim rotated.")
+    qk_norm: bool = Field(False, description="RMSNorm on q and k per head before RoPE.")
+    # Mamba-2
+    mamba_num_heads: int = Field(8, ge=1, description="Mamba-2 heads H.")
+    mamba_head_dim: int = Field(16, ge=1, description="Mamba-2 head dim P.")
+    ssm_state_size: int = Field(16, ge=1, description="Mamba-2 state size N.")
+    n_groups: int = Field(1, ge=1, description="Mamba-2 B/C groups G.")
+    conv_kernel: int = Field(4, ge=1, description="Mamba-2 causal conv width.")
+    chunk_size: int = Field(64, ge=1, description="SSD chunk length for prefill/training.")
+    # Gated DeltaNet
+    linear_num_value_heads: int = Field(4, ge=1, description="GDN value heads HV.")
+    linear_num_key_heads: int = Field(2, ge=1, description="GDN key heads Hk.")
+    linear_key_head_dim: int = Field(32, ge=1, description="GDN K.")
+    linear_value_head_dim: int = Field(32, ge=1, description="GDN V.")
+    linear_conv_kernel_dim: int = Field(4, ge=1, description="GDN causal conv width.")
+    initializer_range: float = Field(0.02, gt=0, description="Std of random init.")
+
+    @model_validator(mode="after")
+    def _layout(self) -> "HybridConfig":
+        if self.model_type == "nemotron_h":
+            p = self.hybrid_override_pattern
+            if p is None or len(p) != self.num_hidden_layers or set(p) - set("M*-"):
+                raise ValueError(f"hybrid_override_pattern={p!r}: expected {self.num_hidden_layers} "
+                                 "chars from 'M', '*', '-'")
+            if self.mamba_num_heads % self.n_groups:
+                raise ValueError(f"mamba_num_heads={self.mamba_num_heads}: expected a multiple of "
+                                 f"n_groups={self.n_groups}")
+        else:
+            t = self.layer_types
+            if t is None or len(t) != self.num_hidden_layers:
+                raise ValueError(f"layer_types: expected a list of {self.num_hidden_layers} entries")
+            if self.linear_num_value_heads % self.linear_num_key_heads:
+                raise ValueError(f"linear_num_value_heads={self.linear_num_value_heads}: expected a "
+                                 f"multiple of linear_num_key_heads={self.linear_num_key_heads}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads={self.num_attention_heads}: expected a multiple "
+                             f"of num_key_value_heads={self.num_key_value_heads}")
+        return self
+
+    def blocks(self) -> list[list[BlockKind]]:
+        """Per layer, the residual sub-blocks in order."""
+        if self.model_type == "nemotron_h":
+            m = {"M": "mamba2", "*": "attention", "-": "mlp"}
+            return [[m[c]] for c in self.hybrid_override_pattern]
+        mixer = {"linear_attention": "gdn", "full_attention": "attention"}
+        return [[mixer[t], "mlp"] for t in self.layer_types]
+
+    def count(self, kind: BlockKind) -> int:
+        return sum(b.count(kind) for b in self.blocks())

@@ -1,0 +1,98 @@
+"""The hybrid decoder LM: embedding → layers of pre-norm residual blocks → norm → LM head."""
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .attention import Attention
+from .config import HybridConfig
+from .gdn import GatedDeltaNetMixer
+from .mamba2 import Mamba2Mixer
+from .mlp import MLP
+from .norm import RMSNorm
+
+
+@dataclass
+class PrefillContext:
+    """One sequence's prompt (batch 1) seeding slot `slot`; positions start at `start`."""
+    ssm: object
+    kv: object
+    slot: int
+    start: int = 0
+    mode: str = "prefill"
+
+
+@dataclass
+class DecodeContext:
+    """One token per sequence: row i is slot slot_ids[i] at position positions[i]. The backends hold
+    the slot ids; tensors here are fixed-address so a step can be graph-captured."""
+    ssm: object
+    kv: object
+    positions: torch.Tensor
+    mode: str = "decode"
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: HybridConfig, kind: str, index: int):
+        super().__init__()
+        self.kind = kind
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mixer = {
+            "mamba2": lambda: Mamba2Mixer(cfg, index),
+            "gdn": lambda: GatedDeltaNetMixer(cfg, index),
+            "attention": lambda: Attention(cfg, index),
+            "mlp": lambda: MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_hidden_act),
+        }[kind]()
+
+    def forward(self, x, ctx=None):
+        return x + self.mixer(self.norm(x), ctx)
+
+
+class HybridLM(nn.Module):
+    def __init__(self, cfg: HybridConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        counters = {"mamba2": 0, "gdn": 0, "attention": 0, "mlp": 0}
+        blocks = []
+        for layer in cfg.blocks():
+            for kind in layer:
+                idx = counters["mamba2"] + counters["gdn"] if kind in ("mamba2", "gdn") else counters[kind]
+                blocks.append(Block(cfg, kind, idx))
+                counters[kind] += 1
+        self.blocks = nn.ModuleList(blocks)
+        self.norm_f = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @property
+    def ssm_layers(self) -> list[nn.Module]:
+        return [b.mixer for b in self.blocks if b.kind in ("mamba2", "gdn")]
+
+    @property
+    def attention_layers(self) -> list[nn.Module]:
+        return [b.mixer for b in self.blocks if b.kind == "attention"]
+
+    def init_weights(self, seed: int) -> "HybridLM":
+        """Deterministic random init: N(0, initializer_range) for linears/embeddings, scaled down for
+        residual output projections; mixer-specific parameters keep their constructors' init."""
+        g = torch.Generator().manual_seed(seed)
+        std = self.config.initializer_range
+        n_res = len(self.blocks)
+        for name, p in self.named_parameters():
+            if p.dim() < 2 or "conv1d" in name:
+                continue
+            s = std / (2 * n_res) ** 0.5 if name.endswith(("out_proj.weight", "o_proj.weight",
+                                                             "down_proj.weight")) else std
+            with torch.no_grad():
+                p.copy_(torch.randn(p.shape, generator=g) * s)
+        return self
+
+    def forward(self, input_ids: torch.Tensor, ctx=None) -> torch.Tensor:
+        """input_ids [b,T] → logits [b,T,V]. With a PrefillContext/DecodeContext the SSM and attention
+        layers read and write the run's state backend and KV policy."""
+        x = self.embed_tokens(input_ids)
+        for blk in self.blocks:
+            x = blk(x, ctx)
+        return self.lm_head(self.norm_f(x))

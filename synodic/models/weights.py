@@ -1,0 +1,74 @@
+"""Checkpoints: `config.json` (HybridConfig) + `model.safetensors` (+ optional `tokenizer.json`)."""
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .config import HybridConfig
+from .lm import HybridLM
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
+
+
+def shipped_dir(preset: str) -> Path | None:
+    d = ASSETS / preset
+    return d if (d / "model.safetensors").is_file() else None
+
+
+def save_checkpoint(model: HybridLM, out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(model.config.model_dump_json(indent=2))
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(out / "model.safetensors"))
+    return out
+
+
+def load_config(ckpt_dir: str | Path) -> HybridConfig:
+    return HybridConfig.model_validate_json((Path(ckpt_dir) / "config.json").read_text())
+
+
+def load_checkpoint(ckpt_dir: str | Path, device="cpu", dtype=torch.float32) -> HybridLM:
+    cfg = load_config(ckpt_dir)
+    with torch.device("meta"):
+        model = HybridLM(cfg)
+    state = load_file(str(Path(ckpt_dir) / "model.safetensors"), device=str(device))
+    if cfg.tie_word_embeddings:
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    model.load_state_dict(state, assign=True, strict=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.to(device=device, dtype=dtype)
+
+
+def random_model(cfg: HybridConfig, seed: int, device="cpu", dtype=torch.float32) -> HybridLM:
+    """Deterministic random weights from `seed` (built on the CPU for tiny models so every machine
+    gets the same numbers; big presets are built on the target device)."""
+    small = sum(p.numel() for p in _shapes(cfg)) < 50_000_000
+    build_dev = "cpu" if small else device
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with torch.device(build_dev):
+            model = HybridLM(cfg)
+        if small:
+            model.init_weights(seed)
+        else:
+            _init_on_device(model, seed)
+    return model.to(device=device, dtype=dtype)
+
+
+def _shapes(cfg: HybridConfig):
+    with torch.device("meta"):
+        return list(HybridLM(cfg).parameters())
+
+
+def _init_on_device(model: HybridLM, seed: int) -> None:
+    g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    std = model.config.initializer_range
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 and "conv1d" not in name:
+                p.normal_(0, std, generator=g)

@@ -1,0 +1,1 @@
+"""Results contract: results.json (+ summary tables) in the run dir."""
