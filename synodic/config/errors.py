@@ -21,6 +21,9 @@ def format_validation_error(err: ValidationError, registries=None) -> list[str]:
     lines = []
     for e in err.errors():
         loc = [str(p) for p in e["loc"]]
+        cls = None
+        if len(loc) >= 2 and registries and loc[0] in registries:
+            cls = registries[loc[0]].classes.get(loc[1]) or next(iter(registries[loc[0]].classes.values()), None)
         # Drop the discriminator tag pydantic inserts for tagged unions (ssm.eager.state_dtype → ssm.state_dtype).
         if len(loc) >= 2 and registries and loc[0] in registries and loc[1] in registries[loc[0]].classes:
             loc = [loc[0]] + loc[2:]
@@ -29,9 +32,13 @@ def format_validation_error(err: ValidationError, registries=None) -> list[str]:
         if typ == "union_tag_invalid" and registries and loc and loc[0] in registries:
             expected = "one of " + ", ".join(registries[loc[0]].kinds())
             lines.append(f"{key}.kind={_short(e['ctx']['tag'])}: expected {expected}")
+        elif typ == "literal_error" and loc[-1] == "kind" and registries and loc[0] in registries:
+            lines.append(f"{key}={_short(given)}: expected one of {', '.join(registries[loc[0]].kinds())}")
+        elif typ == "literal_error":
+            lines.append(f"{key}={_short(given)}: expected one of {e['ctx']['expected']}")
         elif typ == "extra_forbidden":
-            lines.append(f"{key}={_short(given)}: unknown key; expected one of the documented fields "
-                         f"(see `python run.py --cfg job`)")
+            fields = ", ".join(sorted(cls.model_fields)) if cls is not None else "the documented fields"
+            lines.append(f"{key}={_short(given)}: unknown key; expected one of {fields}")
         elif typ == "missing":
             lines.append(f"{key}: missing; expected a value")
         else:

@@ -19,15 +19,15 @@ class _Sampling(Component):
 class PromptsWorkload(_Sampling):
     """Prompts from a text file, one per line (default: the prompts shipped in the repo)."""
     kind: Literal["default"] = "default"
-    path: str = Field(str(ASSETS / "prompts.txt"), description="text file, one prompt per line")
+    path: str | None = Field(None, description="text file, one prompt per line; null: the shipped prompts")
     max_tokens: int = Field(48, ge=1, description="tokens generated per request")
     concurrency: int = Field(64, ge=1, description="requests in flight at once (capped by slots)")
     stop_at_eos: bool = Field(True, description="finish a request at the tokenizer's end token")
 
     @field_validator("path")
     @classmethod
-    def _exists(cls, v: str) -> str:
-        if not Path(v).is_file():
+    def _exists(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
             raise ValueError("expected an existing text file with one prompt per line")
         return v
 
@@ -53,7 +53,8 @@ def build_requests(wl, codec, vocab_size: int):
                               max_tokens=max_tokens, stop_token_ids=tuple(stop))
 
     if wl.kind == "default":
-        lines = [ln.rstrip("\n") for ln in Path(wl.path).read_text().splitlines() if ln.strip()]
+        path = Path(wl.path) if wl.path else ASSETS / "prompts.txt"
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
         stop = (codec.eos_id,) if wl.stop_at_eos and codec.eos_id is not None else ()
         return [Request(i, codec.encode(ln.replace("\\n", "\n")), params(i, wl.max_tokens, stop))
                 for i, ln in enumerate(lines)]

@@ -2,7 +2,7 @@
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator
 
 from synodic.config.registry import Component, register
 
@@ -28,10 +28,21 @@ class ModelChoice(Component):
                              f"(no {Path(v) / 'model.safetensors'})")
         return v
 
-    @model_validator(mode="after")
-    def _overrides(self):
-        self.architecture()  # raises on bad override keys/values
-        return self
+    @field_validator("overrides")
+    @classmethod
+    def _overrides(cls, v: dict, info) -> dict:
+        unknown = sorted(set(v) - set(HybridConfig.model_fields))
+        if unknown:
+            raise ValueError(f"unknown HybridConfig field(s) {unknown}; expected fields of "
+                             "synodic/models/config.py such as hidden_size, num_hidden_layers")
+        kind = info.data.get("kind")
+        if kind in PRESETS:
+            try:
+                HybridConfig.model_validate({**PRESETS[kind].model_dump(), **v})
+            except ValidationError as e:
+                raise ValueError("; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}"
+                                           for x in e.errors())) from None
+        return v
 
     def architecture(self) -> HybridConfig:
         base = PRESETS[self.kind]
