@@ -53,17 +53,21 @@ def time_point(graph, b: int, p: BenchPipeline) -> dict:
 
     pos = p.prompt_len
     elapsed = 0.0
+    acc: dict[str, float] = {}
     for i in range(p.warmup + p.steps):
         sync()
         t0 = time.perf_counter()
         logits = runner.decode(slots, [pos] * b, toks, pos + 1)
         toks = logits.argmax(-1).tolist()  # the host sync a real engine pays too
         t1 = time.perf_counter()
+        step_b = graph.step_bytes(slots, [pos + 1] * b)  # every step, so cursor mirrors stay in step
         if i >= p.warmup:
             elapsed += t1 - t0
+            for k, v in step_b.items():
+                acc[k] = acc.get(k, 0) + v / p.steps
         pos += 1
     step = elapsed / p.steps
-    bytes_ = graph.step_bytes([pos] * b)
+    bytes_ = acc
     moved = sum(v for k, v in bytes_.items() if not k.startswith("kv_") or k in ("kv_device_read",))
     moved -= bytes_.get("kv_selected_rows", 0) + bytes_.get("kv_host_fetched_rows", 0)
     return {"batch": b, "step_ms": 1e3 * step, "tokens_per_s": b / step, "bytes_per_step": moved,

@@ -14,32 +14,31 @@ class DecodePipeline(Component):
     stream: bool = Field(False, description="print request 0's tokens as they are generated")
 
 
-def serve(cfg, requests=None, progress=True):
+def serve(cfg, requests=None, progress=True, on_token=None):
     """Builds the graph and serves the workload; returns (graph, engine, requests)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from synodic.engine.engine import Engine
     from synodic.engine.text import load_codec
     from synodic.engine.workload import build_requests, max_seq_len
-    from synodic.graph import build_graph, load_model  # noqa: F401
-
-    from synodic.models.weights import shipped_dir
+    from synodic.graph import build_graph, checkpoint_dir
     wl = cfg.workload
-    ckpt = (Path(cfg.model.weights) if cfg.model.weights not in ("auto", "random")
-            else shipped_dir(cfg.model.kind) if cfg.model.weights == "auto" and not cfg.model.overrides
-            else None)
     vocab = cfg.model.architecture().vocab_size
-    requests = requests or build_requests(wl, load_codec(ckpt), vocab)
+    requests = requests or build_requests(wl, load_codec(checkpoint_dir(cfg.model)), vocab)
     graph = build_graph(cfg, max_seq_len(wl, requests))
     engine = Engine(graph, max_running=wl.concurrency)
     total = sum(r.params.max_tokens for r in requests)
     if not progress:
-        engine.generate(requests)
+        engine.generate(requests, on_token=on_token)
         return graph, engine, requests
     with Progress(TextColumn("decode"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                   TimeElapsedColumn(), transient=True) as bar:
         task = bar.add_task("decode", total=total)
-        engine.generate(requests, on_token=lambda r, t: bar.advance(task))
+        def tick(r, t):
+            bar.advance(task)
+            if on_token is not None:
+                on_token(r, t)
+        engine.generate(requests, on_token=tick)
     return graph, engine, requests
 
 
@@ -68,9 +67,19 @@ def run(cfg, run_dir: Path) -> dict:
 
     con = Console()
     p = cfg.pipeline
+    from synodic.engine.text import load_codec
+    from synodic.graph import checkpoint_dir
+
+    stream = None
+    if p.stream:  # request 0's text as it is generated, through the engine's per-token hook
+        codec0 = load_codec(checkpoint_dir(cfg.model))
+
+        def stream(r, tok):
+            if r.id == 0:
+                con.print(codec0.decode([tok]), end="", markup=False, highlight=False)
+    graph, engine, requests = serve(cfg, on_token=stream, progress=not p.stream)
     if p.stream:
-        from synodic.engine.engine import Engine  # noqa: F401  (streaming is the engine's on_token hook)
-    graph, engine, requests = serve(cfg)
+        con.print()
     codec = graph.codec
     m = metrics(engine, requests)
     table = Table(title=f"{cfg.model.kind} · ssm={cfg.ssm.kind} · kv={cfg.kv.kind} · {graph.device}")

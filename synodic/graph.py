@@ -36,12 +36,13 @@ class ServingGraph:
     embed_row_bytes: int = 0
     notes: list[str] = field(default_factory=list)
 
-    def step_bytes(self, lengths: list[int]) -> dict[str, int]:
-        """Bytes one decode step moves for rows of these context lengths (new token included)."""
+    def step_bytes(self, slots: list[int], lengths: list[int]) -> dict[str, int]:
+        """Bytes one decode step moves for rows in these slots with these context lengths (new token
+        included). Called once per executed step: backends with cursors advance their mirrors."""
         b = len(lengths)
         out = {"weights_read": self.weight_bytes + b * self.embed_row_bytes}
         if self.ssm is not None:
-            out.update(self.ssm.bytes_per_step(b))
+            out.update(self.ssm.step_bytes(slots))
         if self.kv is not None:
             out.update(self.kv.bytes_for(lengths))
         return out
@@ -56,13 +57,20 @@ def resolve_device(rt) -> torch.device:
     return torch.device(rt.device)
 
 
-def load_model(choice, device, dtype):
-    from synodic.models.weights import load_checkpoint, random_model, shipped_dir
-    ckpt = None
+def checkpoint_dir(choice) -> Path | None:
+    """The checkpoint a model choice loads: an explicit directory, or the shipped one for `auto`
+    (unless overrides change the architecture), else None (random weights)."""
+    from synodic.models.weights import shipped_dir
     if choice.weights not in ("auto", "random"):
-        ckpt = Path(choice.weights)
-    elif choice.weights == "auto" and not choice.overrides:
-        ckpt = shipped_dir(choice.kind)
+        return Path(choice.weights)
+    if choice.weights == "auto" and not choice.overrides:
+        return shipped_dir(choice.kind)
+    return None
+
+
+def load_model(choice, device, dtype):
+    from synodic.models.weights import load_checkpoint, random_model
+    ckpt = checkpoint_dir(choice)
     if ckpt is not None:
         return load_checkpoint(ckpt, device, dtype).eval(), ckpt
     return random_model(choice.architecture(), choice.seed, device, dtype).eval(), None

@@ -3,5 +3,13 @@ from .errors import ConfigError
 from .registry import GROUPS, REGISTRIES, Component, register
 from .schema import config_hash, run_config_class, validate
 
-__all__ = ["ConfigError", "GROUPS", "REGISTRIES", "Component", "register", "config_hash",
-           "run_config_class", "validate"]
+__all__ = [
+           "GROUPS",
+           "REGISTRIES",
+           "Component",
+           "ConfigError",
+           "config_hash",
+           "register",
+           "run_config_class",
+           "validate",
+]

@@ -2,7 +2,9 @@
 the union of a group's classes is that group's schema — nothing else lists them."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union, get_args
+import functools
+import operator
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,7 +42,7 @@ class Registry:
         members = list(dict.fromkeys(self.classes.values()))
         if len(members) == 1:
             return members[0]
-        return Annotated[Union[tuple(members)], Field(discriminator="kind")]
+        return Annotated[functools.reduce(operator.or_, members), Field(discriminator="kind")]
 
 
 REGISTRIES = {g: Registry(g) for g in GROUPS}

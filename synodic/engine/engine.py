@@ -1,6 +1,6 @@
 """The decode loop: admit → prefill → grow/preempt → one batched decode step → sample → finish."""
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -72,7 +72,7 @@ class Engine:
             toks = self.sampler.sample(logits, batch)
             now = time.perf_counter()
             self.decode_s += now - ts
-            self.ledger.add(len(batch), self.graph.step_bytes([r.length for r in batch]))
+            self.ledger.add(len(batch), self.graph.step_bytes([r.slot for r in batch], [r.length for r in batch]))
             for r, tok in zip(batch, toks):
                 self._append(r, tok, now, on_token)
             if progress is not None:

@@ -39,7 +39,10 @@ class ModelRunner:
 
     def _forward(self, bucket: int) -> torch.Tensor:
         ctx = DecodeContext(ssm=self.ssm, kv=self.kv, positions=self.pos[:bucket])
-        return self.model(self.ids[:bucket], ctx)[:, 0]
+        logits = self.model(self.ids[:bucket], ctx)[:, 0]
+        if self.ssm is not None:
+            self.ssm.end_step()
+        return logits
 
     @torch.inference_mode()
     def decode(self, slots: list[int], positions: list[int], tokens: list[int], max_len: int) -> torch.Tensor:

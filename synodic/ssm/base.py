@@ -36,6 +36,9 @@ class StateBackendBase:
         self.conv[i][slot] = conv_state.to(self.conv[i].dtype)
         self._seed_state(i, slot, state)
 
+    def end_step(self) -> None:
+        """Called once after every layer ran a decode step (cursor moves for backends that keep one)."""
+
     def conv_bytes_per_step(self, batch: int) -> int:
         return batch * sum(c[0].numel() * c.element_size() for c in self.conv)
 

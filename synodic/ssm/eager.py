@@ -1,7 +1,6 @@
 """`ssm=eager`: one full recurrent state per slot, read and written every decode step
 (mamba_ssm `selective_state_update` / FLA fused-recurrent semantics)."""
 import torch
-
 from synodic.kernels.gdn_decode import gdn_decode
 from synodic.kernels.mamba2_decode import mamba2_decode
 
@@ -29,7 +28,8 @@ class EagerStateBackend(StateBackendBase):
     def gdn_step(self, i, q, k, v, g, beta):
         return gdn_decode(self.state[i], q, k, v, g, beta, self.slot_ids, backend=self.kernel)
 
-    def bytes_per_step(self, batch: int) -> dict[str, int]:
+    def step_bytes(self, slots: list[int]) -> dict[str, int]:
+        batch = len(slots)
         per_seq = sum(s[0].numel() * s.element_size() for s in self.state)
         return {"ssm_state_read": batch * per_seq, "ssm_state_write": batch * per_seq, "ssm_ring": 0,
                 "ssm_conv_state": 2 * self.conv_bytes_per_step(batch)}

@@ -1,0 +1,150 @@
+"""Gated DeltaNet ReplaySSM state backend kernels: cache the corrected value u, not the state.
+
+Per slot and GDN layer the caller owns (see ``gdn_replay_alloc``):
+  ckpt      [slots, HV, V, K]  checkpoint S0, the eager state layout (fp32 reference; bf16, or fp8
+                               e4m3 + ``ckpt_scale`` [slots, HV, V] for single precision)
+  ring_u    [slots, HV, L, V]  model dtype (corrected value u_t = beta (v_t - e^{g_t} S_{t-1} k_t))
+  ring_k    [slots, Hk, L, K]  model dtype (L2-normalised k when use_qk_l2norm)
+  ring_g    [slots, HV, L]     fp32 log-decay          write_pos [slots] int32
+  ckpt_lo   optional dual-precision copy: bf16, or fp8 e4m3 + ``ckpt_lo_scale`` [slots, HV, V] fp32
+            (one scale per (head, v) row over K).
+
+route="adjoint" (output-only, default): outputs from S0 k_t / S0 q_t mat-vecs plus ring dot
+products, O(L(K+V)) extra per row; route="state": rebuild S before the token (one matmul over the
+ring, L x the FLOPs). Both flush the same way and give the same outputs.
+Cursor contract: identical to ``synodic.kernels.mamba2_replay`` (decode flushes at wp >= L-1;
+windows: ``gdn_replay_flush(min_room=T)`` -> ``gdn_replay_verify`` -> ``replay_commit``).
+Eager semantics (``gdn_decode``): S = e^g S; u = beta (v - S k); S += u k^T; o = S q, k and q
+L2-normalised (eps 1e-6 under the sqrt), q times scale (default K^-1/2), value head h uses key
+head h // (HV // Hk).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..mamba2_replay.common import check_state_pair, is_fp8, replay_advance, replay_commit, replay_flush_reset
+from .ref import gdn_replay_decode_ref, gdn_replay_flush_ref, gdn_replay_verify_ref
+
+__all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "gdn_replay_alloc",
+           "replay_commit", "replay_advance", "replay_flush_reset"]
+
+
+def _use_triton(backend: str, t: torch.Tensor) -> bool:
+    if backend not in ("auto", "triton", "ref"):
+        raise ValueError(f"backend={backend!r}: expected 'auto', 'triton' or 'ref'")
+    return backend == "triton" or (backend == "auto" and t.is_cuda)
+
+
+def _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale):
+    slots, HV, V, K = ckpt.shape
+    Hk = ring_k.shape[1]
+    if HV % Hk:
+        raise ValueError(f"HV={HV} is not a multiple of Hk={Hk}")
+    want = {"ring_u": (ring_u, (slots, HV, L, V)), "ring_k": (ring_k, (slots, Hk, L, K)),
+            "ring_g": (ring_g, (slots, HV, L)), "write_pos": (write_pos, (slots,))}
+    for name, (t, shape) in want.items():
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {shape} (L={L})")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if write_pos.dtype != torch.int32:
+        raise ValueError(f"write_pos: dtype {write_pos.dtype}, expected torch.int32")
+    if ring_g.dtype != torch.float32:
+        raise ValueError("ring_g must be float32")
+    check_state_pair(ckpt, ckpt_scale, "ckpt", ckpt.shape)
+    check_state_pair(ckpt_lo, ckpt_lo_scale, "ckpt_lo", ckpt.shape)
+
+
+def _inner(t):
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _route(route: str) -> bool:
+    if route not in ("state", "adjoint"):
+        raise ValueError(f"route={route!r}: expected 'state' or 'adjoint'")
+    return route == "state"
+
+
+def gdn_replay_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, *, L: int,
+                      scale=None, use_qk_l2norm: bool = True, route: str = "adjoint", ckpt_scale=None,
+                      ckpt_lo=None, ckpt_lo_scale=None, advance: bool = True, backend: str = "auto",
+                      config=None) -> torch.Tensor:
+    """One decode step per row: q/k [b,Hk,K], v [b,HV,V], g [b,HV] log-decay, beta [b,HV]
+    post-sigmoid -> o [b,HV,V] (v dtype), equal to eager ``gdn_decode``. Appends (u, k, g) at
+    ring[write_pos]; at write_pos >= L-1 flushes instead (ckpt and ckpt_lo written, wp <- 0)."""
+    state_route = _route(route)
+    _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
+    if not _use_triton(backend, ckpt):
+        return gdn_replay_decode_ref(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, L=L,
+                                     scale=scale, use_qk_l2norm=use_qk_l2norm, route=route,
+                                     ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale,
+                                     advance=advance)
+    from .triton_impl import MODE_DECODE, launch
+    q, k, v = _inner(q), _inner(k), _inner(v)
+    o = torch.empty_like(v)
+    launch(MODE_DECODE, ckpt, ring_u, ring_k, ring_g, write_pos, q.unsqueeze(1), k.unsqueeze(1),
+           v.unsqueeze(1), g.unsqueeze(1), beta.unsqueeze(1), slot_ids, o.unsqueeze(1), L=L, T=1, scale=scale,
+           use_qk_l2norm=use_qk_l2norm, route_state=state_route, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
+           ckpt_lo_scale=ckpt_lo_scale, advance=advance, config=config)
+    return o
+
+
+def gdn_replay_verify(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, *, L: int,
+                      scale=None, use_qk_l2norm: bool = True, ckpt_scale=None, ckpt_lo=None,
+                      ckpt_lo_scale=None, backend: str = "auto", config=None) -> torch.Tensor:
+    """Outputs of a speculative window: q/k [b,T,Hk,K], v [b,T,HV,V], g/beta [b,T,HV] ->
+    o [b,T,HV,V]. The window's corrections are solved by forward substitution
+    ((I + A) U = R, A_sr = beta_s e^{G_s-G_r} k_s.k_r); no intermediate state is formed. Writes
+    (u, k, g) of the window at ring[write_pos : write_pos+T] (caller guarantees write_pos + T <= L);
+    write_pos and the checkpoint are untouched. Follow with ``replay_commit``."""
+    _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
+    T = v.shape[1]
+    if T > L:
+        raise ValueError(f"window T={T} exceeds the ring L={L}")
+    if not _use_triton(backend, ckpt):
+        return gdn_replay_verify_ref(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, L=L,
+                                     scale=scale, use_qk_l2norm=use_qk_l2norm, ckpt_scale=ckpt_scale,
+                                     ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale)
+    from .triton_impl import MODE_VERIFY, launch
+    q, k, v = _inner(q), _inner(k), _inner(v)
+    o = torch.empty_like(v)
+    launch(MODE_VERIFY, ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, L=L, T=T,
+           scale=scale, use_qk_l2norm=use_qk_l2norm, route_state=False, ckpt_scale=ckpt_scale,
+           ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale, advance=False, config=config)
+    return o
+
+
+def gdn_replay_flush(ckpt, ring_u, ring_k, ring_g, write_pos, slot_ids, *, L: int,
+                     min_room: int | None = None, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None,
+                     advance: bool = True,
+                     backend: str = "auto", config=None) -> None:
+    """Fold ring[:write_pos] into the checkpoint for the rows' slots where write_pos > 0 and
+    (min_room is None, or write_pos + min_room > L); refresh ckpt_lo; write_pos <- 0 there.
+    Decided on the device (no host sync)."""
+    _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
+    if not _use_triton(backend, ckpt):
+        return gdn_replay_flush_ref(ckpt, ring_u, ring_k, ring_g, write_pos, slot_ids, L=L, min_room=min_room,
+                                    ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale,
+                                    advance=advance)
+    from .triton_impl import MODE_FLUSH, launch
+    launch(MODE_FLUSH, ckpt, ring_u, ring_k, ring_g, write_pos, None, None, None, None, None, slot_ids, None,
+           L=L, T=1, scale=None, use_qk_l2norm=True, route_state=False, ckpt_scale=ckpt_scale,
+           ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale, advance=advance, min_room=min_room, config=config)
+
+
+def gdn_replay_alloc(slots: int, HV: int, V: int, K: int, Hk: int, L: int, *, dtype=torch.bfloat16,
+                     ckpt_dtype=torch.float32, lo_dtype=None, device=None) -> dict:
+    """Zero-initialised cache tensors (keys = the kernels' argument names)."""
+    kw = dict(device=device)
+    c = dict(ckpt=torch.zeros(slots, HV, V, K, dtype=ckpt_dtype, **kw),
+             ring_u=torch.zeros(slots, HV, L, V, dtype=dtype, **kw),
+             ring_k=torch.zeros(slots, Hk, L, K, dtype=dtype, **kw),
+             ring_g=torch.zeros(slots, HV, L, dtype=torch.float32, **kw),
+             write_pos=torch.zeros(slots, dtype=torch.int32, **kw))
+    if is_fp8(c["ckpt"]):
+        c["ckpt_scale"] = torch.ones(slots, HV, V, dtype=torch.float32, **kw)
+    if lo_dtype is not None:
+        c["ckpt_lo"] = torch.zeros(slots, HV, V, K, dtype=lo_dtype, **kw)
+        if is_fp8(c["ckpt_lo"]):
+            c["ckpt_lo_scale"] = torch.ones(slots, HV, V, dtype=torch.float32, **kw)
+    return c

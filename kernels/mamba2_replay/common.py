@@ -1,0 +1,116 @@
+"""Helpers shared by the ReplaySSM kernels (Mamba-2 and GDN): cursor moves and fp8 checkpoints.
+
+Cursor contract (per slot, per SSM layer; ``write_pos`` is int32 ``[slots]`` on the state device):
+``write_pos[s]`` = number of committed tokens cached in the ring since the checkpoint, 0 ≤ wp ≤ L.
+All functions here are pure device work (no host sync), so they can sit inside a CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_DTYPES = (torch.float8_e4m3fn,)
+WP_TICKET = 1 << 16  # kernels count arrivals in write_pos's high bits while they update it
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def is_fp8(t: torch.Tensor | None) -> bool:
+    return t is not None and t.dtype in FP8_DTYPES
+
+
+def quantize_rows_fp8(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``[..., R, C]`` -> (fp8 e4m3 ``[..., R, C]``, fp32 scale ``[..., R]``), one scale per row.
+
+    The scale tile is one row of the state (Mamba-2: one (head, p) row over N; GDN: one (head, v)
+    row over K): scale = amax(|row|) / 448 (1 for an all-zero row), q = round_rtne(row / scale).
+    """
+    s = s.float()
+    scale = s.abs().amax(-1) / FP8_MAX
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = (s / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def dequantize(t: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """A checkpoint in any supported dtype -> fp32 (per-row scale when fp8)."""
+    if is_fp8(t):
+        if scale is None:
+            raise ValueError("an fp8 checkpoint needs its per-row fp32 scale tensor")
+        return t.float() * scale.float()[..., None]
+    return t.float()
+
+
+def store_state(dst: torch.Tensor, dst_scale: torch.Tensor | None, s: torch.Tensor) -> None:
+    """Write fp32 state ``s`` into ``dst`` (fp32 / bf16 / fp16 copy, or fp8 with per-row scales)."""
+    if is_fp8(dst):
+        q, sc = quantize_rows_fp8(s)
+        dst.copy_(q)
+        dst_scale.copy_(sc)
+    else:
+        dst.copy_(s.to(dst.dtype))
+
+
+def check_state_pair(t: torch.Tensor | None, scale: torch.Tensor | None, name: str, state_shape) -> None:
+    if t is None:
+        return
+    if tuple(t.shape) != tuple(state_shape):
+        raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {tuple(state_shape)}")
+    if t.dtype not in (torch.float32, torch.bfloat16, torch.float16) + FP8_DTYPES:
+        raise ValueError(f"{name}: dtype {t.dtype}, expected float32/bfloat16/float16/float8_e4m3fn")
+    if is_fp8(t):
+        if scale is None or tuple(scale.shape) != tuple(state_shape[:-1]) or scale.dtype != torch.float32:
+            raise ValueError(f"{name} is fp8: needs a float32 scale of shape {tuple(state_shape[:-1])}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def replay_commit(write_pos: torch.Tensor, accepted: torch.Tensor, slot_ids: torch.Tensor | None = None,
+                  *, L: int | None = None) -> torch.Tensor:
+    """After a verify: ``write_pos[slot_ids[i]] += accepted[i]`` (rows with a negative slot skip).
+
+    ``accepted`` = window tokens kept (1..T, the first window token included), a device tensor; no
+    host sync. The accepted tokens' ring entries were already written by the verify at
+    write_pos..write_pos+T-1; the rejected ones are simply overwritten later. With ``slot_ids=None``
+    ``accepted`` is indexed by slot. ``L`` (optional) clamps the cursor to L.
+    """
+    acc = accepted.to(device=write_pos.device, dtype=write_pos.dtype)
+    if slot_ids is None:
+        write_pos.add_(acc)
+    else:
+        sid = slot_ids.to(device=write_pos.device, dtype=torch.long)
+        valid = sid >= 0
+        write_pos.index_add_(0, sid.clamp(min=0), torch.where(valid, acc, torch.zeros_like(acc)))
+    if L is not None:
+        write_pos.clamp_(max=L)
+    return write_pos
+
+
+def replay_advance(write_pos: torch.Tensor, slot_ids: torch.Tensor, *, L: int) -> torch.Tensor:
+    """Cursor move of one standard decode step, for callers that share one ``write_pos`` across
+    layers and call the decode kernels with ``advance=False``: wp <- 0 if wp >= L-1 (the step
+    flushed) else wp + 1. Negative slots skip."""
+    sid = slot_ids.to(device=write_pos.device, dtype=torch.long)
+    valid = sid >= 0
+    idx = sid.clamp(min=0)
+    wp = write_pos.index_select(0, idx)
+    new = torch.where(wp >= L - 1, torch.zeros_like(wp), wp + 1)
+    # index_add of a delta (0 on skipped rows), so a padded row aliasing slot 0 cannot clobber it
+    write_pos.index_add_(0, idx, torch.where(valid, new - wp, torch.zeros_like(wp)))
+    return write_pos
+
+
+def replay_flush_reset(write_pos: torch.Tensor, slot_ids: torch.Tensor, *, L: int,
+                       min_room: int | None = None) -> torch.Tensor:
+    """Cursor move of a flush, for callers that flush with ``advance=False``: wp <- 0 where the
+    flush rule fired (wp > 0 and, unless min_room is None, wp + min_room > L)."""
+    sid = slot_ids.to(device=write_pos.device, dtype=torch.long)
+    valid = sid >= 0
+    idx = sid.clamp(min=0)
+    wp = write_pos.index_select(0, idx)
+    room = L + 1 if min_room is None else min_room
+    fire = valid & (wp > 0) & (wp + room > L)
+    write_pos.index_add_(0, idx, torch.where(fire, -wp, torch.zeros_like(wp)))
+    return write_pos

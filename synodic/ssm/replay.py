@@ -1,0 +1,85 @@
+"""`ssm=replay`: checkpoint + ring of inputs per slot (REPLAYSSM.md). One cursor `write_pos` per slot
+is shared by every SSM layer: the kernels run with advance=False and the runner moves the cursor
+once per step (`end_step`), inside the same captured graph."""
+import torch
+
+from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_decode
+from synodic.kernels.mamba2_replay import mamba2_replay_alloc, mamba2_replay_decode, replay_advance
+from synodic.kernels.mamba2_replay.common import store_state
+
+from .base import StateBackendBase
+
+# precision → (checkpoint dtype, low-precision read copy dtype or None)
+PRECISIONS = {
+    "fp32": (torch.float32, None),
+    "dual_bf16": (torch.float32, torch.bfloat16),
+    "dual_fp8": (torch.float32, torch.float8_e4m3fn),
+    "single_bf16": (torch.bfloat16, None),
+    "single_fp8": (torch.float8_e4m3fn, None),
+}
+
+
+class ReplayStateBackend(StateBackendBase):
+    def __init__(self, model, max_slots: int, device, cfg):
+        super().__init__(model, max_slots, device)
+        self.L, self.kernel, self.route = cfg.ring_len, cfg.kernel, cfg.gdn_route
+        ck, lo = PRECISIONS[cfg.precision]
+        dtype = next(model.parameters()).dtype
+        self.write_pos = torch.zeros(max_slots, dtype=torch.int32, device=device)
+        self.host_wp = [0] * max_slots  # mirror of write_pos for the byte ledger (no device reads)
+        self.cache = []
+        for m in self.layers:
+            if hasattr(m, "P"):
+                c = mamba2_replay_alloc(max_slots, m.H, m.P, m.N, m.G, self.L, dtype=dtype, ckpt_dtype=ck,
+                                        lo_dtype=lo, device=device)
+            else:
+                c = gdn_replay_alloc(max_slots, m.HV, m.V, m.K, m.Hk, self.L, dtype=dtype, ckpt_dtype=ck,
+                                     lo_dtype=lo, device=device)
+            c["write_pos"] = self.write_pos
+            self.cache.append(c)
+
+    def _seed_state(self, i, slot, state):
+        c = self.cache[i]
+        store_state(c["ckpt"][slot], c["ckpt_scale"][slot] if "ckpt_scale" in c else None, state.float())
+        if "ckpt_lo" in c:
+            store_state(c["ckpt_lo"][slot], c["ckpt_lo_scale"][slot] if "ckpt_lo_scale" in c else None,
+                        state.float())
+        self.write_pos[slot] = 0
+        self.host_wp[slot] = 0
+
+    def mamba2_step(self, i, x, dt, A, B, C, D, dt_bias):
+        return mamba2_replay_decode(**self.cache[i], x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias,
+                                    slot_ids=self.slot_ids, L=self.L, advance=False, backend=self.kernel)
+
+    def gdn_step(self, i, q, k, v, g, beta):
+        return gdn_replay_decode(**self.cache[i], q=q, k=k, v=v, g=g, beta=beta, slot_ids=self.slot_ids,
+                                 L=self.L, route=self.route, advance=False, backend=self.kernel)
+
+    def end_step(self) -> None:
+        replay_advance(self.write_pos, self.slot_ids, L=self.L)
+
+    # -- ledger: exact bytes of the layouts, per the cursor of each row -----------------------------
+    def _layer_bytes(self, c, wp: int) -> tuple[int, int, int]:
+        """(state read, state write, ring read+write) of one row of one layer at cursor wp."""
+        def row(name):
+            t = c.get(name)
+            return 0 if t is None else t[0].numel() * t.element_size()
+
+        ring_names = [k for k in c if k.startswith("ring_")]
+        entry = sum(row(n) // self.L for n in ring_names)  # one position of every ring tensor
+        ck = row("ckpt") + row("ckpt_scale")
+        lo = row("ckpt_lo") + row("ckpt_lo_scale")
+        if wp >= self.L - 1:  # flush: fp32 recurrence reads ckpt + ring, writes ckpt (+ refreshes copy)
+            return ck, ck + lo, wp * entry
+        return (lo or ck), 0, wp * entry + entry
+
+    def step_bytes(self, slots: list[int]) -> dict[str, int]:
+        read = write = ring = 0
+        for s in slots:
+            wp = self.host_wp[s]
+            for c in self.cache:
+                r, w, g = self._layer_bytes(c, wp)
+                read, write, ring = read + r, write + w, ring + g
+            self.host_wp[s] = 0 if wp >= self.L - 1 else wp + 1
+        return {"ssm_state_read": read, "ssm_state_write": write, "ssm_ring": ring,
+                "ssm_conv_state": 2 * self.conv_bytes_per_step(len(slots))}
