@@ -16,6 +16,7 @@ class BuildContext:
     device: torch.device
     max_slots: int
     max_seq_len: int
+    window: int = 1  # largest verify window (1 + drafts) the state backend must hold
 
 
 @dataclass
@@ -36,15 +37,16 @@ class ServingGraph:
     embed_row_bytes: int = 0
     notes: list[str] = field(default_factory=list)
 
-    def step_bytes(self, slots: list[int], lengths: list[int]) -> dict[str, int]:
+    def step_bytes(self, slots: list[int], lengths: list[int], T: int = 1, accepted: list[int] | None = None
+                   ) -> dict[str, int]:
         """Bytes one decode step moves for rows in these slots with these context lengths (new token
         included). Called once per executed step: backends with cursors advance their mirrors."""
         b = len(lengths)
-        out = {"weights_read": self.weight_bytes + b * self.embed_row_bytes}
+        out = {"weights_read": self.weight_bytes + b * T * self.embed_row_bytes}
         if self.ssm is not None:
-            out.update(self.ssm.step_bytes(slots))
+            out.update(self.ssm.step_bytes(slots) if T == 1 else self.ssm.step_bytes(slots, T, accepted))
         if self.kv is not None:
-            out.update(self.kv.bytes_for(lengths))
+            out.update(self.kv.bytes_for([n + t for n in lengths for t in range(T)]))
         return out
 
 
@@ -76,13 +78,13 @@ def load_model(choice, device, dtype):
     return random_model(choice.architecture(), choice.seed, device, dtype).eval(), None
 
 
-def build_graph(cfg, max_seq_len: int, max_slots: int | None = None) -> ServingGraph:
+def build_graph(cfg, max_seq_len: int, max_slots: int | None = None, window: int = 1) -> ServingGraph:
     device = resolve_device(cfg.runtime)
     torch.manual_seed(cfg.runtime.seed)
     model, ckpt = load_model(cfg.model, device, DTYPES[cfg.model.dtype])
     from synodic.engine.text import load_codec
     slots = max_slots or cfg.runtime.max_slots
-    ctx = BuildContext(model=model, device=device, max_slots=slots, max_seq_len=max_seq_len)
+    ctx = BuildContext(model=model, device=device, max_slots=slots, max_seq_len=max_seq_len, window=window)
     cuda_graphs = device.type == "cuda" if cfg.runtime.cuda_graphs is None else cfg.runtime.cuda_graphs
     g = ServingGraph(cfg=cfg, model=model, codec=load_codec(ckpt), device=device, max_slots=slots,
                      max_seq_len=max_seq_len, cuda_graphs=cuda_graphs, ckpt_dir=ckpt)

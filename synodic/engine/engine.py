@@ -42,13 +42,17 @@ class Engine:
             self.sampler.forget(r.id)
 
     def generate(self, requests: list[Request], on_token: Callable[[Request, int], None] | None = None,
-                 progress: Callable[[int], None] | None = None) -> list[Request]:
-        """Serves every request to completion; on_token streams (request, token) as tokens appear."""
+                 progress: Callable[[int], None] | None = None,
+                 drafter: Callable[[list[Request]], list[list[int]]] | None = None) -> list[Request]:
+        """Serves every request to completion; on_token streams (request, token) as tokens appear.
+        With a drafter (requests → γ draft tokens each), every step verifies [last token, drafts] and
+        keeps the greedy-accepted prefix plus one target token (greedy requests only)."""
         t0 = time.perf_counter()
         for r in requests:
             r.arrival_s = t0
             self.scheduler.add(r)
         sched = self.scheduler
+        self.accepted: list[int] = []
         while sched.has_work():
             admitted = sched.admit()
             for r in admitted:
@@ -66,6 +70,9 @@ class Engine:
                         sched.waiting.remove(r)
                         sched.finish(r, "rejected_kv_capacity", release=False)
                 continue
+            if drafter is not None:
+                self._spec_step(batch, drafter, on_token, progress)
+                continue
             ts = time.perf_counter()
             logits = self.runner.decode([r.slot for r in batch], [r.length - 1 for r in batch],
                                         [r.output_ids[-1] for r in batch], max(r.length for r in batch))
@@ -78,3 +85,34 @@ class Engine:
             if progress is not None:
                 progress(len(batch))
         return requests
+
+    def _spec_step(self, batch, drafter, on_token, progress) -> None:
+        """Verify [anchor, d_1..d_γ] per row; accept drafts while they equal the target's argmax, then
+        append the target's token at the first mismatch (or the bonus token). Outputs equal plain
+        greedy decoding; state and KV roll back by cursor / length."""
+        drafts = drafter(batch)
+        T = 1 + len(drafts[0])
+        for r in batch:  # pages for the whole window; preemption can't happen mid-window
+            self.scheduler.blocks.grow(r.slot, r.length + T - 1) if self.scheduler.blocks else None
+        ts = time.perf_counter()
+        windows = [[r.output_ids[-1], *d] for r, d in zip(batch, drafts)]
+        logits = self.runner.verify([r.slot for r in batch], [r.length - 1 for r in batch], windows,
+                                    max(r.length for r in batch) + T - 1)
+        target = logits.argmax(-1)  # [B, T]
+        win = torch.tensor(windows, device=target.device)
+        match = (win[:, 1:] == target[:, :-1]).int().cumprod(-1).sum(-1)  # accepted drafts per row
+        self.runner.commit(match + 1)  # anchor + accepted drafts enter the state, on the device
+        target, match = target.tolist(), match.tolist()  # the step's one host sync
+        now = time.perf_counter()
+        self.decode_s += now - ts
+        lengths = [r.length for r in batch]
+        self.ledger.add(len(batch), self.graph.step_bytes([r.slot for r in batch], lengths, T,
+                                                          [m + 1 for m in match]))
+        for r, m, tgt in zip(batch, match, target):
+            self.accepted.append(m + 1)
+            for tok in tgt[: m + 1]:
+                if r.done:
+                    break
+                self._append(r, tok, now, on_token)
+        if progress is not None:
+            progress(len(batch))

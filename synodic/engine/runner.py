@@ -2,7 +2,7 @@
 graph per (batch bucket, KV view) from fixed-address buffers."""
 import torch
 
-from synodic.models.lm import DecodeContext, PrefillContext
+from synodic.models.lm import DecodeContext, PrefillContext, VerifyContext
 
 
 class ModelRunner:
@@ -68,6 +68,27 @@ class ModelRunner:
         graph, out = self.graphs[key]
         graph.replay()
         return out[:b]
+
+    @torch.inference_mode()
+    def verify(self, slots: list[int], positions: list[int], windows: list[list[int]], max_len: int
+               ) -> torch.Tensor:
+        """A window of T tokens per row (row i: windows[i] at positions[i]..+T-1 in slot slots[i]);
+        returns logits [B, T, V]. Nothing is committed until `commit`."""
+        b, T = len(slots), len(windows[0])
+        ids = torch.tensor(windows, dtype=torch.long, device=self.device)
+        self.pos[:b] = torch.tensor(positions)
+        self.slots[:b] = torch.tensor(slots)
+        self.rows[:b] = torch.tensor(slots)
+        self._bind(b, self.kv.view_blocks_for(max_len) if self.kv is not None else 0)
+        if self.ssm is not None:
+            self.ssm.begin_window(T)
+        return self.model(ids, VerifyContext(ssm=self.ssm, kv=self.kv, positions=self.pos[:b]))
+
+    @torch.inference_mode()
+    def commit(self, accepted: torch.Tensor) -> None:
+        """Keep accepted[i] (device tensor, 1..T) window tokens of row i of the last verify."""
+        if self.ssm is not None:
+            self.ssm.commit(accepted)
 
     def _capture(self, bucket: int, view: int):
         # Warm-up and capture with all rows as padding so only scratch state/pages are touched.

@@ -42,22 +42,28 @@ class ResidentKVPolicy:
 
     def attend(self, i: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
         """q [B, nq, hd], k_new/v_new [B, nkv, hd] of the token at self.positions → o [B, nq, hd]."""
+        return self.attend_window(i, q[:, None], k_new[:, None], v_new[:, None])[:, 0]
+
+    def attend_window(self, i: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
+        """A window of W tokens per row at positions[b] + 0..W-1: q [B, W, nq, hd], k/v [B, W, nkv, hd]
+        → o [B, W, nq, hd], causal inside the window. Rows past a later commit are simply
+        overwritten by the next step (rollback is a length move)."""
         bs, table = self.block_size, self.blocks.table
-        pos = self.positions.long()
-        page = table[self.slot_ids, pos // bs].long()
+        B, W, nq, hd = q.shape
+        pos = self.positions.long()[:, None] + torch.arange(W, device=q.device)  # [B, W]
+        page = table[self.slot_ids[:, None], pos // bs].long()
         self.k[i][page, pos % bs] = k_new.to(self.k[i].dtype)
         self.v[i][page, pos % bs] = v_new.to(self.v[i].dtype)
         pages = table[self.slot_ids, : self.view_blocks].long()  # [B, nb]
-        B, nq, hd = q.shape
-        K = self.k[i][pages].flatten(1, 2)  # [B, T, nkv, hd]
+        K = self.k[i][pages].flatten(1, 2)  # [B, Tk, nkv, hd]
         V = self.v[i][pages].flatten(1, 2)
         nkv = K.shape[2]
-        qg = q.float().view(B, nkv, nq // nkv, hd)
-        s = torch.einsum("bgrd,btgd->bgrt", qg, K.float()) / math.sqrt(hd)
+        qg = q.float().view(B, W, nkv, nq // nkv, hd)
+        s = torch.einsum("bwgrd,btgd->bwgrt", qg, K.float()) / math.sqrt(hd)
         t = torch.arange(K.shape[1], device=q.device)
-        s = s.masked_fill((t[None, :] > pos[:, None])[:, None, None, :], float("-inf"))
-        o = torch.einsum("bgrt,btgd->bgrd", s.softmax(-1), V.float())
-        return o.reshape(B, nq, hd).to(q.dtype)
+        s = s.masked_fill((t[None, None, :] > pos[:, :, None])[:, :, None, None, :], float("-inf"))
+        o = torch.einsum("bwgrt,btgd->bwgrd", s.softmax(-1), V.float())
+        return o.reshape(B, W, nq, hd).to(q.dtype)
 
     # -- ledger -------------------------------------------------------------------------------
     def row_bytes(self) -> int:

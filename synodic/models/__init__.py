@@ -3,4 +3,4 @@ from .config import HybridConfig
 from .lm import DecodeContext, HybridLM, PrefillContext
 from .presets import PRESETS
 
-__all__ = ["HybridConfig", "HybridLM", "PrefillContext", "DecodeContext", "PRESETS"]
+__all__ = ["PRESETS", "DecodeContext", "HybridConfig", "HybridLM", "PrefillContext"]

@@ -49,6 +49,10 @@ class Attention(nn.Module):
         if ctx is not None and ctx.mode == "decode":
             q, k, v = self._qkv(hidden, ctx.positions[:, None])
             o = ctx.kv.attend(self.attn_index, q[:, 0], k[:, 0], v[:, 0])[:, None]
+        elif ctx is not None and ctx.mode == "verify":
+            pos = ctx.positions[:, None] + torch.arange(T, device=hidden.device)
+            q, k, v = self._qkv(hidden, pos)
+            o = ctx.kv.attend_window(self.attn_index, q, k, v)
         else:
             start = 0 if ctx is None else ctx.start
             pos = torch.arange(start, start + T, device=hidden.device)

@@ -55,7 +55,7 @@ class HybridConfig(BaseModel):
     initializer_range: float = Field(0.02, gt=0, description="Std of random init.")
 
     @model_validator(mode="after")
-    def _layout(self) -> "HybridConfig":
+    def _layout(self) -> HybridConfig:
         if self.model_type == "nemotron_h":
             p = self.hybrid_override_pattern
             if p is None or len(p) != self.num_hidden_layers or set(p) - set("M*-"):

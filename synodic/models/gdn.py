@@ -48,6 +48,10 @@ class GatedDeltaNetMixer(nn.Module):
             qkv = ctx.ssm.conv_step(self.ssm_index, qkv[:, 0], w, self.conv1d.bias)
             q, k, v = self._qkv(qkv)
             o = ctx.ssm.gdn_step(self.ssm_index, q, k, v, g[:, 0], beta[:, 0])[:, None]
+        elif ctx is not None and ctx.mode == "verify":
+            qkv = ctx.ssm.conv_window(self.ssm_index, qkv, w, self.conv1d.bias)
+            q, k, v = self._qkv(qkv)
+            o = ctx.ssm.gdn_verify(self.ssm_index, q, k, v, g, beta)
         else:
             qkv, conv_state = causal_conv(qkv, w, self.conv1d.bias)
             q, k, v = self._qkv(qkv)

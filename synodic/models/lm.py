@@ -32,6 +32,16 @@ class DecodeContext:
     mode: str = "decode"
 
 
+@dataclass
+class VerifyContext:
+    """A window of T tokens per sequence starting at positions[i] (speculative verification): the
+    backends compute all T outputs without committing state; the runner commits accepted counts."""
+    ssm: object
+    kv: object
+    positions: torch.Tensor
+    mode: str = "verify"
+
+
 class Block(nn.Module):
     def __init__(self, cfg: HybridConfig, kind: str, index: int):
         super().__init__()

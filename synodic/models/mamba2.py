@@ -49,6 +49,10 @@ class Mamba2Mixer(nn.Module):
             x, B, C = self._xbc(xBC)
             y = ctx.ssm.mamba2_step(self.ssm_index, x, dt[:, 0], A, B, C, self.D, self.dt_bias)
             y = y[:, None].flatten(-2)
+        elif ctx is not None and ctx.mode == "verify":  # a window of T tokens per row, no state written
+            xBC = ctx.ssm.conv_window(self.ssm_index, xBC, w, self.conv1d.bias)
+            x, B, C = self._xbc(xBC)
+            y = ctx.ssm.mamba2_verify(self.ssm_index, x, dt, A, B, C, self.D, self.dt_bias).flatten(-2)
         else:
             xBC, conv_state = causal_conv(xBC, w, self.conv1d.bias)
             x, B, C = self._xbc(xBC)

@@ -1,5 +1,4 @@
 """Checkpoints: `config.json` (HybridConfig) + `model.safetensors` (+ optional `tokenizer.json`)."""
-import json
 from pathlib import Path
 
 import torch

@@ -17,6 +17,7 @@ class StateBackendBase:
                                  device=device, dtype=dtype) for m in self.layers]
         self.slot_ids = torch.zeros(0, dtype=torch.long, device=device)
         self._conv_rows = self.slot_ids
+        self._window: dict[int, torch.Tensor] = {}
 
     def bind(self, slot_ids: torch.Tensor, rows: torch.Tensor) -> None:
         """The batch's slots (negative = padding row, skipped by the kernels) and the same with padding
@@ -30,6 +31,31 @@ class StateBackendBase:
         full = torch.cat([self.conv[i][rows], x[..., None].to(self.conv[i].dtype)], dim=-1)
         self.conv[i].index_copy_(0, rows, full[..., 1:])
         return F.silu((full * weight).sum(-1) + bias).to(x.dtype)
+
+    def conv_window(self, i: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Causal conv over a verify window x [B, T, C] from the committed conv state, without
+        committing: the window inputs are kept until `commit` knows how many were accepted."""
+        k = weight.shape[-1]
+        full = torch.cat([self.conv[i][self._conv_rows], x.transpose(1, 2).to(self.conv[i].dtype)], dim=-1)
+        self._window[i] = full
+        y = torch.stack([(full[..., t:t + k] * weight).sum(-1) for t in range(x.shape[1])], dim=1)
+        return F.silu(y + bias).to(x.dtype)
+
+    def commit(self, accepted: torch.Tensor) -> None:
+        """After a verify: keep `accepted` [B] (device, 1..T) window tokens per row; no host sync."""
+        for i, full in self._window.items():
+            km1 = self.conv[i].shape[-1]
+            idx = accepted.long()[:, None] + torch.arange(km1, device=full.device)  # last k-1 kept inputs
+            kept = full.gather(-1, idx[:, None, :].expand(-1, full.shape[1], -1))
+            self.conv[i].index_copy_(0, self._conv_rows, kept)
+        self._window = {}
+        self._commit_state(accepted)
+
+    def begin_window(self, T: int) -> None:
+        """Before a verify window of T tokens (backends flush or pick state slots here)."""
+
+    def _commit_state(self, accepted: torch.Tensor) -> None:
+        raise NotImplementedError
 
     def seed(self, i: int, slot: int, state: torch.Tensor, conv_state: torch.Tensor) -> None:
         """Prefill's final state of layer i for `slot`."""

@@ -17,7 +17,7 @@ class EagerSSM(Component):
 
     def build(self, ctx):
         from synodic.ssm.eager import EagerStateBackend
-        return EagerStateBackend(ctx.model, ctx.max_slots, ctx.device, self)
+        return EagerStateBackend(ctx.model, ctx.max_slots, ctx.device, self, window=ctx.window)
 
 
 @register("ssm")
