@@ -88,12 +88,23 @@ def build_graph(cfg, max_seq_len: int, max_slots: int | None = None, window: int
     cuda_graphs = device.type == "cuda" if cfg.runtime.cuda_graphs is None else cfg.runtime.cuda_graphs
     g = ServingGraph(cfg=cfg, model=model, codec=load_codec(ckpt), device=device, max_slots=slots,
                      max_seq_len=max_seq_len, cuda_graphs=cuda_graphs, ckpt_dir=ckpt)
+    g.quant = cfg.quant.build(ctx)  # may swap the model's linears for quantized ones, so first
     g.ssm = cfg.ssm.build(ctx) if model.ssm_layers else None
     g.kv = cfg.kv.build(ctx) if model.attention_layers else None
     g.spec = cfg.spec.build(ctx)
-    g.quant = cfg.quant.build(ctx)
     emb = model.embed_tokens.weight
     g.embed_row_bytes = emb.shape[1] * emb.element_size()
-    g.weight_bytes = sum(m.weight.numel() * m.weight.element_size()
-                         for m in model.modules() if isinstance(m, torch.nn.Linear))
+    g.weight_bytes = linear_weight_bytes(model)
     return g
+
+
+def linear_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every linear's weight a decode step reads (a module's own `weight_bytes()` when it
+    stores packed codes + scales)."""
+    total = 0
+    for m in model.modules():
+        if hasattr(m, "weight_bytes"):
+            total += m.weight_bytes()
+        elif isinstance(m, torch.nn.Linear):
+            total += m.weight.numel() * m.weight.element_size()
+    return total
