@@ -6,6 +6,8 @@ import torch
 if not torch.cuda.is_available():
     # Must be set before triton is first imported; kernel tests then run on CPU tensors.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # Test tensors are tiny: intra-op threads buy nothing and OpenMP barriers stall on a shared CPU.
+    torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 
