@@ -1,0 +1,133 @@
+"""Triton kernel of `mamba2_decode_window`: one program per (batch row, head, tile of P rows).
+
+A program loads its [BLOCK_P, N] source tile once, keeps it in registers and steps through the T
+window positions: per position it reads the small inputs (x tile, dt, B/C of the head's group),
+updates the tile, stores it to that position's destination slot and writes y_t. State traffic is
+(1 + T) tiles per window (read once, write T times), against 2 T for T separate decode steps.
+The source tile is loaded before any store, so a destination may be the row's own source slot.
+A padding row (source id < 0) reads and writes no state and stores y = 0.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..mamba2_decode.triton_impl import _round_bf16, _softplus, default_config
+
+
+@triton.jit
+def _mamba2_window_kernel(
+    state_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, src_ptr, dst_ptr, z_ptr, y_ptr,
+    s_slot, s_h, s_p, s_n,
+    x_b, x_t, x_h, x_p,
+    dt_b, dt_t, dt_h,
+    B_b, B_t, B_g, B_n,
+    C_b, C_t, C_g, C_n,
+    z_b, z_t, z_h, z_p,
+    y_b, y_t, y_h, y_p,
+    d_b, d_t,
+    T: tl.constexpr, P: tl.constexpr, N: tl.constexpr, HEADS_PER_GROUP: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_Z: tl.constexpr,
+    CARRY_CAST: tl.constexpr, ROUND_STATE: tl.constexpr, ROUND_OUT: tl.constexpr,
+):
+    NUM_PT: tl.constexpr = (P + BLOCK_P - 1) // BLOCK_P
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    h = pid // NUM_PT
+    pt = pid % NUM_PT
+    g = h // HEADS_PER_GROUP
+
+    src = tl.load(src_ptr + b).to(tl.int64)
+    valid = src >= 0
+    src = tl.maximum(src, 0)
+
+    offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_p = offs_p < P
+    mask_n = offs_n < N
+    tile = h * s_h + offs_p[:, None] * s_p + offs_n[None, :] * s_n
+    # state rows: none for a padding row (its y rows are still written, with zeros)
+    s_mask_p = offs_p < tl.where(valid, P, 0)
+    if BLOCK_N == N:
+        s_mask = s_mask_p[:, None]
+    else:
+        s_mask = s_mask_p[:, None] & mask_n[None, :]
+    S = tl.load(state_ptr + src * s_slot + tile, mask=s_mask, other=0.0).to(tl.float32)
+
+    A = tl.load(A_ptr + h).to(tl.float32)
+    Dh = tl.load(D_ptr + h).to(tl.float32)
+    bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+    for t in tl.static_range(T):
+        dst = tl.load(dst_ptr + b * d_b + t * d_t).to(tl.int64)
+        w_mask_p = offs_p < tl.where(valid & (dst >= 0), P, 0)
+        if BLOCK_N == N:
+            w_mask = w_mask_p[:, None]
+        else:
+            w_mask = w_mask_p[:, None] & mask_n[None, :]
+        dst = tl.maximum(dst, 0)
+
+        x = tl.load(x_ptr + b * x_b + t * x_t + h * x_h + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)
+        dt = tl.load(dt_ptr + b * dt_b + t * dt_t + h * dt_h).to(tl.float32) + bias
+        dt = _softplus(dt)
+        dA = tl.exp(dt * A)
+        Bv = tl.load(B_ptr + b * B_b + t * B_t + g * B_g + offs_n * B_n, mask=mask_n, other=0.0).to(tl.float32)
+        Cv = tl.load(C_ptr + b * C_b + t * C_t + g * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+
+        S = S * dA + (dt * x)[:, None] * Bv[None, :]
+        y = tl.sum(S * Cv[None, :], axis=1) + Dh * x
+        # store S_t in the state dtype and carry the stored value on (= T eager decode steps)
+        if ROUND_STATE:
+            Sq = _round_bf16(S)
+            tl.store(state_ptr + dst * s_slot + tile, Sq.to(state_ptr.dtype.element_ty), mask=w_mask)
+            S = Sq
+        else:
+            Sq = S.to(state_ptr.dtype.element_ty)
+            tl.store(state_ptr + dst * s_slot + tile, Sq, mask=w_mask)
+            if CARRY_CAST:
+                S = Sq.to(tl.float32)
+
+        if HAS_Z:
+            zv = tl.load(z_ptr + b * z_b + t * z_t + h * z_h + offs_p * z_p, mask=mask_p,
+                         other=0.0).to(tl.float32)
+            y = y * (zv * tl.sigmoid(zv))
+        y = tl.where(valid, y, 0.0)
+        if ROUND_OUT:
+            y = _round_bf16(y)
+        tl.store(y_ptr + b * y_b + t * y_t + h * y_h + offs_p * y_p, y.to(y_ptr.dtype.element_ty), mask=mask_p)
+
+
+def mamba2_decode_window_triton(state, x, dt, A, B, C, D, dt_bias, src_ids, dst_ids, z=None, out=None,
+                                *, block_p: int | None = None, num_warps: int | None = None):
+    batch, T, H, P = x.shape
+    N = state.shape[-1]
+    G = B.shape[2]
+    y = torch.empty_like(x) if out is None else out
+    if batch == 0:
+        return y
+    # the eager decode's tiling (same tile per program, T x the work): T = 1 compiles to its kernel
+    bp, nw = default_config(state.dtype, P, N, batch * H)
+    block_p = block_p or bp
+    num_warps = num_warps or nw
+    zz = z if z is not None else x  # placeholder pointer, never read when HAS_Z is False
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    grid = (H * triton.cdiv(P, block_p), batch)
+    _mamba2_window_kernel[grid](
+        state, x, dt, A, B, C, D, dt_bias, src_ids, dst_ids, zz, y,
+        *state.stride(),
+        *x.stride(),
+        *dt.stride(),
+        *B.stride(),
+        *C.stride(),
+        *zz.stride(),
+        *y.stride(),
+        *dst_ids.stride(),
+        T=T, P=P, N=N, HEADS_PER_GROUP=H // G,
+        BLOCK_P=block_p, BLOCK_N=triton.next_power_of_2(N), HAS_Z=z is not None,
+        CARRY_CAST=state.dtype != torch.float32,
+        ROUND_STATE=interp and state.dtype == torch.bfloat16, ROUND_OUT=interp and y.dtype == torch.bfloat16,
+        num_warps=num_warps,
+    )
+    return y
