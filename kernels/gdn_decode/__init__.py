@@ -7,20 +7,15 @@ with q, k L2-normalised (optional) and q scaled, fp32 math, the state updated in
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from .._dispatch import expect_shape, pick_backend
 from .ref import gdn_decode_ref
 
 __all__ = ["gdn_decode", "gdn_decode_ref"]
 
 _STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-
-def _expect(name: str, t: torch.Tensor, shape: tuple, desc: str) -> None:
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {desc} = {tuple(shape)}, got {tuple(t.shape)}")
 
 
 def _check(state, q, k, v, g, beta, slot_ids, out) -> None:
@@ -32,20 +27,20 @@ def _check(state, q, k, v, g, beta, slot_ids, out) -> None:
     if v.dim() != 3:
         raise ValueError(f"v: expected shape [batch, HV, V] = [batch, {HV}, {V}], got {tuple(v.shape)}")
     batch = v.shape[0]
-    _expect("v", v, (batch, HV, V), "[batch, HV, V]")
+    expect_shape("v", v, (batch, HV, V), "[batch, HV, V]")
     if q.dim() != 3 or q.shape[1] == 0 or HV % q.shape[1]:
         raise ValueError(f"q: expected shape [batch, Hk, K] = [{batch}, Hk, {K}] with HV={HV} divisible "
                          f"by Hk, got {tuple(q.shape)}")
     Hk = q.shape[1]
-    _expect("q", q, (batch, Hk, K), "[batch, Hk, K]")
-    _expect("k", k, (batch, Hk, K), "[batch, Hk, K]")
-    _expect("g", g, (batch, HV), "[batch, HV]")
-    _expect("beta", beta, (batch, HV), "[batch, HV]")
-    _expect("slot_ids", slot_ids, (batch,), "[batch]")
+    expect_shape("q", q, (batch, Hk, K), "[batch, Hk, K]")
+    expect_shape("k", k, (batch, Hk, K), "[batch, Hk, K]")
+    expect_shape("g", g, (batch, HV), "[batch, HV]")
+    expect_shape("beta", beta, (batch, HV), "[batch, HV]")
+    expect_shape("slot_ids", slot_ids, (batch,), "[batch]")
     if slot_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"slot_ids: expected dtype int32 or int64, got {slot_ids.dtype}")
     if out is not None:
-        _expect("out", out, (batch, HV, V), "[batch, HV, V]")
+        expect_shape("out", out, (batch, HV, V), "[batch, HV, V]")
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("slot_ids", slot_ids),
                     ("out", out)):
         if t is not None and t.device != state.device:
@@ -64,15 +59,8 @@ def gdn_decode(state, q, k, v, g, beta, slot_ids, *, scale=None, use_qk_l2norm=T
     Slot ids must be distinct among non-negative entries.
     """
     _check(state, q, k, v, g, beta, slot_ids, out)
-    if backend == "auto":
-        backend = "triton" if state.is_cuda else "ref"
-    if backend == "ref":
+    if pick_backend(backend, state) == "ref":
         return gdn_decode_ref(state, q, k, v, g, beta, slot_ids, scale, use_qk_l2norm, out)
-    if backend == "triton":
-        if not state.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("backend: 'triton' needs CUDA tensors (or TRITON_INTERPRET=1); "
-                             "use 'ref' or 'auto'")
-        from .triton_impl import gdn_decode_triton
+    from .triton_impl import gdn_decode_triton
 
-        return gdn_decode_triton(state, q, k, v, g, beta, slot_ids, scale, use_qk_l2norm, out)
-    raise ValueError(f"backend: expected 'auto', 'triton' or 'ref', got {backend!r}")
+    return gdn_decode_triton(state, q, k, v, g, beta, slot_ids, scale, use_qk_l2norm, out)

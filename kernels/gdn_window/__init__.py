@@ -16,10 +16,9 @@ non-speculative decoding, also for a bf16 state. With T = 1 and dst = src this i
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from .._dispatch import expect_shape, pick_backend
 from .ref import gdn_decode_window_ref
 
 __all__ = ["gdn_decode_window", "gdn_decode_window_ref"]
@@ -27,10 +26,6 @@ __all__ = ["gdn_decode_window", "gdn_decode_window_ref"]
 _STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INT = (torch.int32, torch.int64)
 
-
-def _expect(name: str, t: torch.Tensor, shape: tuple, desc: str) -> None:
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {desc} = {tuple(shape)}, got {tuple(t.shape)}")
 
 
 def _check(state, q, k, v, g, beta, src_ids, dst_ids, out) -> None:
@@ -43,22 +38,22 @@ def _check(state, q, k, v, g, beta, src_ids, dst_ids, out) -> None:
         raise ValueError(f"v: expected shape [batch, T, HV, V] = [batch, T, {HV}, {V}] with T >= 1, "
                          f"got {tuple(v.shape)}")
     batch, T = v.shape[:2]
-    _expect("v", v, (batch, T, HV, V), "[batch, T, HV, V]")
+    expect_shape("v", v, (batch, T, HV, V), "[batch, T, HV, V]")
     if q.dim() != 4 or q.shape[2] == 0 or HV % q.shape[2]:
         raise ValueError(f"q: expected shape [batch, T, Hk, K] = [{batch}, {T}, Hk, {K}] with HV={HV} "
                          f"divisible by Hk, got {tuple(q.shape)}")
     Hk = q.shape[2]
-    _expect("q", q, (batch, T, Hk, K), "[batch, T, Hk, K]")
-    _expect("k", k, (batch, T, Hk, K), "[batch, T, Hk, K]")
-    _expect("g", g, (batch, T, HV), "[batch, T, HV]")
-    _expect("beta", beta, (batch, T, HV), "[batch, T, HV]")
-    _expect("src_ids", src_ids, (batch,), "[batch]")
-    _expect("dst_ids", dst_ids, (batch, T), "[batch, T]")
+    expect_shape("q", q, (batch, T, Hk, K), "[batch, T, Hk, K]")
+    expect_shape("k", k, (batch, T, Hk, K), "[batch, T, Hk, K]")
+    expect_shape("g", g, (batch, T, HV), "[batch, T, HV]")
+    expect_shape("beta", beta, (batch, T, HV), "[batch, T, HV]")
+    expect_shape("src_ids", src_ids, (batch,), "[batch]")
+    expect_shape("dst_ids", dst_ids, (batch, T), "[batch, T]")
     for name, t in (("src_ids", src_ids), ("dst_ids", dst_ids)):
         if t.dtype not in _INT:
             raise ValueError(f"{name}: expected dtype int32 or int64, got {t.dtype}")
     if out is not None:
-        _expect("out", out, (batch, T, HV, V), "[batch, T, HV, V]")
+        expect_shape("out", out, (batch, T, HV, V), "[batch, T, HV, V]")
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("src_ids", src_ids),
                     ("dst_ids", dst_ids), ("out", out)):
         if t is not None and t.device != state.device:
@@ -80,15 +75,8 @@ def gdn_decode_window(state, q, k, v, g, beta, src_ids, dst_ids, *, scale=None, 
     backend: "auto" (Triton on CUDA, reference otherwise) | "triton" | "ref".
     """
     _check(state, q, k, v, g, beta, src_ids, dst_ids, out)
-    if backend == "auto":
-        backend = "triton" if state.is_cuda else "ref"
-    if backend == "ref":
+    if pick_backend(backend, state) == "ref":
         return gdn_decode_window_ref(state, q, k, v, g, beta, src_ids, dst_ids, scale, use_qk_l2norm, out)
-    if backend == "triton":
-        if not state.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("backend: 'triton' needs CUDA tensors (or TRITON_INTERPRET=1); "
-                             "use 'ref' or 'auto'")
-        from .triton_impl import gdn_decode_window_triton
+    from .triton_impl import gdn_decode_window_triton
 
-        return gdn_decode_window_triton(state, q, k, v, g, beta, src_ids, dst_ids, scale, use_qk_l2norm, out)
-    raise ValueError(f"backend: expected 'auto', 'triton' or 'ref', got {backend!r}")
+    return gdn_decode_window_triton(state, q, k, v, g, beta, src_ids, dst_ids, scale, use_qk_l2norm, out)

@@ -5,20 +5,15 @@ with dt = softplus(dt + dt_bias), fp32 math, the state updated in place at `slot
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from .._dispatch import expect_shape, pick_backend
 from .ref import mamba2_decode_ref
 
 __all__ = ["mamba2_decode", "mamba2_decode_ref"]
 
 _STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-
-def _expect(name: str, t: torch.Tensor, shape: tuple, desc: str) -> None:
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {desc} = {tuple(shape)}, got {tuple(t.shape)}")
 
 
 def _check(state, x, dt, A, B, C, D, dt_bias, slot_ids, z, out) -> None:
@@ -30,24 +25,24 @@ def _check(state, x, dt, A, B, C, D, dt_bias, slot_ids, z, out) -> None:
     if x.dim() != 3:
         raise ValueError(f"x: expected shape [batch, H, P] = [batch, {H}, {P}], got {tuple(x.shape)}")
     batch = x.shape[0]
-    _expect("x", x, (batch, H, P), "[batch, H, P]")
-    _expect("dt", dt, (batch, H), "[batch, H]")
-    _expect("A", A, (H,), "[H]")
+    expect_shape("x", x, (batch, H, P), "[batch, H, P]")
+    expect_shape("dt", dt, (batch, H), "[batch, H]")
+    expect_shape("A", A, (H,), "[H]")
     if B.dim() != 3 or B.shape[1] == 0 or H % B.shape[1]:
         raise ValueError(f"B: expected shape [batch, G, N] = [{batch}, G, {N}] with H={H} divisible "
                          f"by G, got {tuple(B.shape)}")
     G = B.shape[1]
-    _expect("B", B, (batch, G, N), "[batch, G, N]")
-    _expect("C", C, (batch, G, N), "[batch, G, N]")
-    _expect("D", D, (H,), "[H]")
-    _expect("dt_bias", dt_bias, (H,), "[H]")
-    _expect("slot_ids", slot_ids, (batch,), "[batch]")
+    expect_shape("B", B, (batch, G, N), "[batch, G, N]")
+    expect_shape("C", C, (batch, G, N), "[batch, G, N]")
+    expect_shape("D", D, (H,), "[H]")
+    expect_shape("dt_bias", dt_bias, (H,), "[H]")
+    expect_shape("slot_ids", slot_ids, (batch,), "[batch]")
     if slot_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"slot_ids: expected dtype int32 or int64, got {slot_ids.dtype}")
     if z is not None:
-        _expect("z", z, (batch, H, P), "[batch, H, P]")
+        expect_shape("z", z, (batch, H, P), "[batch, H, P]")
     if out is not None:
-        _expect("out", out, (batch, H, P), "[batch, H, P]")
+        expect_shape("out", out, (batch, H, P), "[batch, H, P]")
     for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D),
                     ("dt_bias", dt_bias), ("slot_ids", slot_ids), ("z", z), ("out", out)):
         if t is not None and t.device != state.device:
@@ -64,15 +59,8 @@ def mamba2_decode(state, x, dt, A, B, C, D, dt_bias, slot_ids, z=None, *, out=No
     Slot ids must be distinct among non-negative entries.
     """
     _check(state, x, dt, A, B, C, D, dt_bias, slot_ids, z, out)
-    if backend == "auto":
-        backend = "triton" if state.is_cuda else "ref"
-    if backend == "ref":
+    if pick_backend(backend, state) == "ref":
         return mamba2_decode_ref(state, x, dt, A, B, C, D, dt_bias, slot_ids, z, out)
-    if backend == "triton":
-        if not state.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("backend: 'triton' needs CUDA tensors (or TRITON_INTERPRET=1); "
-                             "use 'ref' or 'auto'")
-        from .triton_impl import mamba2_decode_triton
+    from .triton_impl import mamba2_decode_triton
 
-        return mamba2_decode_triton(state, x, dt, A, B, C, D, dt_bias, slot_ids, z, out)
-    raise ValueError(f"backend: expected 'auto', 'triton' or 'ref', got {backend!r}")
+    return mamba2_decode_triton(state, x, dt, A, B, C, D, dt_bias, slot_ids, z, out)

@@ -15,10 +15,9 @@ decoding, also for a bf16 state. With T = 1 and dst = src this is exactly `mamba
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from .._dispatch import expect_shape, pick_backend
 from .ref import mamba2_decode_window_ref
 
 __all__ = ["mamba2_decode_window", "mamba2_decode_window_ref"]
@@ -26,10 +25,6 @@ __all__ = ["mamba2_decode_window", "mamba2_decode_window_ref"]
 _STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INT = (torch.int32, torch.int64)
 
-
-def _expect(name: str, t: torch.Tensor, shape: tuple, desc: str) -> None:
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {desc} = {tuple(shape)}, got {tuple(t.shape)}")
 
 
 def _check(state, x, dt, A, B, C, D, dt_bias, src_ids, dst_ids, z, out) -> None:
@@ -42,26 +37,26 @@ def _check(state, x, dt, A, B, C, D, dt_bias, src_ids, dst_ids, z, out) -> None:
         raise ValueError(f"x: expected shape [batch, T, H, P] = [batch, T, {H}, {P}] with T >= 1, "
                          f"got {tuple(x.shape)}")
     batch, T = x.shape[:2]
-    _expect("x", x, (batch, T, H, P), "[batch, T, H, P]")
-    _expect("dt", dt, (batch, T, H), "[batch, T, H]")
-    _expect("A", A, (H,), "[H]")
+    expect_shape("x", x, (batch, T, H, P), "[batch, T, H, P]")
+    expect_shape("dt", dt, (batch, T, H), "[batch, T, H]")
+    expect_shape("A", A, (H,), "[H]")
     if B.dim() != 4 or B.shape[2] == 0 or H % B.shape[2]:
         raise ValueError(f"B: expected shape [batch, T, G, N] = [{batch}, {T}, G, {N}] with H={H} "
                          f"divisible by G, got {tuple(B.shape)}")
     G = B.shape[2]
-    _expect("B", B, (batch, T, G, N), "[batch, T, G, N]")
-    _expect("C", C, (batch, T, G, N), "[batch, T, G, N]")
-    _expect("D", D, (H,), "[H]")
-    _expect("dt_bias", dt_bias, (H,), "[H]")
-    _expect("src_ids", src_ids, (batch,), "[batch]")
-    _expect("dst_ids", dst_ids, (batch, T), "[batch, T]")
+    expect_shape("B", B, (batch, T, G, N), "[batch, T, G, N]")
+    expect_shape("C", C, (batch, T, G, N), "[batch, T, G, N]")
+    expect_shape("D", D, (H,), "[H]")
+    expect_shape("dt_bias", dt_bias, (H,), "[H]")
+    expect_shape("src_ids", src_ids, (batch,), "[batch]")
+    expect_shape("dst_ids", dst_ids, (batch, T), "[batch, T]")
     for name, t in (("src_ids", src_ids), ("dst_ids", dst_ids)):
         if t.dtype not in _INT:
             raise ValueError(f"{name}: expected dtype int32 or int64, got {t.dtype}")
     if z is not None:
-        _expect("z", z, (batch, T, H, P), "[batch, T, H, P]")
+        expect_shape("z", z, (batch, T, H, P), "[batch, T, H, P]")
     if out is not None:
-        _expect("out", out, (batch, T, H, P), "[batch, T, H, P]")
+        expect_shape("out", out, (batch, T, H, P), "[batch, T, H, P]")
     for name, t in (("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("dt_bias", dt_bias),
                     ("src_ids", src_ids), ("dst_ids", dst_ids), ("z", z), ("out", out)):
         if t is not None and t.device != state.device:
@@ -82,15 +77,8 @@ def mamba2_decode_window(state, x, dt, A, B, C, D, dt_bias, src_ids, dst_ids, z=
     backend: "auto" (Triton on CUDA, reference otherwise) | "triton" | "ref".
     """
     _check(state, x, dt, A, B, C, D, dt_bias, src_ids, dst_ids, z, out)
-    if backend == "auto":
-        backend = "triton" if state.is_cuda else "ref"
-    if backend == "ref":
+    if pick_backend(backend, state) == "ref":
         return mamba2_decode_window_ref(state, x, dt, A, B, C, D, dt_bias, src_ids, dst_ids, z, out)
-    if backend == "triton":
-        if not state.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("backend: 'triton' needs CUDA tensors (or TRITON_INTERPRET=1); "
-                             "use 'ref' or 'auto'")
-        from .triton_impl import mamba2_decode_window_triton
+    from .triton_impl import mamba2_decode_window_triton
 
-        return mamba2_decode_window_triton(state, x, dt, A, B, C, D, dt_bias, src_ids, dst_ids, z, out)
-    raise ValueError(f"backend: expected 'auto', 'triton' or 'ref', got {backend!r}")
+    return mamba2_decode_window_triton(state, x, dt, A, B, C, D, dt_bias, src_ids, dst_ids, z, out)
