@@ -13,14 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _round_bf16(v):
-    # fp32 -> fp32 holding the round-to-nearest-even bf16 value. Used only under TRITON_INTERPRET,
-    # whose fp32 -> bf16 cast truncates (the GPU cast rounds to nearest even).
-    bits = v.to(tl.uint32, bitcast=True)
-    bits = bits + (0x7FFF + ((bits >> 16) & 1))
-    return ((bits >> 16) << 16).to(tl.float32, bitcast=True)
+from .._tl import _round_bf16
 
 
 @triton.jit

@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..gdn_decode.triton_impl import _round_bf16, default_config
+from .._tl import _round_bf16
+from ..gdn_decode.triton_impl import default_config
 
 
 @triton.jit

@@ -15,7 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..mamba2_decode.triton_impl import _round_bf16, _softplus, default_config
+from .._tl import _round_bf16, _softplus
+from ..mamba2_decode.triton_impl import default_config
 
 
 @triton.jit
