@@ -70,8 +70,7 @@ class Engine:
                         sched.waiting.remove(r)
                         sched.finish(r, "rejected_kv_capacity", release=False)
                 continue
-            if drafter is not None:
-                self._spec_step(batch, drafter, on_token, progress)
+            if drafter is not None and self._spec_step(batch, drafter, on_token, progress):
                 continue
             ts = time.perf_counter()
             logits = self.runner.decode([r.slot for r in batch], [r.length - 1 for r in batch],
@@ -89,11 +88,16 @@ class Engine:
     def _spec_step(self, batch, drafter, on_token, progress) -> None:
         """Verify [anchor, d_1..d_γ] per row; accept drafts while they equal the target's argmax, then
         append the target's token at the first mismatch (or the bonus token). Outputs equal plain
-        greedy decoding; state and KV roll back by cursor / length."""
+        greedy decoding; state and KV roll back by cursor / length. Returns False (nothing done) when
+        the pages cannot hold the window this step, so the caller takes a plain step instead."""
         drafts = drafter(batch)
         T = 1 + len(drafts[0])
-        for r in batch:  # pages for the whole window; preemption can't happen mid-window
-            self.scheduler.blocks.grow(r.slot, r.length + T - 1) if self.scheduler.blocks else None
+        if self.scheduler.blocks is not None:  # pages for the whole window before it runs
+            short = [r for r in batch if not self.scheduler.blocks.can_grow(r.slot, r.length + T - 1)]
+            if short:  # fall back to a plain step; the scheduler preempts as usual next time
+                return False
+            for r in batch:
+                self.scheduler.blocks.grow(r.slot, r.length + T - 1)
         ts = time.perf_counter()
         windows = [[r.output_ids[-1], *d] for r, d in zip(batch, drafts)]
         logits = self.runner.verify([r.slot for r in batch], [r.length - 1 for r in batch], windows,
@@ -116,3 +120,4 @@ class Engine:
                 self._append(r, tok, now, on_token)
         if progress is not None:
             progress(len(batch))
+        return True

@@ -1,9 +1,18 @@
-"""`kv` group: KV residency policies for attention layers."""
+"""`kv` group: KV residency policies for attention layers.
+
+Top-k sparse attention is a property of the policy config: `top_k` applies to every attention layer
+of the model (DSA-style: every layer selects its own top-k through the indexer). There is no
+per-layer opt-out: the hot-buffer policies bound device memory only if every layer is sparse, and a
+dense layer is what `kv=resident top_k=0` already is.
+"""
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from synodic.config.registry import Component, register
+
+_INDEXER = ("training-free indexer: dtype of the resident key copies it scores (bf16, or fp8 e4m3 with a "
+            "per-token scale)")
 
 
 @register("kv")
@@ -12,10 +21,87 @@ class ResidentKV(Component):
     kind: Literal["resident"] = "resident"
     block_size: int = Field(16, ge=1, le=1024, description="tokens per KV page")
     num_blocks: int = Field(2048, ge=1, description="pages in the device pool, shared by all requests")
+    top_k: int = Field(0, ge=0, description="top-k sparse attention in every attention layer (each query attends "
+                       "to the min(top_k, length) positions the indexer ranks highest); 0 = dense attention")
+    indexer: Literal["bf16", "fp8"] = Field("bf16", description=_INDEXER + "; used when top_k > 0")
 
     def capacity_tokens(self) -> int:
         return self.block_size * self.num_blocks
 
     def build(self, ctx):
+        if self.top_k > 0:
+            from synodic.kv.topk import ResidentTopKPolicy
+            return ResidentTopKPolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len)
         from synodic.kv.resident import ResidentKVPolicy
         return ResidentKVPolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len)
+
+
+class _HostTiered(Component):
+    block_size: int = Field(64, ge=1, le=1024, description="tokens per page, in the device pool, the host pool "
+                            "and the indexer key cache alike")
+    num_blocks: int = Field(2048, ge=1, description="pages in the device KV pool (what admission spends)")
+    host_num_blocks: int = Field(4096, ge=1, description="pages in the host KV pool (every request's full KV; "
+                                 "pinned memory on a GPU run), sized independently of device memory")
+    index_num_blocks: int = Field(4096, ge=1, description="pages of the resident indexer key cache (every "
+                                  "request's full length, low precision)")
+    top_k: int = Field(2048, ge=1, description="positions each query attends to (capped by length), in every "
+                       "attention layer")
+    hot_buffer: int | None = Field(None, ge=1, description="hot-buffer slots B per (request, layer), >= top_k; "
+                                   "null = 2 * top_k")
+    indexer: Literal["bf16", "fp8"] = Field("bf16", description=_INDEXER)
+
+    @model_validator(mode="after")
+    def _buffer(self):
+        if self.hot_buffer is not None and self.hot_buffer < self.top_k:
+            raise ValueError(f"hot_buffer={self.hot_buffer} with top_k={self.top_k}: expected hot_buffer >= top_k")
+        return self
+
+    @property
+    def B(self) -> int:
+        return self.hot_buffer or 2 * self.top_k
+
+    def capacity_tokens(self) -> int:
+        return self.block_size * self.host_num_blocks
+
+
+@register("kv")
+class HiSparseKV(_HostTiered):
+    """Full KV in host memory; per (request, layer) a device hot buffer of B slots + a newest-token slot
+    under per-layer LRU, one fused resolve per layer (hits, victims, recency, host→device copy of misses)."""
+    kind: Literal["hisparse"] = "hisparse"
+
+    def build(self, ctx):
+        if getattr(ctx, "window", 1) > 1:
+            from synodic.config.errors import ConfigError
+            raise ConfigError([f"kv=hisparse with a verify window of {ctx.window} tokens: the hot buffer has no "
+                               "draft zone yet; expected kv=adaptive or kv=resident (top_k) with speculative decoding"])
+        from synodic.kv.hisparse import HiSparsePolicy
+        return HiSparsePolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len)
+
+
+@register("kv")
+class AdaptiveKV(_HostTiered):
+    """Residency follows load: full device residency while pages last; under pressure requests are demoted
+    page by page (coldest first) to hot-buffer mode keeping tail pages, the newest token and the current
+    top-k on the device; three-way resolve (resident page → hot row → host); promotion when pressure falls."""
+    kind: Literal["adaptive"] = "adaptive"
+    tail_pages: int = Field(2, ge=1, description="newest pages of each request that always stay resident "
+                            "(protected working set; holds the newest token)")
+    promote_free_fraction: float = Field(0.25, ge=0.0, le=1.0, description="promote demoted pages back only "
+                                         "while at least this fraction of device pages stays free afterwards")
+    promote_pages_per_step: int = Field(8, ge=0, description="most pages promoted back (host → device) per "
+                                        "decode step; 0 = never promote")
+
+    def window_pages(self, window: int) -> int:
+        """Pages a verify window of `window` tokens can touch (they must all be tail pages)."""
+        return 1 if window <= 1 else -(-(window - 1) // self.block_size) + 1
+
+    def build(self, ctx):
+        need = self.window_pages(getattr(ctx, "window", 1))
+        if need > self.tail_pages:
+            from synodic.config.errors import ConfigError
+            raise ConfigError([f"kv.tail_pages={self.tail_pages} with a verify window of {ctx.window} tokens and "
+                               f"kv.block_size={self.block_size}: expected kv.tail_pages >= {need} (the window's rows "
+                               "must stay in resident tail pages)"])
+        from synodic.kv.adaptive import AdaptivePolicy
+        return AdaptivePolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len)

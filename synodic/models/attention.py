@@ -1,5 +1,7 @@
 """GQA attention with RoPE and optional QK-norm. Prefill uses SDPA over the prompt and hands K/V to
-the KV policy; decode hands the new token's K/V to the policy, which stores and attends."""
+the KV policy; decode hands the new token's K/V to the policy, which stores and attends. A policy
+with top-k sparse attention (it has `prefill_attend`) also runs the prefill attention, so every
+query — prompt or decode — attends to its own top-k positions."""
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -57,6 +59,9 @@ class Attention(nn.Module):
             start = 0 if ctx is None else ctx.start
             pos = torch.arange(start, start + T, device=hidden.device)
             q, k, v = self._qkv(hidden, pos)
+            sparse = getattr(ctx.kv, "prefill_attend", None) if ctx is not None else None
+            if sparse is not None:  # top-k KV policies: each prompt query attends to its own top-k
+                return self.o_proj(sparse(self.attn_index, ctx.slot, start, q[0], k[0], v[0])[None].flatten(-2))
             if ctx is not None:
                 ctx.kv.write_prefill(self.attn_index, ctx.slot, start, k[0], v[0])
             rep = self.nq // self.nkv

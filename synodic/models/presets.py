@@ -11,16 +11,18 @@ def _nemotron_h_8b_pattern() -> str:
 
 
 PRESETS: dict[str, HybridConfig] = {
+    # Trained and shipped (synodic/assets/models/tiny_mamba2, 7.5M params, bf16 matrices).
     "tiny_mamba2": HybridConfig(
-        model_type="nemotron_h", vocab_size=4096, hidden_size=256, intermediate_size=768,
-        num_hidden_layers=8, hybrid_override_pattern="M-M*M-M-", mlp_hidden_act="relu2",
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        mamba_num_heads=8, mamba_head_dim=32, ssm_state_size=64, n_groups=1, conv_kernel=4,
+        model_type="nemotron_h", vocab_size=4096, hidden_size=384, intermediate_size=1024,
+        num_hidden_layers=10, hybrid_override_pattern="M-M*-M-M*-", mlp_hidden_act="relu2",
+        num_attention_heads=6, num_key_value_heads=2, head_dim=64,
+        mamba_num_heads=6, mamba_head_dim=64, ssm_state_size=64, n_groups=1, conv_kernel=4,
         tie_word_embeddings=True),
+    # Trained and shipped (synodic/assets/models/tiny_gdn, 7.9M params, bf16 matrices).
     "tiny_gdn": HybridConfig(
-        model_type="qwen3_next", vocab_size=4096, hidden_size=256, intermediate_size=512,
+        model_type="qwen3_next", vocab_size=4096, hidden_size=384, intermediate_size=1024,
         num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
-        mlp_hidden_act="silu", num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        mlp_hidden_act="silu", num_attention_heads=6, num_key_value_heads=2, head_dim=64,
         qk_norm=True, partial_rotary_factor=0.5,
         linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=64,
         linear_value_head_dim=64, tie_word_embeddings=True),
@@ -40,3 +42,7 @@ PRESETS: dict[str, HybridConfig] = {
         linear_num_value_heads=32, linear_num_key_heads=16, linear_key_head_dim=128,
         linear_value_head_dim=128, linear_conv_kernel_dim=4, chunk_size=64, tie_word_embeddings=True),
 }
+
+from .presets_dsa import DSA_PRESETS  # noqa: E402  (DSA-class presets with MLA-sized KV rows)
+
+PRESETS.update(DSA_PRESETS)

@@ -1,0 +1,192 @@
+"""Triton kernel of `kv_resolve`: one program per (request row) of one layer, the whole resolve fused.
+
+Per program: load the request's top-k positions; (adaptive) a resident page answers directly; the
+newest token maps to the reserved slot; every other position is looked up in the per-token reverse
+map (`slot_of`, paged beside the indexer keys: a direct-mapped hash with no collisions). Hits are
+marked in a per-slot scratch row, the LRU order is scanned once (prefix sums) to hand the m misses
+the m least recently used unhit slots, the victims' old positions leave the reverse map, the misses
+enter it, the LRU order is rewritten (untouched slots keep their order, touched ones move to the MRU
+end in top-k order), and a compacted copy plan (src row, device row per miss) is written. The missed
+rows are then copied src → device with row-wide vector loads (src is the pinned host pool on a GPU,
+read through unified addressing) — by a second launch that spreads each request's misses over many
+programs (default), or inside the resolve program (`split=0`). Barriers order the scratch
+round-trips inside the program; nothing touches another request's state, so programs never race.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _resolve_kernel(
+    sel_ptr, sel_n, rows_ptr, pos_ptr,
+    res_ptr, res_s, hot_tab_ptr, hot_tab_s, hot_pos_ptr, hot_pos_s, lru_ptr, lru_s,
+    idx_tab_ptr, idx_tab_s, sof_ptr, src_tab_ptr, src_tab_s, src_ptr, dev_ptr,
+    ids_ptr, ids_n, nmiss_ptr, vict_ptr, plan_ptr, mark_ptr, mark_s,
+    K, B, W, bs, fast_limit,
+    HAS_RES: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_B: tl.constexpr,
+    COPY_J: tl.constexpr, BLOCK_W: tl.constexpr, FUSED_COPY: tl.constexpr,
+):
+    n = tl.program_id(0).to(tl.int64)
+    r = tl.load(rows_ptr + n).to(tl.int64)
+    P = tl.load(pos_ptr + n).to(tl.int64)
+    offs = tl.arange(0, BLOCK_K)
+    kmask = offs < K
+    p = tl.load(sel_ptr + n * sel_n + offs, mask=kmask, other=-1).to(tl.int64)
+    valid = p >= 0
+    pc = tl.maximum(p, 0)
+    lp = pc // bs
+    off = pc % bs
+    if HAS_RES:
+        page = tl.load(res_ptr + r * res_s + lp, mask=valid, other=-1).to(tl.int64)
+        resident = valid & (page >= 0)
+        rid = page * bs + off
+    else:
+        resident = p < -1
+        rid = pc
+    if P < fast_limit:
+        # short sequence (hisparse): hot slot j holds position j; no lookups, no LRU work
+        hp = tl.load(hot_tab_ptr + r * hot_tab_s + lp, mask=valid, other=0).to(tl.int64)
+        out = tl.where(resident, rid, tl.where(valid, hp * bs + off, -1))
+        tl.store(ids_ptr + n * ids_n + offs, out.to(tl.int32), mask=kmask)
+        tl.store(nmiss_ptr + n, 0)
+    else:
+        newest = valid & (~resident) & (p == P)
+        look = valid & (~resident) & (~newest)
+        hpn = tl.load(hot_tab_ptr + r * hot_tab_s + B // bs).to(tl.int64)
+        nrow = hpn * bs + B % bs
+        if tl.sum(look.to(tl.int32), 0) == 0:
+            out = tl.where(resident, rid, tl.where(newest, nrow, -1))
+            tl.store(ids_ptr + n * ids_n + offs, out.to(tl.int32), mask=kmask)
+            tl.store(nmiss_ptr + n, 0)
+        else:
+            ipage = tl.load(idx_tab_ptr + r * idx_tab_s + lp, mask=look, other=0).to(tl.int64)
+            irow = ipage * bs + off
+            s = tl.load(sof_ptr + irow, mask=look, other=-1).to(tl.int64)
+            hit = look & (s >= 0)
+            miss = look & (s < 0)
+            sc = tl.maximum(s, 0)
+            tl.store(mark_ptr + r * mark_s + sc, 1, mask=hit)
+            tl.debug_barrier()
+            offs_b = tl.arange(0, BLOCK_B)
+            bmask = offs_b < B
+            L = tl.load(lru_ptr + r * lru_s + offs_b, mask=bmask, other=0).to(tl.int64)
+            mk = tl.load(mark_ptr + r * mark_s + L, mask=bmask, other=1)
+            nh = bmask & (mk == 0)
+            crank = tl.cumsum(nh.to(tl.int32), 0) - 1
+            m = tl.sum(miss.to(tl.int32), 0)
+            victim = nh & (crank < m)
+            tl.store(vict_ptr + n * K + crank, L, mask=victim)
+            tl.debug_barrier()
+            mrank = tl.cumsum(miss.to(tl.int32), 0) - 1
+            v = tl.load(vict_ptr + n * K + mrank, mask=miss, other=-1).to(tl.int64)
+            vc = tl.maximum(v, 0)
+            # victims' old positions leave the reverse map; the missed positions enter it
+            q = tl.load(hot_pos_ptr + r * hot_pos_s + vc, mask=miss, other=-1).to(tl.int64)
+            qv = miss & (q >= 0)
+            qc = tl.maximum(q, 0)
+            qpage = tl.load(idx_tab_ptr + r * idx_tab_s + qc // bs, mask=qv, other=0).to(tl.int64)
+            tl.store(sof_ptr + qpage * bs + qc % bs, -1, mask=qv)
+            tl.store(sof_ptr + irow, v.to(tl.int32), mask=miss)
+            tl.store(hot_pos_ptr + r * hot_pos_s + vc, p.to(tl.int32), mask=miss)
+            slot = tl.where(hit, s, v)
+            sl = tl.maximum(slot, 0)
+            hp = tl.load(hot_tab_ptr + r * hot_tab_s + sl // bs, mask=look, other=0).to(tl.int64)
+            hrow = hp * bs + sl % bs
+            out = tl.where(resident, rid, tl.where(newest, nrow, tl.where(look, hrow, -1)))
+            tl.store(ids_ptr + n * ids_n + offs, out.to(tl.int32), mask=kmask)
+            spage = tl.load(src_tab_ptr + r * src_tab_s + lp, mask=miss, other=0).to(tl.int64)
+            kept = nh & (~victim)
+            kr = tl.cumsum(kept.to(tl.int32), 0) - 1
+            nk = tl.sum(kept.to(tl.int32), 0)
+            touched = hit | miss
+            tr = tl.cumsum(touched.to(tl.int32), 0) - 1
+            tl.debug_barrier()  # every thread has read the old LRU order and the victim list
+            # copy plan, compacted by miss rank: src row -> plan, dst row -> vict
+            tl.store(plan_ptr + n * K + mrank, spage * bs + off, mask=miss)
+            tl.store(vict_ptr + n * K + mrank, hrow, mask=miss)
+            tl.store(lru_ptr + r * lru_s + kr, L.to(tl.int32), mask=kept)
+            tl.store(lru_ptr + r * lru_s + nk + tr, slot.to(tl.int32), mask=touched)
+            tl.store(mark_ptr + r * mark_s + sc, 0, mask=hit)
+            tl.store(nmiss_ptr + n, m)
+            if FUSED_COPY:
+                tl.debug_barrier()
+                _copy_plan(plan_ptr + n * K, vict_ptr + n * K, src_ptr, dev_ptr, 0, m, 1, W, COPY_J, BLOCK_W)
+
+
+@triton.jit
+def _copy_plan(plan_ptr, dst_ptr, src_ptr, dev_ptr, start, m, stride, W, COPY_J: tl.constexpr,
+               BLOCK_W: tl.constexpr):
+    """Copy plan rows [start, m) in chunks of COPY_J taken every `stride` chunks: src row plan[j] →
+    device row dst[j], W values each."""
+    for j0 in range(start * COPY_J, m, stride * COPY_J):
+        oj = j0 + tl.arange(0, COPY_J)
+        jm = oj < m
+        sr = tl.load(plan_ptr + oj, mask=jm, other=0)
+        dr = tl.load(dst_ptr + oj, mask=jm, other=0)
+        for w0 in range(0, W, BLOCK_W):
+            ow = w0 + tl.arange(0, BLOCK_W)
+            cm = jm[:, None] & (ow < W)[None, :]
+            x = tl.load(src_ptr + sr[:, None] * W + ow[None, :], mask=cm)
+            tl.store(dev_ptr + dr[:, None] * W + ow[None, :], x, mask=cm)
+
+
+@triton.jit
+def _copy_misses_kernel(plan_ptr, vict_ptr, nmiss_ptr, src_ptr, dev_ptr, K, W, SPLIT,
+                        COPY_J: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Second launch of the split path: SPLIT programs per request share its missed rows (chunk c
+    goes to program c % SPLIT), so even one request's misses spread over many SMs."""
+    n = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    m = tl.load(nmiss_ptr + n)
+    _copy_plan(plan_ptr + n * K, vict_ptr + n * K, src_ptr, dev_ptr, c, m, SPLIT, W, COPY_J, BLOCK_W)
+
+
+class ResolveScratch:
+    """Fixed-address scratch of the kernel (victim list, copy plan, hit marks), reused every call so
+    a captured CUDA graph stays valid. Marks are left zeroed by every call."""
+
+    def __init__(self, max_rows: int, k: int, num_slots: int, b: int, device):
+        self.vict = torch.empty(max_rows, k, dtype=torch.int64, device=device)
+        self.plan = torch.empty(max_rows, k, dtype=torch.int64, device=device)
+        self.mark = torch.zeros(num_slots, b, dtype=torch.int32, device=device)
+
+
+def kv_resolve_triton(sel, rows, pos, res_table, hot_table, hot_pos, lru, idx_table, slot_of, src_table, src,
+                      dev, block_size: int, fast_path: bool, ids=None, n_miss=None, scratch=None,
+                      num_warps: int | None = None, copy_j: int = 16, split: int | None = None):
+    """split: programs per request for the miss copy (a second launch); 0 = copy inside the resolve
+    program. Default: enough programs that a batch keeps ~132 SMs busy, at most one per chunk."""
+    N, K = sel.shape
+    S, B = lru.shape
+    W = dev.shape[-1]
+    if ids is None:
+        ids = torch.empty(N, K, dtype=torch.int32, device=sel.device)
+    if n_miss is None:
+        n_miss = torch.empty(N, dtype=torch.int32, device=sel.device)
+    if N == 0:
+        return ids, n_miss
+    if scratch is None:
+        scratch = ResolveScratch(N, K, S, B, sel.device)
+    BLOCK_B = triton.next_power_of_2(B)
+    if num_warps is None:
+        num_warps = max(4, min(16, BLOCK_B // 256))
+    if split is None:
+        split = max(1, min(triton.cdiv(K, copy_j), 264 // N))
+    block_w = min(256, triton.next_power_of_2(W))
+    has_res = res_table is not None
+    res = res_table if has_res else hot_table  # unused pointer when HAS_RES is off
+    _resolve_kernel[(N,)](
+        sel, sel.stride(0), rows, pos,
+        res, res.stride(0), hot_table, hot_table.stride(0), hot_pos, hot_pos.stride(0), lru, lru.stride(0),
+        idx_table, idx_table.stride(0), slot_of, src_table, src_table.stride(0), src, dev,
+        ids, ids.stride(0), n_miss, scratch.vict, scratch.plan, scratch.mark, scratch.mark.stride(0),
+        K, B, W, block_size, B if fast_path else 0,
+        HAS_RES=has_res, BLOCK_K=triton.next_power_of_2(K), BLOCK_B=BLOCK_B,
+        COPY_J=copy_j, BLOCK_W=block_w, FUSED_COPY=split == 0, num_warps=num_warps)
+    if split:
+        _copy_misses_kernel[(N, split)](scratch.plan, scratch.vict, n_miss, src, dev, K, W, split,
+                                        COPY_J=copy_j, BLOCK_W=block_w, num_warps=4)
+    return ids, n_miss

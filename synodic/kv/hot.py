@@ -1,0 +1,92 @@
+"""Hot-buffer state shared by `kv=hisparse` and `kv=adaptive`: per (layer, request) B slots plus one
+reserved newest-token slot, the LRU order, and the per-token reverse map, all on the device.
+
+- `hot_pos[i, r, s]`: position held by hot slot s (-1 empty); slot B is the newest-token slot.
+- `lru[i, r]`: the B slots, least recently used first.
+- `slot_of[i]`: [index pages + 1, bs] hot slot of each token (-1: not in the buffer), paged with the
+  indexer keys, so a lookup is one load (a collision-free hash of the position).
+Invariant: slot_of[p] = s  ⇔  hot_pos[s] = p, for s < B; free index pages hold -1 throughout.
+"""
+from __future__ import annotations
+
+import torch
+from synodic.kernels.kv_resolve import kv_resolve
+
+from .host_pool import HostKVPool
+from .topk import TopKPolicy
+
+
+class HotBufferPolicy(TopKPolicy):
+    uses_host = True
+
+    def __init__(self, model, max_slots, device, cfg, max_seq_len):
+        super().__init__(model, max_slots, device, cfg, max_seq_len, cfg.index_num_blocks)
+        from .blocks import BlockManager
+        self.B = cfg.B
+        if self.top_k > self.B:
+            raise ValueError(f"kv={cfg.kind}: top_k={self.top_k} > hot_buffer={self.B}; expected hot_buffer >= top_k")
+        self.HP = -(-(self.B + 1) // self.bs)          # pages of one hot buffer (B slots + newest slot)
+        S1 = max_slots + 1
+        self.idx_blocks = BlockManager(cfg.index_num_blocks, self.bs, max_slots, self.max_pages, device)
+        self.host = HostKVPool(self.NL, cfg.host_num_blocks, self.bs, self.W, self.dtype, max_slots,
+                               self.max_pages, device)
+        self.kv = [torch.zeros(cfg.num_blocks + 1, self.bs, self.W, dtype=self.dtype, device=device)
+                   for _ in range(self.NL)]
+        self.hot_pos = torch.full((self.NL, S1, self.B + 1), -1, dtype=torch.int32, device=device)
+        self.lru = torch.arange(self.B, dtype=torch.int32, device=device).repeat(self.NL, S1, 1)
+        self.slot_of = torch.full((self.NL, cfg.index_num_blocks + 1, self.bs), -1, dtype=torch.int32, device=device)
+        self.scratch = None
+        if self.device.type == "cuda":
+            from synodic.kernels.kv_resolve.triton_impl import ResolveScratch
+            self.scratch = ResolveScratch(S1, self.top_k, S1, self.B, device)
+        self.hot_table: torch.Tensor  # [S1, >= HP] device pages of each request's hot buffer
+
+    def index_table(self):
+        return self.idx_blocks.table
+
+    def dev_kv(self, i):
+        return self.kv[i]
+
+    def _resolve(self, i, sel, rows, pos, res_table, fast_path, src_table=None, src=None):
+        ids, n_miss = kv_resolve(
+            sel, rows, pos, res_table=res_table, hot_table=self.hot_table, hot_pos=self.hot_pos[i], lru=self.lru[i],
+            idx_table=self.idx_blocks.table, slot_of=self.slot_of[i],
+            src_table=self.host.table if src_table is None else src_table,
+            src=self.host.layer(i) if src is None else src, dev=self.kv[i], block_size=self.bs,
+            fast_path=fast_path, scratch=self.scratch)
+        return ids, n_miss
+
+    def reset_hot(self, slot: int) -> None:
+        """Empty slot's hot buffers (every layer) and clear its reverse-map entries."""
+        self.hot_pos[:, slot] = -1
+        self.lru[:, slot] = torch.arange(self.B, dtype=torch.int32, device=self.device)
+        pages = self.idx_blocks.owned.get(slot, [])
+        if pages:
+            self.slot_of[:, torch.tensor(pages, device=self.device)] = -1
+
+    def preload(self, i: int, slot: int, kv: torch.Tensor, cand: torch.Tensor, sel_last: torch.Tensor | None) -> None:
+        """Fill slot's empty hot buffer of layer i from prompt rows kv [T, W]: the last prompt query's
+        selection (most recent use) plus the newest other candidate positions, up to B. cand: positions
+        allowed (ascending)."""
+        B = self.B
+        sel = sel_last[sel_last >= 0].long() if sel_last is not None else cand[:0]
+        allowed = torch.zeros(kv.shape[0], dtype=torch.bool, device=kv.device)
+        allowed[cand] = True
+        sel = sel[allowed[sel]]
+        keep = allowed.clone()
+        keep[sel] = False
+        rest = torch.nonzero(keep).flatten()
+        rest = rest[max(0, rest.numel() - (B - sel.numel())):]
+        pre = torch.cat([rest, sel.flip(0)])           # least → most recently used
+        n = pre.numel()
+        if n == 0:
+            return
+        s = torch.arange(n, device=kv.device)
+        rs = torch.full_like(s, slot)
+        self.kv[i].view(-1, self.W)[self._rows_of(self.hot_table, rs, s)] = kv[pre]
+        self.hot_pos[i, slot, :n] = pre.int()
+        self.slot_of[i].view(-1)[self._rows_of(self.idx_blocks.table, rs, pre)] = s.int()
+        self.lru[i, slot] = torch.cat([torch.arange(n, B, device=kv.device), s]).int()
+
+    def host_bytes_held(self) -> int:
+        return self.host.blocks.used() * self.bs * self.NL * self.row_bytes()

@@ -1,0 +1,233 @@
+"""Shared machinery of the top-k KV policies (resident top-k, hisparse, adaptive).
+
+Every policy keeps, per attention layer, a device pool of [pages + 1, block_size, W] rows (W = K|V of
+one token, 2 · nkv · hd values; the +1 page is the scratch page of padding rows) and a resident
+indexer key cache. One decode step of layer i:
+
+    place the newest token's row (policy) → index its key → top-k positions (indexer)
+      → physical row ids in top-k order (policy: page table / fused resolve) → sparse attention
+
+Only placement differs between policies; the indexer, the selection and the attention math are the
+same code on the same values in the same order, so the outputs are bitwise identical.
+
+Prefill is sparse too (every prompt query attends to its own top-k of the prompt, DSA-style), so a
+request recomputed after preemption sees the same attention it saw while decoding.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+from synodic.kernels.sparse_attention import sparse_attention
+
+from .indexer import KeyIndexer
+
+
+class TopKPolicy:
+    uses_host = False
+    PREFILL_CHUNK = 256
+
+    def __init__(self, model, max_slots: int, device, cfg, max_seq_len: int, index_pages: int):
+        self.layers = model.attention_layers
+        dims = {(m.nq, m.nkv, m.hd) for m in self.layers}
+        if len(dims) != 1:
+            raise ValueError(f"kv={cfg.kind}: expected one attention shape in every layer, got {sorted(dims)}")
+        self.nq, self.nkv, self.hd = dims.pop()
+        self.NL = len(self.layers)
+        self.W = 2 * self.nkv * self.hd
+        self.dtype = next(model.parameters()).dtype
+        self.device = torch.device(device)
+        self.S = max_slots                 # scratch slot id of padding rows
+        self.bs = cfg.block_size
+        self.top_k = cfg.top_k
+        self.cfg = cfg
+        self.max_pages = max(1, -(-max_seq_len // self.bs))
+        self.indexer = KeyIndexer(self.NL, index_pages, self.bs, self.nkv, self.hd, cfg.indexer, device)
+        self.rows = torch.zeros(0, dtype=torch.long, device=device)
+        self.positions = self.rows
+        self.view_blocks = 1
+        self._fetched = torch.zeros(self.NL, dtype=torch.long, device=device)  # host-fetched rows, per layer
+        self.stats: dict[str, int] = defaultdict(int)                           # cumulative, for reports
+        self.stats_layers = {"selected": [0] * self.NL, "fetched": [0] * self.NL}
+
+    # -- policy hooks ---------------------------------------------------------------------------
+    def index_table(self) -> torch.Tensor:
+        """[max_slots + 1, max_pages] index page of each logical page."""
+        raise NotImplementedError
+
+    def dev_kv(self, i: int) -> torch.Tensor:
+        """[pages + 1, bs, W] device rows of layer i."""
+        raise NotImplementedError
+
+    def place_newest(self, i: int, kv: torch.Tensor, pos: torch.Tensor) -> None:
+        """Store rows kv [N, W] of positions pos [N] of the bound batch rows (device + host)."""
+        raise NotImplementedError
+
+    def resolve(self, i: int, sel: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Top-k positions [N, K] → physical row ids of dev_kv(i) [N, K] int32 (-1 masked)."""
+        raise NotImplementedError
+
+    def place_prefill(self, i: int, slot: int, kv: torch.Tensor, sel_last: torch.Tensor | None) -> None:
+        """Store a prompt's rows kv [T, W] of `slot` (positions 0..T-1); sel_last: the last query's top-k."""
+        raise NotImplementedError
+
+    def device_bytes_held(self) -> int:
+        raise NotImplementedError
+
+    # -- engine-facing --------------------------------------------------------------------------
+    def bind(self, rows: torch.Tensor, positions: torch.Tensor, view_blocks: int) -> None:
+        self.rows = rows
+        self.positions = positions
+        self.view_blocks = view_blocks
+
+    def view_blocks_for(self, max_len: int) -> int:
+        need = max(1, -(-max_len // self.bs))
+        return min(self.max_pages, 1 << max(0, math.ceil(math.log2(need))))
+
+    def is_sparse(self, i: int) -> bool:
+        return True
+
+    def _rows_of(self, table: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return table[slots, pos // self.bs].long() * self.bs + pos % self.bs
+
+    def _kv_row(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.cat([k, v], dim=-2).to(self.dtype).flatten(-2)
+
+    def _attend_rows(self, i: int, q: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        dev = self.dev_kv(i).view(-1, 2, self.nkv, self.hd)
+        return sparse_attention(q, dev[:, 0], dev[:, 1], ids)
+
+    def _step(self, i: int, q: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        itab = self.index_table()
+        pages = itab[self.rows, : self.view_blocks].long()
+        sel = KeyIndexer.select(self.indexer.decode_scores(i, q, pages), pos, self.top_k)
+        return self._attend_rows(i, q, self.resolve(i, sel, pos))
+
+    def attend(self, i: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
+        """q [B, nq, hd], k_new/v_new [B, nkv, hd] of the token at self.positions → o [B, nq, hd]."""
+        pos = self.positions.long()
+        self.place_newest(i, self._kv_row(k_new, v_new), pos)
+        self.indexer.write(i, self._rows_of(self.index_table(), self.rows, pos), k_new)
+        return self._step(i, q, pos)
+
+    def attend_window(self, i: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
+        """Verify window: q [B, T, nq, hd], k/v [B, T, nkv, hd] at positions + 0..T-1 → o [B, T, nq, hd];
+        query t selects over positions <= positions + t. Rejected rows are overwritten later."""
+        B, T = q.shape[:2]
+        if T == 1:
+            return self.attend(i, q[:, 0], k_new[:, 0], v_new[:, 0])[:, None]
+        self.check_window(T)
+        base = self.positions.long()
+        for t in range(T):
+            self.place_newest(i, self._kv_row(k_new[:, t], v_new[:, t]), base + t)
+            self.indexer.write(i, self._rows_of(self.index_table(), self.rows, base + t), k_new[:, t])
+        return torch.stack([self._step(i, q[:, t], base + t) for t in range(T)], 1)
+
+    def check_window(self, T: int) -> None:
+        pass
+
+    def write_prefill(self, i: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor,
+                      sel_last: torch.Tensor | None = None) -> None:
+        if start != 0:
+            raise NotImplementedError(f"kv={self.cfg.kind}: prefill from position {start}; expected whole-context "
+                                      "prefill (start=0)")
+        T = k.shape[0]
+        pos = torch.arange(T, device=k.device)
+        self.indexer.write(i, self._rows_of(self.index_table(), torch.full_like(pos, slot), pos), k)
+        self.place_prefill(i, slot, self._kv_row(k, v), sel_last)
+
+    def prefill_attend(self, i: int, slot: int, start: int, q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor) -> torch.Tensor:
+        """Sparse prefill: q [T, nq, hd], k/v [T, nkv, hd] → o [T, nq, hd]; stores the prompt's rows."""
+        sel = self.indexer.prefill_select(q, k, self.top_k)
+        self.write_prefill(i, slot, start, k, v, sel[-1])
+        kk, vv = k.to(self.dtype), v.to(self.dtype)
+        outs = [sparse_attention(q[c:c + self.PREFILL_CHUNK], kk, vv, sel[c:c + self.PREFILL_CHUNK])
+                for c in range(0, q.shape[0], self.PREFILL_CHUNK)]
+        return torch.cat(outs)
+
+    # -- ledger -------------------------------------------------------------------------------
+    def row_bytes(self) -> int:
+        """Bytes of one token's K and V in one layer."""
+        return self.W * torch.empty(0, dtype=self.dtype).element_size()
+
+    def extra_bytes(self, lengths: list[int]) -> dict[str, int]:
+        return {}
+
+    def bytes_for(self, lengths: list[int]) -> dict[str, int]:
+        """What the last decode step moved for rows of these context lengths (new token included).
+
+        kv_device_read: selected rows (K and V, every layer) + the indexer keys scored (kv_index_read);
+        kv_host_fetch / kv_host_fetched_rows: rows copied host → device because a selected row missed;
+        kv_h2d_bytes: all host → device traffic (misses, promotions, host-sourced installs);
+        kv_d2h_bytes: the write-through backup; kv_device_bytes(_per_request): device KV held (pages and
+        hot buffers, indexer keys); kv_running: requests in the step; per layer: fetched rows, miss rate.
+        Host-fetch counters are read from the device here (after the step's sampling sync)."""
+        sel = sum(min(self.top_k, n) for n in lengths)
+        fetched = self._fetched.tolist()
+        self._fetched.zero_()
+        rb = self.row_bytes()
+        held = self.device_bytes_held()
+        index_read = sum(lengths) * self.NL * self.indexer.row_bytes()
+        out = {"kv_device_read": sel * self.NL * rb + index_read, "kv_host_fetch": sum(fetched) * rb,
+               "kv_selected_rows": sel * self.NL, "kv_host_fetched_rows": sum(fetched),
+               "kv_index_read": index_read,
+               "kv_h2d_bytes": sum(fetched) * rb,
+               "kv_d2h_bytes": len(lengths) * self.NL * rb if self.uses_host else 0,
+               "kv_device_bytes": held,
+               "kv_device_bytes_per_request": held // max(1, self.running_requests()),
+               "kv_running": len(lengths)}
+        for i, f in enumerate(fetched):
+            out[f"kv_fetched_rows_layer{i}"] = f
+            out[f"kv_miss_rate_layer{i}"] = f / sel if sel else 0.0
+            self.stats_layers["selected"][i] += sel
+            self.stats_layers["fetched"][i] += f
+        extra = self.extra_bytes(lengths)
+        out["kv_h2d_bytes"] += extra.pop("_h2d_extra", 0)
+        out.update(extra)
+        self.stats["steps"] += 1
+        self.stats["selected_rows"] += sel * self.NL
+        self.stats["fetched_rows"] += sum(fetched)
+        self.stats["max_running"] = max(self.stats["max_running"], len(lengths))
+        return out
+
+    def running_requests(self) -> int:
+        return 1
+
+
+class ResidentTopKPolicy(TopKPolicy):
+    """`kv=resident` with top_k > 0: the paged device pool of the baseline, attention over the top-k rows.
+    The indexer keys share the KV pages (one table)."""
+
+    def __init__(self, model, max_slots: int, device, cfg, max_seq_len: int):
+        super().__init__(model, max_slots, device, cfg, max_seq_len, cfg.num_blocks)
+        from .blocks import BlockManager
+        self.blocks = BlockManager(cfg.num_blocks, self.bs, max_slots, self.max_pages, device)
+        self.kv = [torch.zeros(cfg.num_blocks + 1, self.bs, self.W, dtype=self.dtype, device=device)
+                   for _ in range(self.NL)]
+
+    def index_table(self):
+        return self.blocks.table
+
+    def dev_kv(self, i):
+        return self.kv[i]
+
+    def place_newest(self, i, kv, pos):
+        self.kv[i].view(-1, self.W)[self._rows_of(self.blocks.table, self.rows, pos)] = kv
+
+    def resolve(self, i, sel, pos):
+        p = sel.long().clamp_min(0)
+        rows = self._rows_of(self.blocks.table, self.rows[:, None], p)
+        return torch.where(sel >= 0, rows, -1).to(torch.int32)
+
+    def place_prefill(self, i, slot, kv, sel_last):
+        pos = torch.arange(kv.shape[0], device=kv.device)
+        self.kv[i].view(-1, self.W)[self._rows_of(self.blocks.table, torch.full_like(pos, slot), pos)] = kv
+
+    def device_bytes_held(self) -> int:
+        page = self.bs * self.NL * (self.row_bytes() + self.indexer.row_bytes())
+        return self.blocks.used() * page
+
+    def running_requests(self) -> int:
+        return max(1, len(self.blocks.owned))

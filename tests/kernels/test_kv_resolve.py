@@ -1,0 +1,122 @@
+"""kv_resolve: Triton kernel vs torch reference, exactly (ids, miss counts, every state tensor, every
+copied row), over several steps of a tiny hisparse-style and adaptive-style state with hits, misses,
+evictions, the newest-token slot, the short-sequence fast path, resident pages and padding rows; and
+the invariant both must keep: the row behind every returned id holds the selected position's KV."""
+import pytest
+import torch
+from synodic.kernels.kv_resolve import kv_resolve
+from synodic.kernels.kv_resolve.triton_impl import kv_resolve_triton
+
+BS, B, K, W = 3, 7, 5, 6  # odd page size, hot buffer, top-k and row width
+S = 4                      # 3 request slots + the scratch slot (index 3)
+
+
+def build(gen, device, adaptive):
+    MP = 8                                  # logical pages per slot (24 positions)
+    hp = -(-(B + 1) // BS)
+    src = torch.randn(S * MP, BS, W, generator=gen)
+    src_table = torch.arange(S * MP, dtype=torch.int32).view(S, MP)
+    idx_table = torch.arange(S * MP, dtype=torch.int32).view(S, MP)
+    slot_of = torch.full((S * MP, BS), -1, dtype=torch.int32)
+    ndev = S * hp + S * MP
+    dev = torch.full((ndev, BS, W), float("nan"))
+    hot_table = torch.arange(S * hp, dtype=torch.int32).view(S, hp)
+    hot_pos = torch.full((S, B + 1), -1, dtype=torch.int32)
+    lru = torch.arange(B, dtype=torch.int32).repeat(S, 1)
+    res = None
+    if adaptive:  # pages 0, 3, 5.. resident at their own device pages; others demoted
+        res = torch.full((S, MP), -1, dtype=torch.int32)
+        for r in range(S):
+            for lp in range(MP):
+                if lp % 3 == 0 or lp >= 6 or r == S - 1:
+                    res[r, lp] = S * hp + r * MP + lp
+                    dev[res[r, lp]] = src[src_table[r, lp]]
+    t = dict(res_table=res, hot_table=hot_table, hot_pos=hot_pos, lru=lru, idx_table=idx_table,
+             slot_of=slot_of, src_table=src_table, src=src, dev=dev)
+    return {k: (v.to(device) if v is not None else None) for k, v in t.items()}
+
+
+def write_newest(st, rows, pos, adaptive):
+    """What the policy does before resolving: the newest token's row lands in its slot."""
+    for r, P in zip(rows.tolist(), pos.tolist()):
+        if r == S - 1:
+            continue
+        srow = st["src"].view(-1, W)[st["src_table"][r, P // BS] * BS + P % BS]
+        if adaptive and st["res_table"][r, P // BS] >= 0:  # resident page: written in place
+            st["dev"].view(-1, W)[st["res_table"][r, P // BS].long() * BS + P % BS] = srow
+            continue
+        s = P if P < B and not adaptive else B
+        hot = st["hot_table"][r].long()
+        st["dev"].view(-1, W)[hot[s // BS] * BS + s % BS] = srow
+        st["hot_pos"][r, s] = P
+        if s < B:
+            st["slot_of"][st["idx_table"][r, P // BS], P % BS] = P
+
+
+def selection(gen, pos, rows):
+    sel = torch.full((len(pos), K), -1, dtype=torch.int32)
+    for n, P in enumerate(pos.tolist()):
+        if rows[n] == S - 1:
+            sel[n, 0] = 0
+            continue
+        k = min(K, P + 1)
+        cand = torch.randperm(P + 1, generator=gen)[:k]
+        if torch.rand(1, generator=gen) < 0.5:
+            cand[0] = P  # the newest token selected
+            cand = cand.unique(sorted=False)
+        sel[n, : len(cand)] = cand.int()
+    return sel
+
+
+@pytest.mark.parametrize("adaptive,split", [(False, None), (True, None), (False, 0), (True, 2)])
+def test_triton_matches_ref_over_steps(adaptive, split, device):
+    """split: None = default second copy launch, 0 = copy inside the resolve program, 2 = two programs
+    sharing 2-row chunks."""
+    gen = torch.Generator().manual_seed(7 + adaptive)
+    a, b = build(gen, device, adaptive), build(torch.Generator().manual_seed(7 + adaptive), device, adaptive)
+    rows = torch.tensor([2, 0, 1, S - 1], dtype=torch.long, device=device)   # the last row is padding
+    start = torch.tensor([1, 4, 9, 0])
+    total_miss = 0
+    for st in (a, b):  # prefill: every earlier position written once, in order
+        for P in range(int(start.max())):
+            live = [n for n in range(3) if P < start[n]]
+            write_newest(st, rows.cpu()[live], torch.full((len(live),), P), adaptive)
+    for step in range(12):
+        pos = (start + step).clamp(max=23)
+        pos[-1] = 0
+        pos = pos.to(device)
+        sel = selection(gen, pos.cpu(), rows.cpu()).to(device)
+        for st in (a, b):
+            write_newest(st, rows.cpu(), pos.cpu(), adaptive)
+        ids_t, nm_t = kv_resolve_triton(sel, rows, pos, block_size=BS, fast_path=not adaptive, split=split,
+                                       copy_j=2 if split == 2 else 16, **a)
+        ids_r, nm_r = kv_resolve(sel, rows, pos, block_size=BS, fast_path=not adaptive, backend="ref", **b)
+        assert torch.equal(ids_t, ids_r), (step, ids_t, ids_r)
+        assert torch.equal(nm_t, nm_r)
+        for key in ("hot_pos", "lru", "slot_of"):
+            assert torch.equal(a[key], b[key]), (step, key)
+        assert torch.equal(a["dev"].nan_to_num(7.0), b["dev"].nan_to_num(7.0))
+        total_miss += int(nm_t[:-1].sum())
+        # every id holds the selected position's row; masked stay -1
+        devf, srcf = a["dev"].view(-1, W), a["src"].view(-1, W)
+        for n in range(3):
+            r = int(rows[n])
+            for j in range(K):
+                p = int(sel[n, j])
+                if p < 0:
+                    assert ids_t[n, j] == -1
+                    continue
+                want = srcf[a["src_table"][r, p // BS] * BS + p % BS]
+                assert torch.equal(devf[ids_t[n, j]], want), (step, n, j, p)
+            lru_r = a["lru"][r]
+            assert sorted(lru_r.tolist()) == list(range(B))  # still a permutation
+    assert total_miss > 10  # evictions happened
+    assert (a["slot_of"] >= 0).sum() <= 3 * B
+
+
+def test_rejects_k_larger_than_buffer():
+    st = build(torch.Generator().manual_seed(0), "cpu", False)
+    sel = torch.zeros(1, B + 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="hot buffer size"):
+        kv_resolve(sel, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), block_size=BS,
+                   fast_path=True, **st)
