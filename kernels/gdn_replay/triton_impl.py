@@ -8,9 +8,9 @@ per program and shared by its HPP value heads. Per value head, with Gam = runnin
     tokens are solved by forward substitution (u_s depends on u_r, r < s). Never forms S.
   * state route: S' = e^{G_t} S0 + (u * e^{G_t - Gam})^T k over the ring (fp32 `ieee` dot), then
     S' k_t, S' q_t. Costs L x the FLOPs of the adjoint route.
-  * flush (both routes): the state-route rebuild from the fp32 checkpoint, finish the step on the
-    tile (u_t, S_t = S' + u_t k_t^T), write ckpt (+ ckpt_lo). With u cached, the serial replay
-    S <- e^{g_j} S + u_j k_j^T is exactly this one matmul.
+  * flush (both routes): replay the ring serially on the fp32 checkpoint tile (S <- e^{g_j} S +
+    u_j k_j^T, the eager order; register-light), finish the step (u_t, S_t = e^{g_t} S + u_t k_t^T),
+    write ckpt (+ ckpt_lo).
 The cursor moves with the same atomic ticket as the Mamba-2 kernel (see mamba2_replay).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ..mamba2_replay.common import WP_TICKET, is_fp8, next_pow2
-from ..mamba2_replay.triton_impl import _store_state
+from ..mamba2_replay.triton_impl import _serial_fold, _store_state
 
 MODE_DECODE, MODE_VERIFY, MODE_FLUSH = 0, 1, 2
 
@@ -31,12 +31,14 @@ def _gdn_replay_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, sid_ptr,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sg_b, sg_t, sg_h,
     sbt_b, sbt_t, sbt_h, so_b, so_t, so_h,
-    HV, Hk, V, K, L, min_room, scale,
+    HV: tl.constexpr, Hk: tl.constexpr, V: tl.constexpr, K: tl.constexpr, L: tl.constexpr, min_room, scale,
     T: tl.constexpr, TP: tl.constexpr, LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
     HPP: tl.constexpr, MODE: tl.constexpr, ROUTE_STATE: tl.constexpr, USE_L2: tl.constexpr,
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr, ADVANCE: tl.constexpr,
     NPROG: tl.constexpr, TICKET: tl.constexpr,
 ):
+    """Verify (MODE 1: a T-token window by forward substitution) and flush (MODE 2: fold
+    ring[:wp]); decode has its own kernel below."""
     row = tl.program_id(0)
     hc = tl.program_id(1)
     vb = tl.program_id(2)
@@ -45,24 +47,20 @@ def _gdn_replay_kernel(
     slot64 = tl.maximum(slot, 0).to(tl.int64)
 
     # ---- cursor: atomic ticket in write_pos's high bits when this launch moves it ----
-    MOVES: tl.constexpr = ADVANCE and (MODE != 1)
-    if MOVES:
+    if ADVANCE:  # (the launcher clears ADVANCE for verify)
         old = tl.atomic_add(wp_ptr + slot64, TICKET, mask=valid)
         old = tl.where(valid, old, 0)
         wp = old & (TICKET - 1)
         last = ((old // TICKET) == NPROG - 1) & valid
     else:
         wp = tl.load(wp_ptr + slot64, mask=valid, other=0)
-    if MODE == 0:
-        flush = wp >= L - 1
-        new_wp = tl.where(flush, 0, wp + 1)
-    elif MODE == 2:
+    if MODE == 2:
         flush = (wp > 0) & (wp + min_room > L) & valid
         new_wp = tl.where(flush, 0, wp)
     else:
         flush = wp < 0  # never
         new_wp = wp
-    if MOVES:
+    if ADVANCE:
         tl.atomic_xchg(wp_ptr + slot64, new_wp, mask=last)
 
     rep = HV // Hk
@@ -79,22 +77,9 @@ def _gdn_replay_kernel(
     k_writer = ((hv0 % rep) == 0) & (vb == 0)  # one program per key head writes the ring's k
 
     # ---- key-head level, once per program: ring k, normalised q/k, every k_j.k_t and k_j.q_t ----
-    rk = tl.load(rk_ptr + ((slot64 * Hk + hk) * L + offs_l[:, None]) * K + offs_k[None, :],
+    rk_base = rk_ptr + (slot64 * Hk + hk) * L * K  # scalar bases + int32 in-tile offsets (registers)
+    rk = tl.load(rk_base + offs_l[:, None] * K + offs_k[None, :],
                  mask=lm[:, None] & km[None, :], other=0.0).to(tl.float32)              # [LP, BK]
-    if MODE == 0:
-        kt = tl.load(k_ptr + row * sk_b + hk * sk_h + offs_k, mask=km, other=0.0).to(tl.float32)
-        qt = tl.load(q_ptr + row * sq_b + hk * sq_h + offs_k, mask=km, other=0.0).to(tl.float32)
-        if USE_L2:
-            kt = kt / tl.sqrt(tl.sum(kt * kt, axis=0) + 1e-6)
-            qt = qt / tl.sqrt(tl.sum(qt * qt, axis=0) + 1e-6)
-        qt = qt * scale
-        n_w = tl.where(valid & (wp < L - 1), 1, 0)  # a flushing step caches nothing
-        tl.store(rk_ptr + ((slot64 * Hk + hk) * L + wp) * K + offs_k, kt.to(rk_ptr.dtype.element_ty),
-                 mask=offs_k < tl.where(k_writer, n_w * K, 0))
-        kq = tl.sum(kt * qt, axis=0)
-        if not ROUTE_STATE:
-            KKr = tl.sum(rk * kt[None, :], axis=1)                                          # [LP]
-            KQr = tl.sum(rk * qt[None, :], axis=1)
     if MODE == 1:
         offs_t = tl.arange(0, TP)
         tm = offs_t < tl.where(valid, T, 0)
@@ -108,7 +93,7 @@ def _gdn_replay_kernel(
         qw = qw * scale
         wpos = wp + offs_t
         wmask = (offs_t < tl.where(valid, T, 0)) & (wpos < L)
-        tl.store(rk_ptr + ((slot64 * Hk + hk) * L + wpos[:, None]) * K + offs_k[None, :],
+        tl.store(rk_base + wpos[:, None] * K + offs_k[None, :],
                  kw.to(rk_ptr.dtype.element_ty),
                  mask=((offs_t < tl.where(k_writer, T, 0)) & (wpos < L))[:, None] & km[None, :])
         KKr = tl.zeros((LP, TP), dtype=tl.float32)  # column s: k_j . k_s over the ring
@@ -126,77 +111,28 @@ def _gdn_replay_kernel(
     for hh in range(HPP):
         hv = hv0 + hh
         ring_h = slot64 * HV + hv
-        rg = tl.load(rg_ptr + ring_h * L + offs_l, mask=lm, other=0.0)                    # [LP] fp32
+        ru_base = ru_ptr + ring_h * L * V
+        rg_base = rg_ptr + ring_h * L
+        rg = tl.load(rg_base + offs_l, mask=lm, other=0.0)                    # [LP] fp32
         Gam = tl.cumsum(rg, axis=0)
         tot = tl.sum(rg, axis=0)
-        ru = tl.load(ru_ptr + (ring_h * L + offs_l[:, None]) * V + offs_v[None, :],
+        ru = tl.load(ru_base + offs_l[:, None] * V + offs_v[None, :],
                      mask=lm[:, None] & vm[None, :], other=0.0).to(tl.float32)          # [LP, BV]
-        st_off = ring_h * V * K + offs_v[:, None] * K + offs_k[None, :]
-        row_off = ring_h * V
+        st_off = offs_v[:, None] * K + offs_k[None, :]
+        ck_base = ck_ptr + ring_h * V * K
+        lo_base = lo_ptr + ring_h * V * K
+        cks_base = cks_ptr + ring_h * V
+        los_base = los_ptr + ring_h * V
         if MODE == 2:
             if flush:
-                er = tl.where(lm, tl.exp(tot - Gam), 0.0)
-                S = tl.load(ck_ptr + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+                S = tl.load(ck_base + st_off, mask=tile_mask, other=0.0).to(tl.float32)
                 if CK_FP8:
-                    S = S * tl.load(cks_ptr + row_off + offs_v, mask=vm, other=0.0)[:, None]
-                S = tl.exp(tot) * S + tl.dot(tl.trans(ru * er[:, None]), rk, input_precision="ieee")
-                _store_state(ck_ptr, cks_ptr, st_off, row_off, S, offs_v, vm, tile_mask, CK_FP8)
+                    S = S * tl.load(cks_base + offs_v, mask=vm, other=0.0)[:, None]
+                S = _serial_fold(S, ru_base + offs_v, rk_base + offs_k,
+                                 rg_base, V, K, wp, 1.0, vm, km, L, False)
+                _store_state(ck_base, cks_base, st_off, S, offs_v, vm, tile_mask, CK_FP8)
                 if HAS_LO:
-                    _store_state(lo_ptr, los_ptr, st_off, row_off, S, offs_v, vm, tile_mask, LO_FP8)
-        if MODE == 0:
-            gt = tl.load(g_ptr + row * sg_b + hv * sg_h, mask=valid, other=0.0).to(tl.float32)
-            bt = tl.load(beta_ptr + row * sbt_b + hv * sbt_h, mask=valid, other=0.0).to(tl.float32)
-            vt = tl.load(v_ptr + row * sv_b + hv * sv_h + offs_v, mask=vm, other=0.0).to(tl.float32)
-            Gt = tot + gt
-            er = tl.where(lm, tl.exp(Gt - Gam), 0.0)
-            if ROUTE_STATE:
-                st_path = wp >= 0  # always
-            else:
-                st_path = flush
-            if st_path:
-                # rebuilt tile S' = e^{G_t} S0 + (u * e^{G_t - Gam})^T k : state route, and every flush
-                if HAS_LO:
-                    if flush:
-                        S = tl.load(ck_ptr + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-                        if CK_FP8:
-                            S = S * tl.load(cks_ptr + row_off + offs_v, mask=vm, other=0.0)[:, None]
-                    else:
-                        S = tl.load(lo_ptr + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-                        if LO_FP8:
-                            S = S * tl.load(los_ptr + row_off + offs_v, mask=vm, other=0.0)[:, None]
-                else:
-                    S = tl.load(ck_ptr + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-                    if CK_FP8:
-                        S = S * tl.load(cks_ptr + row_off + offs_v, mask=vm, other=0.0)[:, None]
-                S = tl.exp(Gt) * S + tl.dot(tl.trans(ru * er[:, None]), rk, input_precision="ieee")
-                ut = bt * (vt - tl.sum(S * kt[None, :], axis=1))
-                if flush:
-                    S = S + ut[:, None] * kt[None, :]
-                    _store_state(ck_ptr, cks_ptr, st_off, row_off, S, offs_v, vm, tile_mask, CK_FP8)
-                    if HAS_LO:
-                        _store_state(lo_ptr, los_ptr, st_off, row_off, S, offs_v, vm, tile_mask, LO_FP8)
-                    ot = tl.sum(S * qt[None, :], axis=1)
-                else:
-                    ot = tl.sum(S * qt[None, :], axis=1) + ut * kq
-            else:
-                # adjoint / output-only route: S0 k_t and S0 q_t in one pass, plus ring dot products
-                if HAS_LO:
-                    S0 = tl.load(lo_ptr + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-                    if LO_FP8:
-                        S0 = S0 * tl.load(los_ptr + row_off + offs_v, mask=vm, other=0.0)[:, None]
-                else:
-                    S0 = tl.load(ck_ptr + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-                    if CK_FP8:
-                        S0 = S0 * tl.load(cks_ptr + row_off + offs_v, mask=vm, other=0.0)[:, None]
-                eG = tl.exp(Gt)
-                Sk = eG * tl.sum(S0 * kt[None, :], axis=1) + tl.sum((er * KKr)[:, None] * ru, axis=0)
-                Sq = eG * tl.sum(S0 * qt[None, :], axis=1) + tl.sum((er * KQr)[:, None] * ru, axis=0)
-                ut = bt * (vt - Sk)
-                ot = Sq + ut * kq
-            tl.store(o_ptr + row * so_b + hv * so_h + offs_v, ot.to(o_ptr.dtype.element_ty), mask=offs_v < V)
-            tl.store(ru_ptr + (ring_h * L + wp) * V + offs_v, ut.to(ru_ptr.dtype.element_ty),
-                     mask=offs_v < tl.where(n_w > 0, V, 0))
-            tl.store(rg_ptr + ring_h * L + wp, gt, mask=(n_w > 0) & (vb == 0))
+                    _store_state(lo_base, los_base, st_off, S, offs_v, vm, tile_mask, LO_FP8)
         if MODE == 1:
             gw = tl.load(g_ptr + row * sg_b + offs_t * sg_t + hv * sg_h, mask=tm, other=0.0).to(tl.float32)
             bw = tl.load(beta_ptr + row * sbt_b + offs_t * sbt_t + hv * sbt_h, mask=tm,
@@ -205,13 +141,13 @@ def _gdn_replay_kernel(
             vw = tl.load(v_ptr + row * sv_b + offs_t[:, None] * sv_t + hv * sv_h + offs_v[None, :],
                          mask=tm[:, None] & vm[None, :], other=0.0).to(tl.float32)      # [TP, BV]
             if HAS_LO:
-                S0 = tl.load(lo_ptr + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+                S0 = tl.load(lo_base + st_off, mask=tile_mask, other=0.0).to(tl.float32)
                 if LO_FP8:
-                    S0 = S0 * tl.load(los_ptr + row_off + offs_v, mask=vm, other=0.0)[:, None]
+                    S0 = S0 * tl.load(los_base + offs_v, mask=vm, other=0.0)[:, None]
             else:
-                S0 = tl.load(ck_ptr + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+                S0 = tl.load(ck_base + st_off, mask=tile_mask, other=0.0).to(tl.float32)
                 if CK_FP8:
-                    S0 = S0 * tl.load(cks_ptr + row_off + offs_v, mask=vm, other=0.0)[:, None]
+                    S0 = S0 * tl.load(cks_base + offs_v, mask=vm, other=0.0)[:, None]
             # forward substitution over the window: u_s needs u_r, r < s (kept in U's rows)
             U = tl.zeros((TP, BV), dtype=tl.float32)
             for s in tl.static_range(T):
@@ -234,20 +170,146 @@ def _gdn_replay_kernel(
                 U = tl.where(sel[:, None], u_s[None, :], U)
                 tl.store(o_ptr + row * so_b + s * so_t + hv * so_h + offs_v,
                          o_s.to(o_ptr.dtype.element_ty), mask=offs_v < V)
-            tl.store(ru_ptr + (ring_h * L + wpos[:, None]) * V + offs_v[None, :],
+            tl.store(ru_base + wpos[:, None] * V + offs_v[None, :],
                      U.to(ru_ptr.dtype.element_ty), mask=wmask[:, None] & vm[None, :])
-            tl.store(rg_ptr + ring_h * L + wpos, gw, mask=(offs_t < tl.where(vb == 0, T, 0)) & wmask)
+            tl.store(rg_base + wpos, gw, mask=(offs_t < tl.where(vb == 0, T, 0)) & wmask)
 
 
-def pick_config(batch: int, HV: int, V: int, rep: int, T: int = 1) -> tuple[int, int, int]:
-    """(BLOCK_V, value heads per program, num_warps)."""
-    bv = min(64, next_pow2(V))
-    while bv > 16 and batch * HV * triton.cdiv(V, bv) < 1024:
+@triton.jit
+def _gdn_replay_decode_kernel(
+    ck_ptr, cks_ptr, lo_ptr, los_ptr,
+    ru_ptr, rk_ptr, rg_ptr, wp_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, sid_ptr,
+    sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, sv_b, sv_t, sv_h, sg_b, sg_t, sg_h,
+    sbt_b, sbt_t, sbt_h, so_b, so_t, so_h,
+    HV: tl.constexpr, Hk: tl.constexpr, V: tl.constexpr, K: tl.constexpr, L: tl.constexpr, min_room, scale,
+    T: tl.constexpr, TP: tl.constexpr, LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+    HPP: tl.constexpr, MODE: tl.constexpr, ROUTE_STATE: tl.constexpr, USE_L2: tl.constexpr,
+    CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr, ADVANCE: tl.constexpr,
+    NPROG: tl.constexpr, TICKET: tl.constexpr,
+):
+    """Decode step (T = 1), ordered for latency like the Mamba-2 decode kernel: checkpoint tile
+    first, cursor atomic and ring reads overlapping it; flush = serial replay (register-light)."""
+    row = tl.program_id(0)
+    hc = tl.program_id(1)
+    vb = tl.program_id(2)
+    slot = tl.load(sid_ptr + row).to(tl.int32)
+    valid = slot >= 0
+    slot64 = tl.maximum(slot, 0).to(tl.int64)
+    rep: tl.constexpr = HV // Hk
+    hv0 = hc * HPP
+    hk = hv0 // rep
+    offs_v = vb * BV + tl.arange(0, BV)
+    vm = offs_v < tl.where(valid, V, 0)
+    offs_k = tl.arange(0, BK)
+    km = offs_k < tl.where(valid, K, 0)
+    offs_l = tl.arange(0, LP)
+    tile_mask = vm[:, None] & km[None, :]
+    st_off = offs_v[:, None] * K + offs_k[None, :]
+    rk_base = rk_ptr + (slot64 * Hk + hk) * L * K
+    for hh in tl.static_range(HPP):
+        hv = hv0 + hh
+        ring_h = slot64 * HV + hv
+        # 1) checkpoint tile (or its low-precision copy) first
+        if HAS_LO:
+            S0 = tl.load(lo_ptr + ring_h * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+            if LO_FP8:
+                S0 = S0 * tl.load(los_ptr + ring_h * V + offs_v, mask=vm, other=0.0)[:, None]
+        else:
+            S0 = tl.load(ck_ptr + ring_h * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+            if CK_FP8:
+                S0 = S0 * tl.load(cks_ptr + ring_h * V + offs_v, mask=vm, other=0.0)[:, None]
+        # 2) this token's inputs
+        gt = tl.load(g_ptr + row * sg_b + hv * sg_h, mask=valid, other=0.0).to(tl.float32)
+        bt = tl.load(beta_ptr + row * sbt_b + hv * sbt_h, mask=valid, other=0.0).to(tl.float32)
+        vt = tl.load(v_ptr + row * sv_b + hv * sv_h + offs_v, mask=vm, other=0.0).to(tl.float32)
+        if hh == 0:
+            kt = tl.load(k_ptr + row * sk_b + hk * sk_h + offs_k, mask=km, other=0.0).to(tl.float32)
+            qt = tl.load(q_ptr + row * sq_b + hk * sq_h + offs_k, mask=km, other=0.0).to(tl.float32)
+            # 3) cursor: relaxed atomic ticket (see the Mamba-2 decode kernel)
+            if ADVANCE:
+                old = tl.atomic_add(wp_ptr + slot64, TICKET, mask=valid, sem="relaxed")
+                old = tl.where(valid, old, 0)
+                wp = old & (TICKET - 1)
+                last = ((old // TICKET) == NPROG - 1) & valid
+            else:
+                wp = tl.load(wp_ptr + slot64, mask=valid, other=0)
+            flush = wp >= L - 1
+            if ADVANCE:
+                tl.atomic_xchg(wp_ptr + slot64, tl.where(flush, 0, wp + 1), mask=last, sem="relaxed")
+            n_w = tl.where(valid & (wp < L - 1), 1, 0)
+            lm = offs_l < wp
+            # 4) the key head's ring k and every k_j.k_t, k_j.q_t, once for the HPP value heads
+            rk = tl.load(rk_base + offs_l[:, None] * K + offs_k[None, :],
+                         mask=lm[:, None] & km[None, :], other=0.0).to(tl.float32)      # [LP, BK]
+            if USE_L2:
+                kt = kt / tl.sqrt(tl.sum(kt * kt, axis=0) + 1e-6)
+                qt = qt / tl.sqrt(tl.sum(qt * qt, axis=0) + 1e-6)
+            qt = qt * scale
+            k_writer = ((hv0 % rep) == 0) & (vb == 0)
+            tl.store(rk_base + wp * K + offs_k, kt.to(rk_ptr.dtype.element_ty),
+                     mask=offs_k < tl.where(k_writer, n_w * K, 0))
+            kq = tl.sum(kt * qt, axis=0)
+            KKr = tl.sum(rk * kt[None, :], axis=1)                                          # [LP]
+            KQr = tl.sum(rk * qt[None, :], axis=1)
+        rg = tl.load(rg_ptr + ring_h * L + offs_l, mask=lm, other=0.0)                    # [LP] fp32
+        ru = tl.load(ru_ptr + ring_h * L * V + offs_l[:, None] * V + offs_v[None, :],
+                     mask=lm[:, None] & vm[None, :], other=0.0).to(tl.float32)          # [LP, BV]
+        Gam = tl.cumsum(rg, axis=0)
+        Gt = tl.sum(rg, axis=0) + gt
+        er = tl.where(lm, tl.exp(Gt - Gam), 0.0)
+        if flush:
+            # flush (both routes): serial replay on the fp32 checkpoint tile, finish the step, write
+            if HAS_LO or CK_FP8:
+                S = tl.load(ck_ptr + ring_h * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+                if CK_FP8:
+                    S = S * tl.load(cks_ptr + ring_h * V + offs_v, mask=vm, other=0.0)[:, None]
+            else:
+                S = S0
+            S = _serial_fold(S, ru_ptr + ring_h * L * V + offs_v, rk_base + offs_k, rg_ptr + ring_h * L, V, K, wp,
+                             1.0, vm, km, L, False)
+            S = tl.exp(gt) * S
+            ut = bt * (vt - tl.sum(S * kt[None, :], axis=1))
+            S = S + ut[:, None] * kt[None, :]
+            _store_state(ck_ptr + ring_h * V * K, cks_ptr + ring_h * V, st_off, S, offs_v, vm, tile_mask, CK_FP8)
+            if HAS_LO:
+                _store_state(lo_ptr + ring_h * V * K, los_ptr + ring_h * V, st_off, S, offs_v, vm, tile_mask,
+                             LO_FP8)
+            ot = tl.sum(S * qt[None, :], axis=1)
+        else:
+            eG = tl.exp(Gt)
+            if ROUTE_STATE:
+                # state route: S' = e^{G_t} S0 + (u * e^{G_t - Gam})^T k over the ring (fp32 dot)
+                S = eG * S0 + tl.dot(tl.trans(ru * er[:, None]), rk, input_precision="ieee")
+                ut = bt * (vt - tl.sum(S * kt[None, :], axis=1))
+                ot = tl.sum(S * qt[None, :], axis=1) + ut * kq
+            else:
+                # adjoint / output-only route: S0 k_t and S0 q_t in one pass + ring dot products
+                Sk = eG * tl.sum(S0 * kt[None, :], axis=1) + tl.sum((er * KKr)[:, None] * ru, axis=0)
+                Sq = eG * tl.sum(S0 * qt[None, :], axis=1) + tl.sum((er * KQr)[:, None] * ru, axis=0)
+                ut = bt * (vt - Sk)
+                ot = Sq + ut * kq
+        tl.store(o_ptr + row * so_b + hv * so_h + offs_v, ot.to(o_ptr.dtype.element_ty), mask=offs_v < V)
+        tl.store(ru_ptr + ring_h * L * V + wp * V + offs_v, ut.to(ru_ptr.dtype.element_ty),
+                 mask=offs_v < tl.where(n_w > 0, V, 0))
+        tl.store(rg_ptr + ring_h * L + wp, gt, mask=(n_w > 0) & (vb == 0))
+
+
+def pick_config(batch: int, HV: int, V: int, rep: int, T: int = 1, route_state: bool = False,
+                lo: bool = False) -> tuple[int, int, int, int | None]:
+    """(BLOCK_V, value heads per program, num_warps, maxnreg). H200 sweep of the adjoint decode at
+    batch 256 (bench_replay --sweep 256, 2026-11-29): (16, 2, 4, maxnreg 80) 286 us beat
+    (16, 1, 4, 80) 351, (32, 1, 8, 80) 391 and (32, 1, 8, no cap) 390: two value heads per program
+    share the key head's ring k and k.k / k.q products. Used when batch x HV >= 2048; smaller
+    batches split V (down to 8 rows; 16 for the state route's dot) to keep programs in flight."""
+    floor = 16 if route_state else 8
+    if T == 1 and not route_state and batch * HV >= 2048 and rep % 2 == 0:
+        return max(floor, min(16, next_pow2(V))), 2, 4, 80
+    bv = max(floor, min(32, next_pow2(V)))
+    while bv > floor and batch * HV * triton.cdiv(V, bv) < 1024:
         bv //= 2
-    hpp = 1
-    if batch * HV >= 4096:
-        hpp = min(rep, 2)
-    return max(bv, 16), hpp, 4
+    nw = 8 if bv >= 32 else 4
+    return bv, 1, nw, (80 if T == 1 and not route_state else None)
 
 
 def launch(mode, ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, T, scale,
@@ -259,9 +321,12 @@ def launch(mode, ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot
     b = slot_ids.shape[0]
     if b == 0:
         return
-    bv, hpp, nw = config or pick_config(b, HV, V, rep, T)
+    bv, hpp, nw, maxnreg = ((tuple(config) + (None,))[:4] if config
+                            else pick_config(b, HV, V, rep, T, route_state and mode == MODE_DECODE,
+                                             ckpt_lo is not None and mode == MODE_DECODE))
     if rep % hpp:
         hpp = 1
+    extra = {} if maxnreg is None else {"maxnreg": maxnreg}
     grid = (b, HV // hpp, triton.cdiv(V, bv))
     nprog = grid[1] * grid[2]
     assert nprog < (1 << 15)
@@ -271,7 +336,8 @@ def launch(mode, ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot
         strides = (0,) * 18
     else:
         strides = tuple(t.stride(i) for t in (q, k, v, g, beta, o) for i in range(3))
-    _gdn_replay_kernel[grid](
+    kern = _gdn_replay_decode_kernel if mode == MODE_DECODE else _gdn_replay_kernel
+    kern[grid](
         ckpt, ckpt_scale if ckpt_scale is not None else dummy,
         ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
         ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, o, slot_ids,
@@ -279,6 +345,7 @@ def launch(mode, ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot
         float(K ** -0.5 if scale is None else scale),
         T=T, TP=max(2, next_pow2(T)), LP=max(16, next_pow2(L)), BV=bv, BK=max(16, next_pow2(K)),
         HPP=hpp, MODE=mode, ROUTE_STATE=bool(route_state), USE_L2=bool(use_qk_l2norm),
-        CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo), ADVANCE=bool(advance),
-        NPROG=nprog, TICKET=WP_TICKET, num_warps=nw,
+        CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
+        ADVANCE=bool(advance) and mode != MODE_VERIFY,
+        NPROG=nprog, TICKET=WP_TICKET, num_warps=nw, **extra,
     )

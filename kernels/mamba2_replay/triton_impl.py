@@ -5,8 +5,10 @@ group's ring B and window B/C once and forms every B_j . C_t it needs once (per-
 shared by the HPP heads of the chunk), then per head:
   * output-only route: one pass over the S0 tile [BP, N] (or its low-precision copy) for S0 . C_t,
     plus the weighted ring sum over x_j — never writes the state;
-  * state route (flush): S_t = e^{c_t} S0 + (x * w)^T B over the ring (fp32 `ieee` dot) + the
-    current token's outer product; writes the checkpoint (+ low-precision copy), y = S_t . C_t.
+  * state route (flush): S_t is rebuilt from the fp32 checkpoint by replaying the ring serially in
+    the eager order (S <- e^{A dt_j} S + dt_j x_j B_j^T, next entry prefetched: register-light,
+    so the rarely taken branch does not lower the occupancy of every step), plus the current
+    token; it writes the checkpoint (+ low-precision copy) and y = S_t . C_t.
 The cursor is read with an atomic ticket in write_pos's high bits: every program of a slot adds
 WP_TICKET and keeps the old low bits; the last arrival writes the new cursor. So one launch both
 reads and moves the cursor with no race and no extra buffer.
@@ -22,14 +24,37 @@ MODE_DECODE, MODE_VERIFY, MODE_FLUSH = 0, 1, 2
 
 
 @triton.jit
-def _store_state(ptr, sc_ptr, off, row_off, S, offs_p, pm, mask, IS_FP8: tl.constexpr):
+def _serial_fold(S, a_ptrs, b_ptrs, d_ptr, a_step, b_step, n, coef, am, bm, L, SCALE_BY_D: tl.constexpr):
+    """The eager recurrence over ring entries j < n, in order, on an fp32 register tile:
+    Mamba-2 (SCALE_BY_D): S <- e^{coef d_j} S + (d_j a_j) b_j^T ; GDN: S <- e^{d_j} S + a_j b_j^T.
+    Register-light (no dot operands), next entry prefetched; used by every flush."""
+    aj = tl.load(a_ptrs, mask=am, other=0.0).to(tl.float32)
+    bj = tl.load(b_ptrs, mask=bm, other=0.0).to(tl.float32)
+    dj = tl.load(d_ptr)
+    for j in range(0, n):
+        jn = tl.minimum(j + 1, L - 1)  # in-bounds prefetch; unused after the last entry
+        an = tl.load(a_ptrs + jn * a_step, mask=am, other=0.0).to(tl.float32)
+        bn = tl.load(b_ptrs + jn * b_step, mask=bm, other=0.0).to(tl.float32)
+        dn = tl.load(d_ptr + jn)
+        if SCALE_BY_D:
+            S = tl.exp(coef * dj) * S + (dj * aj)[:, None] * bj[None, :]
+        else:
+            S = tl.exp(dj) * S + aj[:, None] * bj[None, :]
+        aj = an
+        bj = bn
+        dj = dn
+    return S
+
+
+@triton.jit
+def _store_state(ptr, sc_ptr, off, S, offs_p, pm, mask, IS_FP8: tl.constexpr):
     if IS_FP8:
         amax = tl.max(tl.abs(S), axis=1)
         sc = amax / 448.0
         sc = tl.where(sc > 0.0, sc, 1.0)
         q = tl.minimum(tl.maximum(S / sc[:, None], -448.0), 448.0)
         tl.store(ptr + off, q.to(ptr.dtype.element_ty), mask=mask)
-        tl.store(sc_ptr + row_off + offs_p, sc, mask=pm)
+        tl.store(sc_ptr + offs_p, sc, mask=pm)
     else:
         tl.store(ptr + off, S.to(ptr.dtype.element_ty), mask=mask)
 
@@ -41,12 +66,14 @@ def _mamba2_replay_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr,
     sx_b, sx_t, sx_h, sz_b, sz_t, sz_h, sy_b, sy_t, sy_h,
     sdt_b, sdt_t, sdt_h, sB_b, sB_t, sB_g, sC_b, sC_t, sC_g,
-    H, G, P, N, L, min_room,
+    H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, L: tl.constexpr, min_room,
     T: tl.constexpr, TP: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HPP: tl.constexpr, MODE: tl.constexpr, HAS_Z: tl.constexpr, CK_FP8: tl.constexpr,
     HAS_LO: tl.constexpr, LO_FP8: tl.constexpr, ADVANCE: tl.constexpr, NPROG: tl.constexpr,
     TICKET: tl.constexpr,
 ):
+    """Verify (MODE 1: a T-token window, output-only) and flush (MODE 2: fold ring[:wp]); decode
+    has its own kernel below."""
     row = tl.program_id(0)
     hc = tl.program_id(1)
     pb = tl.program_id(2)
@@ -55,24 +82,20 @@ def _mamba2_replay_kernel(
     slot64 = tl.maximum(slot, 0).to(tl.int64)
 
     # ---- cursor: atomic ticket in write_pos's high bits when this launch moves it ----
-    MOVES: tl.constexpr = ADVANCE and (MODE != 1)
-    if MOVES:
+    if ADVANCE:  # (the launcher clears ADVANCE for verify)
         old = tl.atomic_add(wp_ptr + slot64, TICKET, mask=valid)
         old = tl.where(valid, old, 0)
         wp = old & (TICKET - 1)
         last = ((old // TICKET) == NPROG - 1) & valid  # scalar & scalar
     else:
         wp = tl.load(wp_ptr + slot64, mask=valid, other=0)
-    if MODE == 0:
-        flush = wp >= L - 1
-        new_wp = tl.where(flush, 0, wp + 1)
-    elif MODE == 2:
+    if MODE == 2:
         flush = (wp > 0) & (wp + min_room > L) & valid
         new_wp = tl.where(flush, 0, wp)
     else:
         flush = wp < 0  # never
         new_wp = wp
-    if MOVES:
+    if ADVANCE:
         tl.atomic_xchg(wp_ptr + slot64, new_wp, mask=last)
 
     hpg = H // G
@@ -90,18 +113,9 @@ def _mamba2_replay_kernel(
     b_writer = ((h0 % hpg) == 0) & (pb == 0)  # one program per group writes the ring's B
 
     # ---- group level, once per program: ring B, window B / C, every B_j . C_t ----
-    rB = tl.load(rB_ptr + ((slot64 * G + g) * L + offs_l[:, None]) * N + offs_n[None, :],
+    rB_base = rB_ptr + (slot64 * G + g) * L * N  # scalar bases + int32 in-tile offsets (registers)
+    rB = tl.load(rB_base + offs_l[:, None] * N + offs_n[None, :],
                  mask=lm[:, None] & nm[None, :], other=0.0).to(tl.float32)              # [LP, BN]
-    if MODE == 0:
-        # decode: the current token's vectors, loaded directly
-        Bt_raw = tl.load(B_ptr + row * sB_b + g * sB_g + offs_n, mask=nm, other=0.0)
-        Bt = Bt_raw.to(tl.float32)
-        Ct = tl.load(C_ptr + row * sC_b + g * sC_g + offs_n, mask=nm, other=0.0).to(tl.float32)
-        n_w = tl.where(valid & (wp < L - 1), 1, 0)  # a flushing step caches nothing
-        tl.store(rB_ptr + ((slot64 * G + g) * L + wp) * N + offs_n, Bt_raw.to(rB_ptr.dtype.element_ty),
-                 mask=offs_n < tl.where(b_writer, n_w * N, 0))
-        BCr = tl.sum(rB * Ct[None, :], axis=1)                                              # [LP]
-        BCt = tl.sum(Bt * Ct, axis=0)
     if MODE == 1:
         # verify: window tiles [TP, .]; window token r sits at ring position wp + r
         offs_t = tl.arange(0, TP)
@@ -113,7 +127,7 @@ def _mamba2_replay_kernel(
         Bwf = Bw.to(tl.float32)
         wpos = wp + offs_t
         wmask = (offs_t < tl.where(valid, T, 0)) & (wpos < L)
-        tl.store(rB_ptr + ((slot64 * G + g) * L + wpos[:, None]) * N + offs_n[None, :],
+        tl.store(rB_base + wpos[:, None] * N + offs_n[None, :],
                  Bw.to(rB_ptr.dtype.element_ty),
                  mask=((offs_t < tl.where(b_writer, T, 0)) & (wpos < L))[:, None] & nm[None, :])
         BCr = tl.zeros((LP, TP), dtype=tl.float32)   # column t: B_j . C_t over the ring
@@ -127,70 +141,32 @@ def _mamba2_replay_kernel(
         h = h0 + hh
         A_h = tl.load(A_ptr + h).to(tl.float32)
         ring_h = slot64 * H + h
-        dtr = tl.load(rdt_ptr + ring_h * L + offs_l, mask=lm, other=0.0)                 # [LP] fp32
+        rx_base = rx_ptr + ring_h * L * P
+        rdt_base = rdt_ptr + ring_h * L
+        dtr = tl.load(rdt_base + offs_l, mask=lm, other=0.0)                 # [LP] fp32
         c_r = A_h * tl.cumsum(dtr, axis=0)
         tot = tl.sum(dtr, axis=0)
-        xr = tl.load(rx_ptr + (ring_h * L + offs_l[:, None]) * P + offs_p[None, :],
+        xr = tl.load(rx_base + offs_l[:, None] * P + offs_p[None, :],
                      mask=lm[:, None] & pm[None, :], other=0.0).to(tl.float32)          # [LP, BP]
-        st_off = ring_h * P * N + offs_p[:, None] * N + offs_n[None, :]
-        row_off = ring_h * P
+        st_off = offs_p[:, None] * N + offs_n[None, :]
+        ck_base = ck_ptr + ring_h * P * N
+        lo_base = lo_ptr + ring_h * P * N
+        cks_base = cks_ptr + ring_h * P
+        los_base = los_ptr + ring_h * P
         if MODE == 2:
             if flush:
-                # fold ring[:wp] into the checkpoint
-                ct = A_h * tot
-                wr = dtr * tl.exp(ct - c_r)
-                S = tl.load(ck_ptr + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+                # fold ring[:wp] into the checkpoint (the eager recurrence, replayed serially)
+                S = tl.load(ck_base + st_off, mask=tile_mask, other=0.0).to(tl.float32)
                 if CK_FP8:
-                    S = S * tl.load(cks_ptr + row_off + offs_p, mask=pm, other=0.0)[:, None]
-                S = tl.exp(ct) * S + tl.dot(tl.trans(xr * wr[:, None]), rB, input_precision="ieee")
-                _store_state(ck_ptr, cks_ptr, st_off, row_off, S, offs_p, pm, tile_mask, CK_FP8)
+                    S = S * tl.load(cks_base + offs_p, mask=pm, other=0.0)[:, None]
+                S = _serial_fold(S, rx_base + offs_p, rB_base + offs_n,
+                                 rdt_base, P, N, wp, A_h, pm, nm, L, True)
+                _store_state(ck_base, cks_base, st_off, S, offs_p, pm, tile_mask, CK_FP8)
                 if HAS_LO:
-                    _store_state(lo_ptr, los_ptr, st_off, row_off, S, offs_p, pm, tile_mask, LO_FP8)
+                    _store_state(lo_base, los_base, st_off, S, offs_p, pm, tile_mask, LO_FP8)
         else:
             D_h = tl.load(D_ptr + h).to(tl.float32)
             bias_h = tl.load(bias_ptr + h).to(tl.float32)
-        if MODE == 0:
-            xt_raw = tl.load(x_ptr + row * sx_b + h * sx_h + offs_p, mask=pm, other=0.0)
-            xt = xt_raw.to(tl.float32)
-            v = tl.load(dt_ptr + row * sdt_b + h * sdt_h, mask=valid, other=0.0).to(tl.float32) + bias_h
-            e = tl.exp(v)
-            u1 = 1.0 + e
-            # softplus like torch (identity above 20); log1p(e) = log(u) * e / (u - 1)
-            dtt = tl.where(v > 20.0, v, tl.where(u1 == 1.0, e, tl.log(u1) * (e / (u1 - 1.0))))
-            dtt = tl.where(valid, dtt, 0.0)
-            ct = A_h * (tot + dtt)
-            wr = dtr * tl.exp(ct - c_r)
-            tl.store(rx_ptr + (ring_h * L + wp) * P + offs_p, xt_raw.to(rx_ptr.dtype.element_ty),
-                     mask=offs_p < tl.where(n_w > 0, P, 0))
-            tl.store(rdt_ptr + ring_h * L + wp, dtt, mask=(n_w > 0) & (pb == 0))
-            if flush:
-                # state route: S_t = e^{c_t} S0 + sum_j w_j x_j B_j^T + dt_t x_t B_t^T -> checkpoint
-                S = tl.load(ck_ptr + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-                if CK_FP8:
-                    S = S * tl.load(cks_ptr + row_off + offs_p, mask=pm, other=0.0)[:, None]
-                S = (tl.exp(ct) * S + tl.dot(tl.trans(xr * wr[:, None]), rB, input_precision="ieee")
-                     + (dtt * xt)[:, None] * Bt[None, :])
-                _store_state(ck_ptr, cks_ptr, st_off, row_off, S, offs_p, pm, tile_mask, CK_FP8)
-                if HAS_LO:
-                    _store_state(lo_ptr, los_ptr, st_off, row_off, S, offs_p, pm, tile_mask, LO_FP8)
-                yv = tl.sum(S * Ct[None, :], axis=1)
-            else:
-                # output-only route: read S0 (or its low-precision copy) once, never write it
-                if HAS_LO:
-                    S0 = tl.load(lo_ptr + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-                    if LO_FP8:
-                        S0 = S0 * tl.load(los_ptr + row_off + offs_p, mask=pm, other=0.0)[:, None]
-                else:
-                    S0 = tl.load(ck_ptr + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-                    if CK_FP8:
-                        S0 = S0 * tl.load(cks_ptr + row_off + offs_p, mask=pm, other=0.0)[:, None]
-                yv = (tl.exp(ct) * tl.sum(S0 * Ct[None, :], axis=1)
-                      + tl.sum((wr * BCr)[:, None] * xr, axis=0) + (dtt * BCt) * xt)
-            yv = yv + D_h * xt
-            if HAS_Z:
-                zt = tl.load(z_ptr + row * sz_b + h * sz_h + offs_p, mask=pm, other=0.0).to(tl.float32)
-                yv = yv * zt * tl.sigmoid(zt)
-            tl.store(y_ptr + row * sy_b + h * sy_h + offs_p, yv.to(y_ptr.dtype.element_ty), mask=offs_p < P)
         if MODE == 1:
             v = tl.load(dt_ptr + row * sdt_b + offs_t * sdt_t + h * sdt_h, mask=tm, other=0.0)
             v = v.to(tl.float32) + bias_h
@@ -202,18 +178,18 @@ def _mamba2_replay_kernel(
             xw_raw = tl.load(x_ptr + row * sx_b + offs_t[:, None] * sx_t + h * sx_h + offs_p[None, :],
                              mask=tm[:, None] & pm[None, :], other=0.0)                  # [TP, BP]
             xw = xw_raw.to(tl.float32)
-            tl.store(rx_ptr + (ring_h * L + wpos[:, None]) * P + offs_p[None, :],
+            tl.store(rx_base + wpos[:, None] * P + offs_p[None, :],
                      xw_raw.to(rx_ptr.dtype.element_ty), mask=wmask[:, None] & pm[None, :])
-            tl.store(rdt_ptr + ring_h * L + wpos, dtw,
+            tl.store(rdt_base + wpos, dtw,
                      mask=(offs_t < tl.where(pb == 0, T, 0)) & wmask)
             if HAS_LO:
-                S0 = tl.load(lo_ptr + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+                S0 = tl.load(lo_base + st_off, mask=tile_mask, other=0.0).to(tl.float32)
                 if LO_FP8:
-                    S0 = S0 * tl.load(los_ptr + row_off + offs_p, mask=pm, other=0.0)[:, None]
+                    S0 = S0 * tl.load(los_base + offs_p, mask=pm, other=0.0)[:, None]
             else:
-                S0 = tl.load(ck_ptr + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+                S0 = tl.load(ck_base + st_off, mask=tile_mask, other=0.0).to(tl.float32)
                 if CK_FP8:
-                    S0 = S0 * tl.load(cks_ptr + row_off + offs_p, mask=pm, other=0.0)[:, None]
+                    S0 = S0 * tl.load(cks_base + offs_p, mask=pm, other=0.0)[:, None]
             for t in tl.static_range(T):
                 sel = offs_t == t
                 Ct = tl.sum(tl.where(sel[:, None], Cw, 0.0), axis=0)
@@ -232,16 +208,141 @@ def _mamba2_replay_kernel(
                          yv.to(y_ptr.dtype.element_ty), mask=offs_p < P)
 
 
-def pick_config(batch: int, H: int, P: int, hpg: int, T: int = 1) -> tuple[int, int, int]:
-    """(BLOCK_P, heads per program, num_warps): enough programs to fill the GPU at small batch,
-    whole heads and a shared B.C over several heads of a group at large batch."""
-    bp = min(64, next_pow2(P))
-    hpp = 1
-    while bp > 16 and batch * H * triton.cdiv(P, bp) < 1024:
+@triton.jit
+def _mamba2_replay_decode_kernel(
+    ck_ptr, cks_ptr, lo_ptr, los_ptr,
+    rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr,
+    sx_b, sx_t, sx_h, sz_b, sz_t, sz_h, sy_b, sy_t, sy_h,
+    sdt_b, sdt_t, sdt_h, sB_b, sB_t, sB_g, sC_b, sC_t, sC_g,
+    H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, L: tl.constexpr, min_room,
+    T: tl.constexpr, TP: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+    HPP: tl.constexpr, MODE: tl.constexpr, HAS_Z: tl.constexpr, CK_FP8: tl.constexpr,
+    HAS_LO: tl.constexpr, LO_FP8: tl.constexpr, ADVANCE: tl.constexpr, NPROG: tl.constexpr,
+    TICKET: tl.constexpr,
+):
+    """Decode step (T = 1), ordered for latency: the big checkpoint-tile read is issued first, the
+    cursor atomic and ring reads overlap with it; the flush branch rebuilds S_t with one fp32 dot
+    (its register spills stay in that rarely taken branch)."""
+    row = tl.program_id(0)
+    hc = tl.program_id(1)
+    pb = tl.program_id(2)
+    slot = tl.load(sid_ptr + row).to(tl.int32)
+    valid = slot >= 0
+    slot64 = tl.maximum(slot, 0).to(tl.int64)
+    hpg: tl.constexpr = H // G
+    h0 = hc * HPP
+    g = h0 // hpg
+    offs_p = pb * BP + tl.arange(0, BP)
+    pm = offs_p < tl.where(valid, P, 0)
+    offs_n = tl.arange(0, BN)
+    nm = offs_n < tl.where(valid, N, 0)
+    offs_l = tl.arange(0, LP)
+    tile_mask = pm[:, None] & nm[None, :]
+    st_off = offs_p[:, None] * N + offs_n[None, :]
+    rB_base = rB_ptr + (slot64 * G + g) * L * N
+    for hh in tl.static_range(HPP):
+        h = h0 + hh
+        ring_h = slot64 * H + h
+        # 1) the checkpoint tile (or its low-precision copy): the step's big read, issued first
+        if HAS_LO:
+            S0 = tl.load(lo_ptr + ring_h * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+            if LO_FP8:
+                S0 = S0 * tl.load(los_ptr + ring_h * P + offs_p, mask=pm, other=0.0)[:, None]
+        else:
+            S0 = tl.load(ck_ptr + ring_h * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+            if CK_FP8:
+                S0 = S0 * tl.load(cks_ptr + ring_h * P + offs_p, mask=pm, other=0.0)[:, None]
+        # 2) this token's inputs (independent of the cursor)
+        xt_raw = tl.load(x_ptr + row * sx_b + h * sx_h + offs_p, mask=pm, other=0.0)
+        xt = xt_raw.to(tl.float32)
+        v = tl.load(dt_ptr + row * sdt_b + h * sdt_h, mask=valid, other=0.0).to(tl.float32)
+        v = v + tl.load(bias_ptr + h).to(tl.float32)
+        A_h = tl.load(A_ptr + h).to(tl.float32)
+        D_h = tl.load(D_ptr + h).to(tl.float32)
+        if HAS_Z:
+            zt = tl.load(z_ptr + row * sz_b + h * sz_h + offs_p, mask=pm, other=0.0).to(tl.float32)
+        if hh == 0:
+            Bt_raw = tl.load(B_ptr + row * sB_b + g * sB_g + offs_n, mask=nm, other=0.0)
+            Bt = Bt_raw.to(tl.float32)
+            Ct = tl.load(C_ptr + row * sC_b + g * sC_g + offs_n, mask=nm, other=0.0).to(tl.float32)
+            # 3) cursor: relaxed atomic ticket in write_pos's high bits (RMWs on one address are
+            #    totally ordered, so the last arrival's exchange follows every read)
+            if ADVANCE:
+                old = tl.atomic_add(wp_ptr + slot64, TICKET, mask=valid, sem="relaxed")
+                old = tl.where(valid, old, 0)
+                wp = old & (TICKET - 1)
+                last = ((old // TICKET) == NPROG - 1) & valid
+            else:
+                wp = tl.load(wp_ptr + slot64, mask=valid, other=0)
+            flush = wp >= L - 1
+            if ADVANCE:
+                tl.atomic_xchg(wp_ptr + slot64, tl.where(flush, 0, wp + 1), mask=last, sem="relaxed")
+            n_w = tl.where(valid & (wp < L - 1), 1, 0)  # a flushing step caches nothing
+            lm = offs_l < wp
+            # 4) the group's ring B and every B_j . C_t, once for the HPP heads of this program
+            rB = tl.load(rB_base + offs_l[:, None] * N + offs_n[None, :],
+                         mask=lm[:, None] & nm[None, :], other=0.0).to(tl.float32)      # [LP, BN]
+            BCr = tl.sum(rB * Ct[None, :], axis=1)
+            BCt = tl.sum(Bt * Ct, axis=0)
+            b_writer = ((h0 % hpg) == 0) & (pb == 0)
+            tl.store(rB_base + wp * N + offs_n, Bt_raw.to(rB_ptr.dtype.element_ty),
+                     mask=offs_n < tl.where(b_writer, n_w * N, 0))
+        dtr = tl.load(rdt_ptr + ring_h * L + offs_l, mask=lm, other=0.0)                   # [LP] fp32
+        xr = tl.load(rx_ptr + ring_h * L * P + offs_l[:, None] * P + offs_p[None, :],
+                     mask=lm[:, None] & pm[None, :], other=0.0).to(tl.float32)          # [LP, BP]
+        e = tl.exp(v)
+        u1 = 1.0 + e
+        # softplus like torch (identity above 20); log1p(e) = log(u) * e / (u - 1)
+        dtt = tl.where(v > 20.0, v, tl.where(u1 == 1.0, e, tl.log(u1) * (e / (u1 - 1.0))))
+        dtt = tl.where(valid, dtt, 0.0)
+        c_r = A_h * tl.cumsum(dtr, axis=0)
+        ct = A_h * (tl.sum(dtr, axis=0) + dtt)
+        wr = dtr * tl.exp(ct - c_r)
+        tl.store(rx_ptr + ring_h * L * P + wp * P + offs_p, xt_raw.to(rx_ptr.dtype.element_ty),
+                 mask=offs_p < tl.where(n_w > 0, P, 0))
+        tl.store(rdt_ptr + ring_h * L + wp, dtt, mask=(n_w > 0) & (pb == 0))
+        if flush:
+            # state route: S_t = e^{c_t} S0 + (x * w)^T B over the ring + dt_t x_t B_t^T from the
+            # fp32 checkpoint -> checkpoint (+ low-precision copy)
+            if HAS_LO or CK_FP8:
+                S = tl.load(ck_ptr + ring_h * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+                if CK_FP8:
+                    S = S * tl.load(cks_ptr + ring_h * P + offs_p, mask=pm, other=0.0)[:, None]
+            else:
+                S = S0
+            S = _serial_fold(S, rx_ptr + ring_h * L * P + offs_p, rB_base + offs_n, rdt_ptr + ring_h * L, P, N, wp,
+                             A_h, pm, nm, L, True)
+            S = tl.exp(A_h * dtt) * S + (dtt * xt)[:, None] * Bt[None, :]
+            _store_state(ck_ptr + ring_h * P * N, cks_ptr + ring_h * P, st_off, S, offs_p, pm, tile_mask,
+                         CK_FP8)
+            if HAS_LO:
+                _store_state(lo_ptr + ring_h * P * N, los_ptr + ring_h * P, st_off, S, offs_p, pm,
+                             tile_mask, LO_FP8)
+            yv = tl.sum(S * Ct[None, :], axis=1)
+        else:
+            # output-only route: S0 . C_t + the weighted ring sum; the state is only read
+            yv = (tl.exp(ct) * tl.sum(S0 * Ct[None, :], axis=1)
+                  + tl.sum((wr * BCr)[:, None] * xr, axis=0) + (dtt * BCt) * xt)
+        yv = yv + D_h * xt
+        if HAS_Z:
+            yv = yv * zt * tl.sigmoid(zt)
+        tl.store(y_ptr + row * sy_b + h * sy_h + offs_p, yv.to(y_ptr.dtype.element_ty), mask=offs_p < P)
+
+
+def pick_config(batch: int, H: int, P: int, hpg: int, T: int = 1, lo: bool = False
+                ) -> tuple[int, int, int, int | None]:
+    """(BLOCK_P, heads per program, num_warps, maxnreg): a [32, 128] tile on 8 warps (16 KiB in
+    fp32, like the eager kernel), P split down to 8 rows at small batch to keep ~1024 programs in
+    flight. H200 sweep at batch 256 (bench_replay --sweep 256, 2026-11-29): (32, 1, 8, no cap)
+    474 us fp32 / 449 us dual_bf16 beat (32, 1, 8, maxnreg 80) 540 / 526, (16, 1, 4, 80) 544 / 519
+    and (16, 2, 4, 80) 487 / 470. Heads per program > 1 (B.C shared by more heads of a group) is
+    available through ``config``."""
+    bp = min(32, next_pow2(P))
+    while bp > 8 and batch * H * triton.cdiv(P, bp) < 1024:
         bp //= 2
-    if batch * H >= 8192:
-        hpp = min(hpg, 2)
-    return max(bp, 16), hpp, 4
+    nw = 8 if bp >= 32 else 4
+    return bp, 1, nw, None
 
 
 def launch(mode, ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
@@ -252,9 +353,11 @@ def launch(mode, ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt
     b = slot_ids.shape[0]
     if b == 0:
         return
-    bp, hpp, nw = config or pick_config(b, H, P, hpg, T)
+    bp, hpp, nw, maxnreg = ((tuple(config) + (None,))[:4] if config
+                            else pick_config(b, H, P, hpg, T, ckpt_lo is not None and mode == MODE_DECODE))
     if hpg % hpp:
         hpp = 1
+    extra = {} if maxnreg is None else {"maxnreg": maxnreg}
     grid = (b, H // hpp, triton.cdiv(P, bp))
     nprog = grid[1] * grid[2]
     assert nprog < (1 << 15)
@@ -270,7 +373,8 @@ def launch(mode, ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt
         sdt = (dt.stride(0), dt.stride(1), dt.stride(2))
         sB = (B.stride(0), B.stride(1), B.stride(2))
         sC = (C.stride(0), C.stride(1), C.stride(2))
-    _mamba2_replay_kernel[grid](
+    kern = _mamba2_replay_decode_kernel if mode == MODE_DECODE else _mamba2_replay_kernel
+    kern[grid](
         ckpt, ckpt_scale if ckpt_scale is not None else dummy,
         ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
         ring_x, ring_dt, ring_B, write_pos,
@@ -279,6 +383,7 @@ def launch(mode, ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt
         H, G, P, N, L, L + 1 if min_room is None else int(min_room),
         T=T, TP=max(2, next_pow2(T)), LP=max(16, next_pow2(L)), BP=bp, BN=max(16, next_pow2(N)),
         HPP=hpp, MODE=mode, HAS_Z=z is not None, CK_FP8=is_fp8(ckpt),
-        HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo), ADVANCE=bool(advance), NPROG=nprog,
-        TICKET=WP_TICKET, num_warps=nw,
+        HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo), ADVANCE=bool(advance) and mode != MODE_VERIFY,
+        NPROG=nprog,
+        TICKET=WP_TICKET, num_warps=nw, **extra,
     )

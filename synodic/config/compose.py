@@ -6,9 +6,19 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 def compose_raw(overrides: list[str] | tuple[str, ...] = ()) -> dict:
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
+    # Inside a running Hydra job (bench variants) Hydra is already initialised: set it aside.
+    gh = GlobalHydra.instance()
+    outer = gh.hydra if gh.is_initialized() else None
+    gh.clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(overrides))
+    finally:
+        if outer is not None:
+            GlobalHydra.instance().clear()
+            GlobalHydra.instance().initialize(outer)
     raw = OmegaConf.to_container(cfg, resolve=False)
     raw.pop("hydra", None)
     return raw

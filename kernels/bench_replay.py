@@ -1,0 +1,377 @@
+"""Benchmark of the ReplaySSM decode kernels against the eager decode kernels, one process.
+
+    python -m synodic.kernels.bench_replay --out replay.json [--batches 1,8,32,128,256,512] [--sweep]
+
+Mamba-2 (H=128, P=64, N=128, G=8) and GDN (HV=32, Hk=16, K=V=128), L=16, bf16 activations.
+Variants: eager fp32 state (``mamba2_decode`` / ``gdn_decode`` Triton kernels), replay fp32
+checkpoint, replay dual_bf16 (fp32 checkpoint + bf16 copy read between flushes); GDN replay in both
+routes. Every time is the average decode step over full L-step cycles (so the flush is amortised):
+one CUDA graph holds L x R steps over R rotated slot sets (state touched per graph > 2x L2), time
+per graph replay / (L R). Bytes are counted exactly (unique bytes a step must move, averaged over
+the cycle: checkpoint reads, the flush's write, ring reads of i entries at cursor i, the ring append,
+activations in and out). First checks replay vs eager at the real shapes over L+3 steps.
+Prints a markdown table last and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+
+import torch
+
+HBM_GBPS = 4245.0  # MEASURING.md, H200 device-to-device copy (read + write counted)
+L2_BYTES = 60 * 2**20
+ROTATE_BYTES = 2 * L2_BYTES
+MAMBA = dict(H=128, P=64, N=128, G=8)
+GDN = dict(HV=32, Hk=16, K=128, V=128)
+L_DEFAULT = 16
+ACT = torch.bfloat16
+E = 2  # bytes per activation element
+TARGETS = {("mamba2", "replay_fp32"): 1.75, ("mamba2", "replay_dual_bf16"): 2.5,
+           ("gdn", "replay_fp32_adjoint"): 1.6, ("gdn", "replay_fp32_state"): 1.6}
+# (block rows, heads per program, warps, maxnreg)
+M_SWEEP = [(32, 1, 8, 80), (16, 1, 4, 80), (32, 1, 8, None), (16, 2, 4, 80)]
+G_SWEEP = M_SWEEP
+SWEEP_VARIANTS = ("replay_fp32", "replay_dual_bf16", "replay_fp32_adjoint")
+
+
+# ---------------------------------------------------------------------------------------------
+class MambaCase:
+    op = "mamba2"
+
+    def __init__(self, variant, batch, rot, L, device, gen, config=None):
+        from synodic.kernels.mamba2_replay import mamba2_replay_alloc
+        H, P, N, G = (MAMBA[k] for k in "HPNG")
+        self.variant, self.batch, self.rot, self.L, self.config = variant, batch, rot, L, config
+        slots = batch * rot
+        S0 = torch.randn(slots, H, P, N, device=device, generator=gen) * 0.1
+        if variant == "eager":
+            self.state = S0
+        else:
+            self.c = mamba2_replay_alloc(slots, H, P, N, G, L, dtype=ACT, device=device,
+                                         lo_dtype=torch.bfloat16 if "dual_bf16" in variant else None)
+            self.c["ckpt"].copy_(S0)
+            if "ckpt_lo" in self.c:
+                self.c["ckpt_lo"].copy_(S0.to(torch.bfloat16))
+        self.A = -torch.rand(H, device=device, generator=gen) * 2 - 0.1
+        self.D = torch.randn(H, device=device, generator=gen)
+        self.bias = torch.randn(H, device=device, generator=gen) * 0.5
+        perm = torch.randperm(slots, device=device, generator=gen).to(torch.int32)
+        self.sets = [dict(x=torch.randn(batch, H, P, device=device, generator=gen).to(ACT),
+                          dt=torch.randn(batch, H, device=device, generator=gen) * 0.7 - 1.0,
+                          B=torch.randn(batch, G, N, device=device, generator=gen).to(ACT),
+                          C=torch.randn(batch, G, N, device=device, generator=gen).to(ACT),
+                          slot_ids=perm[r * batch:(r + 1) * batch].contiguous()) for r in range(rot)]
+
+    def step(self, r):
+        s = self.sets[r]
+        if self.variant == "eager":
+            from synodic.kernels.mamba2_decode import mamba2_decode
+            return mamba2_decode(self.state, s["x"], s["dt"], self.A, s["B"], s["C"], self.D, self.bias,
+                                 s["slot_ids"], backend="triton")
+        from synodic.kernels.mamba2_replay import mamba2_replay_decode
+        return mamba2_replay_decode(**self.c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
+                                    dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, backend="triton",
+                                    config=self.config)
+
+    def bytes_per_step(self):
+        b, L = self.batch, self.L
+        H, P, N, G = (MAMBA[k] for k in "HPNG")
+        io = b * (2 * H * P * E + H * 4 + 2 * G * N * E + 4) + 3 * H * 4
+        st = H * P * N
+        if self.variant == "eager":
+            return io + 2 * b * st * 4
+        entry = H * P * E + H * 4 + G * N * E
+        lo = "dual_bf16" in self.variant
+        tot = 0
+        for i in range(L):
+            tot += b * (i * entry + 8)                      # ring reads, write_pos ticket
+            if i < L - 1:
+                tot += b * (entry + st * (2 if lo else 4))  # append + checkpoint (or copy) read
+            else:
+                tot += b * st * (4 + 4 + (2 if lo else 0))  # flush: read + write (+ bf16 copy)
+        return io + tot / L
+
+
+class GDNCase:
+    op = "gdn"
+
+    def __init__(self, variant, batch, rot, L, device, gen, config=None):
+        from synodic.kernels.gdn_replay import gdn_replay_alloc
+        HV, Hk, K, V = (GDN[k] for k in ("HV", "Hk", "K", "V"))
+        self.variant, self.batch, self.rot, self.L, self.config = variant, batch, rot, L, config
+        slots = batch * rot
+        S0 = torch.randn(slots, HV, V, K, device=device, generator=gen) * 0.1
+        if variant == "eager":
+            self.state = S0
+        else:
+            self.c = gdn_replay_alloc(slots, HV, V, K, Hk, L, dtype=ACT, device=device,
+                                      lo_dtype=torch.bfloat16 if "dual_bf16" in variant else None)
+            self.c["ckpt"].copy_(S0)
+            if "ckpt_lo" in self.c:
+                self.c["ckpt_lo"].copy_(S0.to(torch.bfloat16))
+        self.route = "state" if variant.endswith("_state") else "adjoint"
+        perm = torch.randperm(slots, device=device, generator=gen).to(torch.int32)
+        self.sets = [dict(q=torch.randn(batch, Hk, K, device=device, generator=gen).to(ACT),
+                          k=torch.randn(batch, Hk, K, device=device, generator=gen).to(ACT),
+                          v=torch.randn(batch, HV, V, device=device, generator=gen).to(ACT),
+                          g=torch.nn.functional.logsigmoid(torch.randn(batch, HV, device=device, generator=gen) + 2),
+                          beta=torch.sigmoid(torch.randn(batch, HV, device=device, generator=gen)),
+                          slot_ids=perm[r * batch:(r + 1) * batch].contiguous()) for r in range(rot)]
+
+    def step(self, r):
+        s = self.sets[r]
+        if self.variant == "eager":
+            from synodic.kernels.gdn_decode import gdn_decode
+            return gdn_decode(self.state, s["q"], s["k"], s["v"], s["g"], s["beta"], s["slot_ids"],
+                              backend="triton")
+        from synodic.kernels.gdn_replay import gdn_replay_decode
+        return gdn_replay_decode(**self.c, q=s["q"], k=s["k"], v=s["v"], g=s["g"], beta=s["beta"],
+                                 slot_ids=s["slot_ids"], L=self.L, route=self.route, backend="triton",
+                                 config=self.config)
+
+    def bytes_per_step(self):
+        b, L = self.batch, self.L
+        HV, Hk, K, V = (GDN[k] for k in ("HV", "Hk", "K", "V"))
+        io = b * (2 * Hk * K * E + 2 * HV * V * E + 2 * HV * 4 + 4)
+        st = HV * V * K
+        if self.variant == "eager":
+            return io + 2 * b * st * 4
+        entry = HV * V * E + Hk * K * E + HV * 4
+        lo = "dual_bf16" in self.variant
+        tot = 0
+        for i in range(L):
+            tot += b * (i * entry + 8)
+            if i < L - 1:
+                tot += b * (entry + st * (2 if lo else 4))
+            else:
+                tot += b * st * (4 + 4 + (2 if lo else 0))
+        return io + tot / L
+
+
+# ---------------------------------------------------------------------------------------------
+def rel_rmse(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+
+
+def check(cls, variant, L, device):
+    """Replay vs eager (both Triton) at the real shapes: batch 6 with a padding row, L+3 steps
+    (crossing a flush), fresh inputs every step."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    ref = cls("eager", 6, 1, L, device, gen)
+    gen = torch.Generator(device=device).manual_seed(0)
+    rep = cls(variant, 6, 1, L, device, gen)  # same draws: same S0, parameters and inputs
+    rep.sets = ref.sets
+    ref.sets[0]["slot_ids"] = torch.tensor([3, 0, -1, 5, 1, 2], dtype=torch.int32, device=device)
+    worst = 0.0
+    for _ in range(L + 3):
+        for key, t in ref.sets[0].items():
+            if key in ("g", "beta"):
+                t.copy_(torch.rand(t.shape, device=device, generator=gen) * 0.9 + 0.05)
+                if key == "g":
+                    t.log_()
+            elif key == "dt":
+                t.copy_(torch.randn(t.shape, device=device, generator=gen) * 0.7 - 1.0)
+            elif key != "slot_ids":
+                t.copy_(torch.randn(t.shape, device=device, generator=gen).to(t.dtype))
+        yr = ref.step(0)
+        yp = rep.step(0)
+        worst = max(worst, rel_rmse(yp, yr))
+        assert (yp[2] == 0).all()
+    tol = 5e-3 if "bf16" not in variant else 2e-2  # bf16 outputs (~1 ulp), + bf16 copy in dual
+    return dict(op=cls.op, variant=variant, rel_rmse=worst, ok=worst < tol)
+
+
+def check_verify(cls, L, device, T=4, rounds=3):
+    """Speculative path at the real shapes: flush(min_room=T) -> verify (T outputs vs sequential
+    eager Triton steps) -> commit with per-row acceptance; 3 rounds (crosses an early flush)."""
+    from synodic.kernels.gdn_replay import gdn_replay_flush, gdn_replay_verify
+    from synodic.kernels.mamba2_replay import mamba2_replay_flush, mamba2_replay_verify, replay_commit
+    variant = "replay_fp32" if cls is MambaCase else "replay_fp32_adjoint"
+    gen = torch.Generator(device=device).manual_seed(0)
+    ref = cls("eager", 6, 1, L, device, gen)
+    gen = torch.Generator(device=device).manual_seed(0)
+    rep = cls(variant, 6, 1, L, device, gen)
+    sid = torch.tensor([3, 0, -1, 5, 1, 2], dtype=torch.int32, device=device)
+    acc = torch.tensor([2, 4, 1, 3, 4, 1], dtype=torch.int32, device=device)
+    worst = 0.0
+    for _ in range(rounds):
+        win = {}
+        for key, t in ref.sets[0].items():
+            if key == "slot_ids":
+                continue
+            shape = (t.shape[0], T) + tuple(t.shape[1:])
+            w = torch.randn(shape, device=device, generator=gen)
+            if key == "g":
+                w = torch.nn.functional.logsigmoid(w + 2)
+            elif key == "beta":
+                w = torch.sigmoid(w)
+            elif key == "dt":
+                w = w * 0.7 - 1.0
+            win[key] = w.to(t.dtype)
+        if cls is MambaCase:
+            mamba2_replay_flush(**rep.c, A=rep.A, slot_ids=sid, L=L, min_room=T)
+            y = mamba2_replay_verify(**rep.c, x=win["x"], dt=win["dt"], A=rep.A, B=win["B"], C=win["C"], D=rep.D,
+                                     dt_bias=rep.bias, slot_ids=sid, L=L)
+        else:
+            gdn_replay_flush(**rep.c, slot_ids=sid, L=L, min_room=T)
+            y = gdn_replay_verify(**rep.c, q=win["q"], k=win["k"], v=win["v"], g=win["g"], beta=win["beta"],
+                                  slot_ids=sid, L=L)
+        states = []
+        for r in range(T):
+            for key, w in win.items():
+                ref.sets[0][key] = w[:, r].contiguous()
+            ref.sets[0]["slot_ids"] = sid
+            y_r = ref.step(0)
+            worst = max(worst, rel_rmse(y[:, r], y_r))
+            states.append(ref.state.clone())
+        for i, s_ in enumerate(sid.tolist()):
+            if s_ >= 0:
+                ref.state[s_] = states[int(acc[i]) - 1][s_]
+        replay_commit(rep.c["write_pos"], acc, sid)
+    return dict(op=cls.op, variant=variant + "_verify_T4", rel_rmse=worst, ok=worst < 5e-3)
+
+
+def time_cycle(case):
+    """Average step time over complete L-step cycles on R slot sets, CUDA graph of L*R launches."""
+    import triton.testing
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for r in range(case.rot):  # compile + warm
+            case.step(r)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(case.L):
+            for r in range(case.rot):
+                case.step(r)
+    us = triton.testing.do_bench(graph.replay, warmup=5, rep=100, return_mode="median") * 1e3
+    return us / (case.L * case.rot)
+
+
+def _git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(__file__), timeout=10).stdout.strip() or None
+    except Exception:
+        return None
+
+
+def _rot(cls, batch):
+    per = (MAMBA["H"] * MAMBA["P"] * MAMBA["N"] if cls is MambaCase
+           else GDN["HV"] * GDN["V"] * GDN["K"]) * 4
+    return max(1, math.ceil(ROTATE_BYTES / (batch * per)))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench_replay.json")
+    ap.add_argument("--batches", default="1,8,32,128,256,512")
+    ap.add_argument("--L", type=int, default=L_DEFAULT)
+    ap.add_argument("--ops", default="mamba2,gdn")
+    ap.add_argument("--sweep", default="", help="batches at which to time a few replay configs")
+    ap.add_argument("--no-check", action="store_true")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench_replay: needs a CUDA GPU")
+    import triton
+    device = "cuda"
+    L = args.L
+    batches = [int(b) for b in args.batches.split(",") if b]
+    sweep_batches = [int(b) for b in args.sweep.split(",") if b]
+    ops = []
+    if "mamba2" in args.ops:
+        ops.append((MambaCase, ["eager", "replay_fp32", "replay_dual_bf16"], M_SWEEP))
+    if "gdn" in args.ops:
+        ops.append((GDNCase, ["eager", "replay_fp32_adjoint", "replay_fp32_state", "replay_dual_bf16_adjoint"],
+                    G_SWEEP))
+    res = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+               command="python -m synodic.kernels.bench_replay " + " ".join(argv if argv is not None
+                                                                          else sys.argv[1:]),
+               device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               python=platform.python_version(), git_commit=_git_commit(), L=L, hbm_gbps_reference=HBM_GBPS,
+               shapes=dict(mamba2=MAMBA, gdn=GDN), activations=str(ACT), checks=[], rows=[], sweep=[])
+    if not args.no_check:
+        for cls, variants, _ in ops:
+            for v in variants[1:]:
+                c = check(cls, v, L, device)
+                res["checks"].append(c)
+                print(f"check {c['op']} {v}: rel_rmse vs eager {c['rel_rmse']:.2e} -> {'OK' if c['ok'] else 'FAIL'}",
+                      flush=True)
+            c = check_verify(cls, L, device)
+            res["checks"].append(c)
+            print(f"check {c['op']} {c['variant']}: rel_rmse vs eager {c['rel_rmse']:.2e} -> "
+                  f"{'OK' if c['ok'] else 'FAIL'}", flush=True)
+    gen = torch.Generator(device=device).manual_seed(1)
+    for cls, variants, grid in ops:
+        for batch in batches:
+            rot = _rot(cls, batch)
+            eager_us = None
+            for v in variants:
+                case = cls(v, batch, rot, L, device, gen)
+                us = time_cycle(case)
+                nbytes = case.bytes_per_step()
+                if v == "eager":
+                    eager_us = us
+                row = dict(op=cls.op, variant=v, batch=batch, rotate=rot, us=us, bytes=nbytes,
+                           gbps=nbytes / (us * 1e3), pct_hbm=100 * nbytes / (us * 1e3) / HBM_GBPS,
+                           speedup=(eager_us / us) if eager_us else None)
+                res["rows"].append(row)
+                print(f"{cls.op} {v:26s} b={batch:4d}: {us:8.1f} µs  {row['gbps']:6.0f} GB/s "
+                      f"({row['pct_hbm']:5.1f} %)  x{row['speedup'] or 0:.2f}", flush=True)
+                if batch in sweep_batches and v in SWEEP_VARIANTS:
+                    for cfg in grid:
+                        case.config = cfg
+                        t = time_cycle(case)
+                        res["sweep"].append(dict(op=cls.op, variant=v, batch=batch, config=cfg, us=t,
+                                                 speedup=eager_us / t))
+                        print(f"   sweep {cfg}: {t:8.1f} µs  x{eager_us / t:.2f}", flush=True)
+                del case
+                torch.cuda.empty_cache()
+            with open(args.out + ".partial", "w") as f:  # survives a timeout
+                json.dump(res, f, indent=1)
+    _write(res, args.out)
+    return 0 if all(c["ok"] for c in res["checks"]) else 1
+
+
+def _write(res, path):
+    lines = [f"ReplaySSM decode, L={res['L']}, {res['device']}, {res['date']}, avg step over full cycles, "
+             "CUDA graphs", "",
+             "| op | variant | batch | µs / step | GB/s | % of 4245 GB/s | speedup vs eager fp32 | target |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        tgt = TARGETS.get((r["op"], r["variant"]))
+        tmark = ""
+        if r["variant"] != "eager":
+            if r["batch"] == 256 and tgt:
+                tmark = f"≥{tgt}: {'met' if r['speedup'] >= tgt else 'MISSED'}"
+            elif r["batch"] <= 8:
+                tmark = f"≥0.97: {'met' if r['speedup'] >= 0.97 else 'MISSED'}"
+        lines.append(f"| {r['op']} | {r['variant']} | {r['batch']} | {r['us']:.1f} | {r['gbps']:.0f} | "
+                     f"{r['pct_hbm']:.1f} | {r['speedup']:.2f} | {tmark} |" if r["speedup"] else
+                     f"| {r['op']} | {r['variant']} | {r['batch']} | {r['us']:.1f} | {r['gbps']:.0f} | "
+                     f"{r['pct_hbm']:.1f} | 1.00 | |")
+    res["table_md"] = "\n".join(lines)
+    if res["sweep"]:
+        print("\n| op | variant | batch | (block, heads/prog, warps, maxnreg) | µs | speedup |")
+        print("|---|---|---|---|---|---|")
+        for s in res["sweep"]:
+            print(f"| {s['op']} | {s['variant']} | {s['batch']} | {tuple(s['config'])} | {s['us']:.1f} | "
+                  f"{s['speedup']:.2f} |")
+    print()
+    print(res["table_md"])
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
