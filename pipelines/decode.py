@@ -95,4 +95,5 @@ def run(cfg, run_dir: Path) -> dict:
               f"TPOT {m['tpot_ms'] or 0:.2f} ms · preemptions {m['preemptions']} · "
               f"SSM bytes/token {led['ssm_bytes_per_token']:.0f}")
     return {"requests": [request_record(r, codec) for r in requests], "metrics": m, "ledger": led,
-            "tokenizer": codec.name, "weights": str(graph.ckpt_dir or "random")}
+            "tokenizer": codec.name, "weights": str(graph.ckpt_dir or "random"),
+            "quant": graph.quant.summary() if graph.quant is not None else None}

@@ -33,7 +33,7 @@ class ServingGraph:
     spec: object = None
     quant: object = None
     ckpt_dir: Path | None = None
-    weight_bytes: int = 0
+    weight_bytes: dict[int, int] = field(default_factory=dict)  # rows per step → linear weight bytes
     embed_row_bytes: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -42,7 +42,9 @@ class ServingGraph:
         """Bytes one decode step moves for rows in these slots with these context lengths (new token
         included). Called once per executed step: backends with cursors advance their mirrors."""
         b = len(lengths)
-        out = {"weights_read": self.weight_bytes + b * T * self.embed_row_bytes}
+        if (b * T) not in self.weight_bytes:
+            self.weight_bytes[b * T] = linear_weight_bytes(self.model, b * T)
+        out = {"weights_read": self.weight_bytes[b * T] + b * T * self.embed_row_bytes}
         if self.ssm is not None:
             out.update(self.ssm.step_bytes(slots) if T == 1 else self.ssm.step_bytes(slots, T, accepted))
         if self.kv is not None:
@@ -94,17 +96,16 @@ def build_graph(cfg, max_seq_len: int, max_slots: int | None = None, window: int
     g.spec = cfg.spec.build(ctx)
     emb = model.embed_tokens.weight
     g.embed_row_bytes = emb.shape[1] * emb.element_size()
-    g.weight_bytes = linear_weight_bytes(model)
     return g
 
 
-def linear_weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every linear's weight a decode step reads (a module's own `weight_bytes()` when it
-    stores packed codes + scales)."""
+def linear_weight_bytes(model: torch.nn.Module, rows: int = 1) -> int:
+    """Bytes of every linear's weight a step over `rows` token rows reads (a module's own
+    `weight_bytes(rows)` when it stores packed codes + scales and picks its path by row count)."""
     total = 0
     for m in model.modules():
         if hasattr(m, "weight_bytes"):
-            total += m.weight_bytes()
+            total += m.weight_bytes(rows)
         elif isinstance(m, torch.nn.Linear):
             total += m.weight.numel() * m.weight.element_size()
     return total

@@ -4,7 +4,10 @@ forward(x) = fake_quant(x * s, fmt) @ w_q.T + b   in activation-quant modes (W4A
            =           (x * s)      @ w_q.T + b   in weight-only modes (W4A16, W8A16)
 with (w_q, s) from `solve` (s = None for RTN). The multiply by s is done in fp32 right before the
 activation quantizer, where a kernel would fuse it. The packed weight is kept beside the dequantized one
-(`qtensor()`) for byte accounting and for kernels that read it.
+(`qtensor()`) for byte accounting (`weight_bytes()`) and for the packed decode kernel
+(`synodic.kernels.quant_linear`), which `backend="auto"` uses on CUDA for MXFP4 / NVFP4 / MXFP8 weights
+and single-row inputs (batch-1 decode); more rows and other formats take the torch path
+(`backend="triton"` forces the kernel for any row count).
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ from torch import nn
 
 from synodic.quant.formats import FORMATS, get_format
 from synodic.quant.methods import solve_full
-from synodic.quant.qtensor import QTensor, fake_quant
+from synodic.quant.qtensor import QTensor, dequantize, fake_quant
 
-MODES = {"w4a16": (4, False), "w8a16": (8, False), "w4a4": (4, True), "w8a8": (8, True)}
-DEFAULT_FORMAT = {4: "mxfp4", 8: "mxfp8_e4m3"}
+MODES = {"w4a16": (4, False), "w8a16": (8, False), "w4a4": (4, True), "w8a8": (8, True),
+         "w6a16": (6, False), "w6a6": (6, True)}
+DEFAULT_FORMAT = {4: "mxfp4", 6: "mxfp6_e2m3", 8: "mxfp8_e4m3"}
+BACKENDS = ("auto", "torch", "triton")
+KERNEL_MAX_ROWS = 1  # H200: the packed GEMV is at ~bf16 speed; the M > 1 GEMM path is 5-7x slower (bench_quant)
 
 
 def _check(mode: str, fmt: str | None) -> tuple[str, bool]:
@@ -34,6 +40,12 @@ def _check(mode: str, fmt: str | None) -> tuple[str, bool]:
     return fmt, act
 
 
+def _check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown QuantLinear backend {backend!r}; expected one of: {', '.join(BACKENDS)}")
+    return backend
+
+
 class QuantLinear(nn.Module):
     def __init__(
         self,
@@ -44,35 +56,97 @@ class QuantLinear(nn.Module):
         fmt: str | None = None,
         method: str = "rtn",
         rule: str = "floor",
+        backend: str = "auto",
         **method_opts,
     ):
         """`weight` (out x in) is solved with `method` (rtn | smoothquant | dualquant; options such as
-        act_absmax=, alpha=, iters= pass through). `rule`: MX scale rule for weights and activations."""
+        act_absmax=, alpha=, iters= pass through). `rule`: MX scale rule for weights and activations.
+        `backend`: auto (packed kernel on CUDA where it applies, else torch) | torch | triton."""
         super().__init__()
         self.fmt, self.act_quant = _check(mode, fmt)
         self.mode, self.method, self.rule = mode, method, rule
-        self.out_features, self.in_features = weight.shape
+        self.backend = _check_backend(backend)
         sol = solve_full(weight, self.fmt, method, rule=rule, **method_opts)
-        self.register_buffer("weight_q", sol.w_q.to(weight.dtype))
-        self.register_buffer("act_scale", sol.s)
+        self.info = sol.info
+        self._set(sol.q, sol.s, bias, weight.dtype, sol.w_q)
+
+    def _set(self, q: QTensor, s, bias, dtype, w_q=None) -> None:
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("weight_q", (dequantize(q) if w_q is None else w_q).to(dtype))
+        self.register_buffer("act_scale", s)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
-        self.register_buffer("qdata", sol.q.data)
-        self.register_buffer("qscale", sol.q.scale)
-        self.register_buffer("qtensor_scale", sol.q.tensor_scale)
+        self.register_buffer("qdata", q.data)
+        self.register_buffer("qscale", q.scale)
+        self.register_buffer("qtensor_scale", q.tensor_scale)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kw) -> QuantLinear:
         return cls(linear.weight.detach(), linear.bias, **kw)
+
+    @classmethod
+    def from_packed(cls, q: QTensor, s: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
+                    mode: str = "w4a16", method: str = "rtn", rule: str = "floor", dtype: torch.dtype = torch.float32,
+                    backend: str = "auto") -> QuantLinear:
+        """A layer from an already solved weight (a stored checkpoint): no solving."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.fmt, self.act_quant = _check(mode, q.fmt)
+        self.mode, self.method, self.rule, self.info = mode, method, rule, {}
+        self.backend = _check_backend(backend)
+        self._set(q, s, bias, dtype)
+        return self
+
+    def weight_bytes(self, rows: int = 1) -> int:
+        """Bytes a decode step over `rows` rows reads for this weight: through the packed kernel, codes
+        + block scales (+ NVFP4's tensor scale); on the dense fallback, the dequantized weight; plus
+        the per-input-channel activation multiplier s when there is one."""
+        probe = torch.empty(rows, self.in_features, device=self.weight_q.device, dtype=torch.bfloat16)
+        if self.uses_kernel(probe):
+            return self.packed_bytes()
+        s = 0 if self.act_scale is None else self.act_scale.numel() * 4
+        return self.weight_q.numel() * self.weight_q.element_size() + s
+
+    def packed_bytes(self) -> int:
+        """Stored size: packed codes + scales (+ s)."""
+        s = 0 if self.act_scale is None else self.act_scale.numel() * 4
+        return self.qtensor().nbytes() + s
+
+    def uses_kernel(self, x: torch.Tensor) -> bool:
+        """Whether forward(x) runs the packed Triton kernel: backend 'triton' always (CUDA, or CPU under
+        TRITON_INTERPRET=1), 'auto' on CUDA for a kernel format and one row, 'torch' never."""
+        if self.backend == "torch" or (self.backend == "auto" and not x.is_cuda):
+            return False
+        from synodic.kernels.quant_linear import KERNEL_FORMATS
+        ok = self.fmt in KERNEL_FORMATS
+        if self.backend == "triton":
+            if not ok:
+                raise ValueError(f"backend='triton': the packed kernel reads {', '.join(KERNEL_FORMATS)}, "
+                                 f"not {self.fmt}")
+            return True
+        return ok and x.numel() // self.in_features <= KERNEL_MAX_ROWS
 
     def qtensor(self) -> QTensor:
         """The stored (packed) weight: Q(W / s)."""
         return QTensor(self.fmt, self.qdata, self.qscale, self.qtensor_scale, tuple(self.weight_q.shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.uses_kernel(x):
+            return self._kernel_forward(x)
         a = x if self.act_scale is None else x.float() * self.act_scale
         if self.act_quant:
             a = fake_quant(a, self.fmt, rule=self.rule)
         return F.linear(a.to(x.dtype), self.weight_q.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+
+    def _kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
+        from synodic.kernels.quant_linear import quant_linear
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        q, s = self.qtensor(), self.act_scale
+        if not self.act_quant:
+            return quant_linear(x, q, s, bias, backend="triton")
+        if self.fmt == "mxfp4" and self.rule == "floor":  # x * s and the MXFP4 quantizer fused in-kernel
+            return quant_linear(x, q, s, bias, act_quant="mxfp4", backend="triton")
+        a = x if s is None else x.float() * s
+        return quant_linear(fake_quant(a, self.fmt, rule=self.rule).to(x.dtype), q, None, bias, backend="triton")
 
     def extra_repr(self) -> str:
         return (
