@@ -1,0 +1,88 @@
+"""pipeline=eval: held-out bits per byte (tokenizer-independent) and perplexity of the run's model;
+with pipeline.reference, teacher-forced KL (mean, p95), p95 |Δ log-prob| and top-1 agreement against
+the reference config over windows of >= 2048 tokens.
+
+    python run.py pipeline=eval                                  # shipped tiny_mamba2 on the shard
+    python run.py pipeline=eval quant=nvfp4 'pipeline.reference={quant: {kind: none}}'
+"""
+from pathlib import Path
+
+from synodic.evaluation.config import EvalPipeline  # noqa: F401  (registers pipeline=eval)
+
+
+def reference_config(cfg):
+    """The run's config with pipeline.reference's groups replaced (a group whose kind changes is
+    replaced whole; otherwise its fields are updated) and no reference of its own."""
+    from synodic.config import validate
+    raw = cfg.model_dump(mode="json")
+    for group, ov in cfg.pipeline.reference.items():
+        same = "kind" not in ov or ov["kind"] == raw[group]["kind"]
+        raw[group] = {**raw[group], **ov} if same else dict(ov)
+    raw["pipeline"] = {**raw["pipeline"], "reference": None}
+    return validate(raw)
+
+
+def _scorer(cfg, seq_len: int):
+    from synodic.graph import build_graph
+    g = build_graph(cfg, seq_len + 1, max_slots=1)
+    return g.model.eval(), g
+
+
+def _tokenizer(graph, vocab_size: int):
+    from synodic.data.tokenizer import SHIPPED_TOKENIZER, load_tokenizer
+    if graph.ckpt_dir is not None and (Path(graph.ckpt_dir) / "tokenizer.json").is_file():
+        return load_tokenizer(graph.ckpt_dir)
+    tok = load_tokenizer(SHIPPED_TOKENIZER)
+    if tok.vocab_size != vocab_size:
+        from synodic.config import ConfigError
+        raise ConfigError([f"model vocab_size={vocab_size} without a tokenizer.json: expected a checkpoint "
+                           f"with one, or vocab_size={tok.vocab_size} (the shipped tokenizer)"])
+    return tok
+
+
+def run(cfg, run_dir: Path) -> dict:
+    import math
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from synodic.data.corpus import load_heldout
+    from synodic.evaluation.metrics import compare, nll, token_stream
+
+    p = cfg.pipeline
+    model, graph = _scorer(cfg, p.seq_len)
+    tok = _tokenizer(graph, model.config.vocab_size)
+    text = Path(p.text).read_text(encoding="utf-8") if p.text else load_heldout()
+    stream = token_stream(tok, text)
+    if p.max_tokens:
+        stream = stream[:p.max_tokens + 1]
+    tb = tok.token_bytes()
+    n_bytes = sum(tb[i] for i in stream[1:].tolist())
+    total, count = nll(model, stream, p.seq_len, p.batch_size, graph.device)
+    m = {"bits_per_byte": total / math.log(2) / n_bytes, "perplexity": math.exp(total / count),
+         "nll_per_token": total / count, "tokens": count, "bytes": n_bytes}
+    rows = [("bits per byte", f"{m['bits_per_byte']:.4f}"), ("perplexity", f"{m['perplexity']:.3f}"),
+            ("tokens / bytes", f"{count:,} / {n_bytes:,}")]
+    out = {"metrics": m, "text": p.text or "shipped held-out shard",
+           "weights": str(graph.ckpt_dir or "random")}
+    if p.reference:
+        rcfg = reference_config(cfg)
+        ref, rgraph = _scorer(rcfg, p.seq_len)
+        rt, rc = nll(ref, stream, p.seq_len, p.batch_size, rgraph.device)
+        c = compare(model, ref, stream.to(graph.device), p.seq_len, p.batch_size, graph.device)
+        m.update(bits_per_byte_reference=rt / math.log(2) / n_bytes, kl_mean=c["kl_mean"],
+                 kl_p95=c["kl_p95"], kl_max=c["kl_max"], dlogprob_p95=c["dlogprob_p95"],
+                 top1_agreement=c["top1_agreement"], compared_positions=c["positions"])
+        out["reference"] = {g: rcfg.model_dump(mode="json")[g] for g in p.reference}
+        rows += [("reference bits per byte", f"{m['bits_per_byte_reference']:.4f}"),
+                 ("KL mean / p95 (nats)", f"{c['kl_mean']:.3e} / {c['kl_p95']:.3e}"),
+                 ("p95 |Δ log-prob|", f"{c['dlogprob_p95']:.3e}"),
+                 ("top-1 agreement", f"{c['top1_agreement']:.4f}"),
+                 ("positions compared", f"{c['positions']:,} (windows of {p.seq_len})")]
+    table = Table(title=f"eval · {cfg.model.kind} · quant={cfg.quant.kind} · {graph.device}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for r in rows:
+        table.add_row(*r)
+    Console().print(table)
+    return out

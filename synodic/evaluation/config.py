@@ -1,0 +1,42 @@
+"""`pipeline=eval`: held-out bits per byte / perplexity, and optionally a teacher-forced comparison of
+the run's config against a reference config (the same run with some groups replaced)."""
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from synodic.config.registry import GROUPS, Component, register
+
+
+@register("pipeline")
+class EvalPipeline(Component):
+    """Score the run's model (with its quant scheme) on held-out text; compare it with `reference`."""
+    kind: Literal["eval"] = "eval"
+    text: str | None = Field(None, description="text file to score; null: the shipped held-out shard "
+                             "(synodic/assets/corpus/heldout.txt, identical on every machine)")
+    seq_len: int = Field(2048, ge=16, description="tokens per scored window (each from an empty state)")
+    batch_size: int = Field(4, ge=1, description="windows per forward pass")
+    max_tokens: int | None = Field(None, ge=16, description="score only the first this many tokens "
+                                   "(null: the whole text)")
+    reference: dict[str, Any] | None = Field(None, description="groups replaced to make the reference "
+                                             "config, e.g. {quant: {kind: none}} or {model: {dtype: "
+                                             "float32}}; null: no comparison")
+
+    @field_validator("reference")
+    @classmethod
+    def _groups(cls, v: dict | None) -> dict | None:
+        if v is None:
+            return v
+        bad = [k for k in v if k not in GROUPS or k == "pipeline"]
+        if bad:
+            raise ValueError(f"unknown groups {bad}; expected keys from "
+                             f"{', '.join(g for g in GROUPS if g != 'pipeline')}")
+        if any(not isinstance(o, dict) for o in v.values()):
+            raise ValueError("expected {group: {field: value, ...}}")
+        return v
+
+    @model_validator(mode="after")
+    def _long_windows(self):
+        if self.reference and self.seq_len < 2048:
+            raise ValueError(f"pipeline.seq_len={self.seq_len} with a reference: expected >= 2048 "
+                             "(comparisons are made over sequences of at least 2048 tokens)")
+        return self

@@ -1,0 +1,41 @@
+"""Standalone training without Hydra (e.g. on a machine without it):
+
+    python -m synodic.train model=tiny_gdn out=outputs/train_gdn max_steps=2000 batch_size=32 \
+        [overrides='{"hidden_size": 128}'] [any TrainPipeline field=value ...]
+
+Values are parsed as JSON where they parse (numbers, lists, null), else taken as strings. Writes
+results.json, metrics.csv, loss.png, checkpoint/ and model/ under `out`.
+"""
+import json
+import sys
+from pathlib import Path
+
+
+def _value(v: str):
+    try:
+        return json.loads(v)
+    except json.JSONDecodeError:
+        return v
+
+
+def main(argv: list[str]) -> int:
+    from synodic.models.config import HybridConfig
+    from synodic.models.presets import PRESETS
+    from synodic.train.config import TrainPipeline
+    from synodic.train.trainer import train
+
+    kv = dict(a.split("=", 1) for a in argv)
+    preset = kv.pop("model", "tiny_mamba2")
+    out = Path(kv.pop("out", f"outputs/train_{preset}"))
+    overrides = _value(kv.pop("overrides", "{}"))
+    s = TrainPipeline.model_validate({k: _value(v) for k, v in kv.items()})
+    arch = HybridConfig.model_validate({**PRESETS[preset].model_dump(), **overrides})
+    res = train(s, out, arch)
+    res["config"] = {"model": preset, "overrides": overrides, "pipeline": s.model_dump(mode="json")}
+    (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
+    print(f"results: {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,47 @@
+"""`pipeline=train`: the knobs of a training run (the model comes from the run's `model` group)."""
+from typing import Literal
+
+from pydantic import Field
+
+from synodic.config.registry import Component, register
+
+
+@register("pipeline")
+class TrainPipeline(Component):
+    """Train the `model` group's preset from a seeded random init on a local text corpus."""
+    kind: Literal["train"] = "train"
+    data: list[str] = Field(default_factory=list, description="text files/folders to train on; empty: "
+                            "the Python standard library's .py sources (split by document hash)")
+    tokenizer: str = Field("shipped", description="shipped: synodic/assets/corpus/tokenizer.json; train: "
+                           "fit a byte-level BPE of vocab_size on the train documents; or a tokenizer.json")
+    vocab_size: int = Field(4096, ge=260, description="BPE vocabulary when tokenizer=train")
+    seq_len: int = Field(2048, ge=8, description="tokens per packed training sequence")
+    batch_size: int = Field(32, ge=1, description="sequences per optimiser step")
+    max_steps: int | None = Field(None, ge=1, description="optimiser steps; null: as many as fit in "
+                                  "time_budget_s (measured during warm-up, then fixed and recorded)")
+    time_budget_s: float = Field(450.0, gt=0, description="wall-clock budget when max_steps is null "
+                                 "(then also a hard stop); ignored when max_steps is set")
+    warmup_steps: int = Field(100, ge=0, description="linear LR warm-up steps")
+    lr: float = Field(2e-3, gt=0, description="peak learning rate (AdamW)")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine floor as a fraction of lr")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW decay on matrices (not on norms/SSM vectors)")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
+    grad_clip: float = Field(1.0, gt=0, description="max global gradient norm")
+    eval_every: int = Field(200, ge=1, description="held-out evaluation every this many steps")
+    eval_tokens: int = Field(65536, ge=16, description="held-out tokens scored at each periodic eval")
+    ckpt_every: int = Field(500, ge=1, description="checkpoint (model, optimiser, data position, RNG) every")
+    log_every: int = Field(10, ge=1, description="loss/throughput logging interval in steps")
+    seed: int = Field(0, description="seed of the init and of the data order")
+    device: Literal["auto", "cuda", "cpu"] = Field("auto", description="training device")
+    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 autocast on the "
+                                                        "GPU, fp32 on the CPU")
+    save_dtype: Literal["bf16", "fp32"] = Field("bf16", description="exported weights: bf16 matrices "
+                                                 "(vectors stay fp32) or all fp32")
+    scan_chunk: int | None = Field(128, ge=1, description="SSD / delta-rule chunk length for training "
+                                   "(null: the config's chunk_size)")
+    resume: bool = Field(True, description="continue from run_dir/checkpoint if it exists")
+    halt_at_step: int | None = Field(None, ge=1, description="stop (after checkpointing) at this step, "
+                                     "as an interruption would; resume continues the same schedule")
+    final_eval: bool = Field(True, description="score the whole held-out shard at the end (bits/byte)")
+    export_to: str | None = Field(None, description="also write the trained model (config, safetensors, "
+                                  "tokenizer) to this folder, e.g. synodic/assets/models/tiny_mamba2")
