@@ -4,6 +4,8 @@ the reference config over windows of >= 2048 tokens.
 
     python run.py pipeline=eval                                  # shipped tiny_mamba2 on the shard
     python run.py pipeline=eval quant=nvfp4 'pipeline.reference={quant: {kind: none}}'
+    python run.py pipeline=eval ssm=replay ssm.precision=dual_fp8 pipeline.path=decode \
+        'pipeline.reference={ssm: {kind: eager}}' pipeline.max_tokens=2048
 """
 from pathlib import Path
 
@@ -23,7 +25,13 @@ def reference_config(cfg):
 
 
 def _scorer(cfg, seq_len: int):
+    """(callable x → logits, graph): the model's forward, or the decode path (pipeline.path=decode)."""
     from synodic.graph import build_graph
+    p = cfg.pipeline
+    if p.path == "decode":
+        from synodic.engine.teacher import DecodePathScorer
+        g = build_graph(cfg, seq_len + 1, max_slots=p.batch_size)
+        return DecodePathScorer(g), g
     g = build_graph(cfg, seq_len + 1, max_slots=1)
     return g.model.eval(), g
 
@@ -51,7 +59,7 @@ def run(cfg, run_dir: Path) -> dict:
 
     p = cfg.pipeline
     model, graph = _scorer(cfg, p.seq_len)
-    tok = _tokenizer(graph, model.config.vocab_size)
+    tok = _tokenizer(graph, graph.model.config.vocab_size)
     text = Path(p.text).read_text(encoding="utf-8") if p.text else load_heldout()
     stream = token_stream(tok, text)
     if p.max_tokens:

@@ -17,6 +17,10 @@ class EvalPipeline(Component):
     batch_size: int = Field(4, ge=1, description="windows per forward pass")
     max_tokens: int | None = Field(None, ge=16, description="score only the first this many tokens "
                                    "(null: the whole text)")
+    path: Literal["forward", "decode"] = Field(
+        "forward", description="forward: whole-window forward passes (fast; SSM backends and KV "
+        "policies are not exercised); decode: teacher-forced token-by-token decode steps through "
+        "the state backend and KV policy (use to compare ssm or kv options)")
     reference: dict[str, Any] | None = Field(None, description="groups replaced to make the reference "
                                              "config, e.g. {quant: {kind: none}} or {model: {dtype: "
                                              "float32}}; null: no comparison")
