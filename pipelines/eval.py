@@ -87,6 +87,17 @@ def run(cfg, run_dir: Path) -> dict:
                  ("p95 |Δ log-prob|", f"{c['dlogprob_p95']:.3e}"),
                  ("top-1 agreement", f"{c['top1_agreement']:.4f}"),
                  ("positions compared", f"{c['positions']:,} (windows of {p.seq_len})")]
+    if p.quant_grid:
+        from synodic.config import ConfigError
+        from synodic.evaluation.quant_grid import run_grid
+        if cfg.quant.kind != "none":
+            raise ConfigError([f"pipeline.quant_grid with quant={cfg.quant.kind}: expected quant=none "
+                               "(the grid is compared with the unquantized model)"])
+        try:
+            out["quant_grid"] = run_grid(cfg, p.quant_grid, p.quant_mode, stream, n_bytes, model, run_dir,
+                                         _scorer, Console())
+        except ValueError as e:  # a bad 'format:method' entry
+            raise ConfigError([f"pipeline.quant_grid={p.quant_grid}: {e}".splitlines()[0]]) from None
     table = Table(title=f"eval · {cfg.model.kind} · quant={cfg.quant.kind} · {graph.device}")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -101,3 +101,18 @@ def test_decode_path_scorer_matches_forward_and_exercises_the_backend():
     assert rel(outs["eager"], fwd) < 1e-4
     assert rel(outs["replay"], outs["eager"]) < 1e-4
     assert rel(outs["fp8"], outs["eager"]) > 1e-4
+
+
+def test_quant_grid_tables_kl_and_layer_errors(tmp_path):
+    from synodic.config.compose import compose
+    from synodic.pipelines import eval as ev
+
+    cfg = compose(["pipeline=eval", "runtime.device=cpu", "pipeline.max_tokens=2048",
+                   "pipeline.quant_grid=[mxfp8_e4m3:rtn,mxfp4:rtn]"])
+    rows = ev.run(cfg, tmp_path)["quant_grid"]
+    by = {r["scheme"]: r for r in rows}
+    # 8-bit weights are far closer to the unquantized model than 4-bit ones
+    assert 0 < by["mxfp8_e4m3:rtn"]["kl_mean"] < by["mxfp4:rtn"]["kl_mean"] < 0.5
+    assert by["mxfp8_e4m3:rtn"]["weight_rel_mse_mean"] < by["mxfp4:rtn"]["weight_rel_mse_mean"]
+    for f in ("quant_grid.md", "quant_grid.csv", "quant_grid.png", "quant_layer_error.png"):
+        assert (tmp_path / f).is_file()

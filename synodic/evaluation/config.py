@@ -21,6 +21,11 @@ class EvalPipeline(Component):
         "forward", description="forward: whole-window forward passes (fast; SSM backends and KV "
         "policies are not exercised); decode: teacher-forced token-by-token decode steps through "
         "the state backend and KV policy (use to compare ssm or kv options)")
+    quant_grid: list[str] = Field(default_factory=list, description="'format:method' pairs (e.g. "
+                                  "mxfp4:rtn, mxfp4:dualquant) each compared with the run's unquantized "
+                                  "model: KL, top-1, perplexity, per-layer weight error; table + plots")
+    quant_mode: str | None = Field(None, description="quant.mode for every quant_grid entry (e.g. w4a4); "
+                                   "null: each format's weight-only mode")
     reference: dict[str, Any] | None = Field(None, description="groups replaced to make the reference "
                                              "config, e.g. {quant: {kind: none}} or {model: {dtype: "
                                              "float32}}; null: no comparison")
@@ -40,7 +45,7 @@ class EvalPipeline(Component):
 
     @model_validator(mode="after")
     def _long_windows(self):
-        if self.reference and self.seq_len < 2048:
+        if (self.reference or self.quant_grid) and self.seq_len < 2048:
             raise ValueError(f"pipeline.seq_len={self.seq_len} with a reference: expected >= 2048 "
                              "(comparisons are made over sequences of at least 2048 tokens)")
         return self
