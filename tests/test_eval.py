@@ -104,8 +104,9 @@ def test_decode_path_scorer_matches_forward_and_exercises_the_backend():
 
 
 def test_quant_grid_tables_kl_and_layer_errors(tmp_path):
-    from synodic.config.compose import compose
     from synodic.pipelines import eval as ev
+
+    from synodic.config.compose import compose
 
     cfg = compose(["pipeline=eval", "runtime.device=cpu", "pipeline.max_tokens=2048",
                    "pipeline.quant_grid=[mxfp8_e4m3:rtn,mxfp4:rtn]"])
