@@ -12,5 +12,6 @@ class LocalRuntime(Component):
     kind: Literal["local"] = "local"
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda if present, else cpu")
     max_slots: int = Field(64, ge=1, description="SSM state slots = max sequences decoding at once")
-    cuda_graphs: bool | None = Field(None, description="capture decode steps in CUDA graphs; null: on when running on a GPU")
+    cuda_graphs: bool | None = Field(
+        None, description="capture decode steps in CUDA graphs; null: on when running on a GPU")
     seed: int = Field(0, description="global torch seed")

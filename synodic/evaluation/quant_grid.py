@@ -37,7 +37,8 @@ def run_grid(cfg, items, mode, stream, n_bytes, ref_model, run_dir: Path, make_s
         c = compare(scorer, ref_model, stream.to(graph.device), p.seq_len, p.batch_size, graph.device)
         errs = scheme_errors(graph.quant)
         layer_series[label] = errs
-        rows.append({"scheme": label, "mode": qcfg.quant.mode or "weight-only", "bits_per_byte": total / math.log(2) / n_bytes,
+        rows.append({"scheme": label, "mode": qcfg.quant.mode or "weight-only",
+                     "bits_per_byte": total / math.log(2) / n_bytes,
                      "perplexity": math.exp(total / count), "kl_mean": c["kl_mean"], "kl_p95": c["kl_p95"],
                      "dlogprob_p95": c["dlogprob_p95"], "top1_agreement": c["top1_agreement"],
                      "weight_rel_mse_mean": sum(errs.values()) / max(len(errs), 1)})

@@ -24,6 +24,7 @@ def environment(device: torch.device | None = None) -> dict:
     except ImportError:
         triton_v = None
     dev = str(device) if device is not None else "cpu"
-    name = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else platform.processor() or platform.machine()
+    on_gpu = device is not None and device.type == "cuda"
+    name = torch.cuda.get_device_name(device) if on_gpu else platform.processor() or platform.machine()
     return {"device": dev, "device_name": name, "torch": torch.__version__, "triton": triton_v,
             "python": platform.python_version(), "git_commit": git_commit()}
