@@ -28,17 +28,13 @@ from __future__ import annotations
 
 import torch
 
+from .._dispatch import pick_backend
 from ..mamba2_replay.common import check_state_pair, is_fp8, replay_advance, replay_commit, replay_flush_reset
 from .ref import gdn_replay_decode_ref, gdn_replay_flush_ref, gdn_replay_verify_ref
 
 __all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "gdn_replay_alloc",
            "replay_commit", "replay_advance", "replay_flush_reset"]
 
-
-def _use_triton(backend: str, t: torch.Tensor) -> bool:
-    if backend not in ("auto", "triton", "ref"):
-        raise ValueError(f"backend={backend!r}: expected 'auto', 'triton' or 'ref'")
-    return backend == "triton" or (backend == "auto" and t.is_cuda)
 
 
 def _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale):
@@ -80,7 +76,7 @@ def gdn_replay_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
     ring[write_pos]; at write_pos >= L-1 flushes instead (ckpt and ckpt_lo written, wp <- 0)."""
     state_route = _route(route)
     _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
-    if not _use_triton(backend, ckpt):
+    if pick_backend(backend, ckpt) == "ref":
         return gdn_replay_decode_ref(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, L=L,
                                      scale=scale, use_qk_l2norm=use_qk_l2norm, route=route,
                                      ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale,
@@ -107,7 +103,7 @@ def gdn_replay_verify(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
     T = v.shape[1]
     if T > L:
         raise ValueError(f"window T={T} exceeds the ring L={L}")
-    if not _use_triton(backend, ckpt):
+    if pick_backend(backend, ckpt) == "ref":
         return gdn_replay_verify_ref(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, L=L,
                                      scale=scale, use_qk_l2norm=use_qk_l2norm, ckpt_scale=ckpt_scale,
                                      ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale)
@@ -128,7 +124,7 @@ def gdn_replay_flush(ckpt, ring_u, ring_k, ring_g, write_pos, slot_ids, *, L: in
     (min_room is None, or write_pos + min_room > L); refresh ckpt_lo; write_pos <- 0 there.
     Decided on the device (no host sync)."""
     _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
-    if not _use_triton(backend, ckpt):
+    if pick_backend(backend, ckpt) == "ref":
         return gdn_replay_flush_ref(ckpt, ring_u, ring_k, ring_g, write_pos, slot_ids, L=L, min_room=min_room,
                                     ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale,
                                     advance=advance)

@@ -28,17 +28,13 @@ from __future__ import annotations
 
 import torch
 
+from .._dispatch import pick_backend
 from .common import check_state_pair, is_fp8, replay_advance, replay_commit, replay_flush_reset
 from .ref import mamba2_replay_decode_ref, mamba2_replay_flush_ref, mamba2_replay_verify_ref
 
 __all__ = ["mamba2_replay_decode", "mamba2_replay_verify", "mamba2_replay_flush", "mamba2_replay_alloc",
            "replay_commit", "replay_advance", "replay_flush_reset"]
 
-
-def _use_triton(backend: str, t: torch.Tensor) -> bool:
-    if backend not in ("auto", "triton", "ref"):
-        raise ValueError(f"backend={backend!r}: expected 'auto', 'triton' or 'ref'")
-    return backend == "triton" or (backend == "auto" and t.is_cuda)
 
 
 def _check_cache(ckpt, ring_x, ring_dt, ring_B, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale):
@@ -73,7 +69,7 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
     A/D/dt_bias [H], slot_ids [b] -> y [b,H,P] (x dtype), equal to eager ``mamba2_decode``
     (dt = softplus(dt + dt_bias); y = S.C + D x, times silu(z) when z is given)."""
     _check_cache(ckpt, ring_x, ring_dt, ring_B, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
-    if not _use_triton(backend, ckpt):
+    if pick_backend(backend, ckpt) == "ref":
         return mamba2_replay_decode_ref(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias,
                                         slot_ids, z, L=L, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
                                         ckpt_lo_scale=ckpt_lo_scale, advance=advance)
@@ -99,7 +95,7 @@ def mamba2_replay_verify(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
     T = x.shape[1]
     if T > L:
         raise ValueError(f"window T={T} exceeds the ring L={L}")
-    if not _use_triton(backend, ckpt):
+    if pick_backend(backend, ckpt) == "ref":
         return mamba2_replay_verify_ref(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias,
                                         slot_ids, z, L=L, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
                                         ckpt_lo_scale=ckpt_lo_scale)
@@ -121,7 +117,7 @@ def mamba2_replay_flush(ckpt, ring_x, ring_dt, ring_B, write_pos, A, slot_ids, *
     write_pos to 0 there. Decided on the device (no host sync). Before a window of T tokens call
     with min_room=T; min_room=None folds every non-empty ring (e.g. before freeing/snapshotting)."""
     _check_cache(ckpt, ring_x, ring_dt, ring_B, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
-    if not _use_triton(backend, ckpt):
+    if pick_backend(backend, ckpt) == "ref":
         return mamba2_replay_flush_ref(ckpt, ring_x, ring_dt, ring_B, write_pos, A, slot_ids, L=L,
                                        min_room=min_room, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
                                        ckpt_lo_scale=ckpt_lo_scale, advance=advance)
