@@ -16,14 +16,6 @@ from synodic.quant.config import FORMAT_BITS, MODES, BlockQuant
 
 
 @pytest.fixture(autouse=True)
-def _single_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(autouse=True)
 def _store(tmp_path, monkeypatch):
     monkeypatch.setenv("SYNODIC_QUANT_STORE", str(tmp_path / "store"))
 

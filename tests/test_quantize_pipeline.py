@@ -18,14 +18,6 @@ from synodic.quant.config import BlockQuant
 LAYERS = ["blocks.0.*", "blocks.1.*", "blocks.3.*"]  # mamba2, mlp, attention: 3 groups, 8 linears
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture
 def root(tmp_path, monkeypatch):
     monkeypatch.setenv("SYNODIC_QUANT_STORE", str(tmp_path / "store"))
