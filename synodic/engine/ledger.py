@@ -10,13 +10,13 @@ class ByteLedger:
     def __init__(self):
         self.steps = 0
         self.tokens = 0
-        self.totals: dict[str, int] = defaultdict(int)
+        self.totals: dict[str, float] = defaultdict(int)
 
     def add(self, batch: int, entry: dict[str, int]) -> None:
         self.steps += 1
         self.tokens += batch
         for k, v in entry.items():
-            self.totals[k] += int(v)
+            self.totals[k] += v  # bytes and rows are ints; rates (per-layer miss rate) stay floats
 
     def summary(self) -> dict:
         n = max(self.steps, 1)
