@@ -96,4 +96,5 @@ def run(cfg, run_dir: Path) -> dict:
               f"SSM bytes/token {led['ssm_bytes_per_token']:.0f}")
     return {"requests": [request_record(r, codec) for r in requests], "metrics": m, "ledger": led,
             "tokenizer": codec.name, "weights": str(graph.ckpt_dir or "random"),
-            "quant": graph.quant.summary() if graph.quant is not None else None}
+            "quant": graph.quant.summary() if graph.quant is not None else None,
+            "graph": {"device": str(graph.device), "cuda_graphs": graph.cuda_graphs, "notes": graph.notes}}

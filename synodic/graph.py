@@ -94,6 +94,14 @@ def build_graph(cfg, max_seq_len: int, max_slots: int | None = None, window: int
     g.ssm = cfg.ssm.build(ctx) if model.ssm_layers else None
     g.kv = cfg.kv.build(ctx) if model.attention_layers else None
     g.spec = cfg.spec.build(ctx)
+    if g.cuda_graphs and g.kv is not None and not getattr(g.kv, "graph_safe", False):
+        # top-k policies decide placement on the host between steps; their capture is unchecked
+        if cfg.runtime.cuda_graphs:
+            raise ConfigError([f"runtime.cuda_graphs=true with kv={cfg.kv.kind} (top_k="
+                               f"{getattr(cfg.kv, 'top_k', 0)}): expected runtime.cuda_graphs=false or null; "
+                               "only dense kv=resident steps are captured"])
+        g.cuda_graphs = False
+        g.notes.append(f"cuda_graphs off: kv={cfg.kv.kind} steps are not captured")
     emb = model.embed_tokens.weight
     g.embed_row_bytes = emb.shape[1] * emb.element_size()
     return g
