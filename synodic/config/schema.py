@@ -36,8 +36,8 @@ def cross_rules(cfg) -> list[str]:
                    f"expected every batch size <= runtime.max_slots")
     need = getattr(wl, "prompt_len", 0) + getattr(wl, "output_len", 0)
     if need and hasattr(kv, "capacity_tokens") and need > kv.capacity_tokens():
-        out.append(f"workload.prompt_len+output_len={need} with kv.num_blocks*kv.block_size="
-                   f"{kv.capacity_tokens()}: expected the KV pool to hold at least one request")
+        out.append(f"workload.prompt_len+output_len={need} with kv={kv.kind} holding {kv.capacity_tokens()} "
+                   f"tokens: expected the KV pool to hold at least one request")
     return out
 
 
