@@ -23,10 +23,6 @@ class Engine:
         self.decode_s = 0.0
         self.prefill_s = 0.0
 
-    def _sync(self):
-        if self.graph.device.type == "cuda":
-            torch.cuda.synchronize()
-
     def _append(self, r: Request, tok: int, now: float, on_token) -> None:
         r.output_ids.append(tok)
         if r.first_token_s is None:
@@ -47,6 +43,9 @@ class Engine:
         """Serves every request to completion; on_token streams (request, token) as tokens appear.
         With a drafter (requests → γ draft tokens each), every step verifies [last token, drafts] and
         keeps the greedy-accepted prefix plus one target token (greedy requests only)."""
+        if drafter is not None and any(r.params.temperature > 0 for r in requests):
+            raise ValueError("drafter: the verify path accepts drafts greedily; expected temperature=0 "
+                             "requests (lossless sampling verification comes with the draft-model schemes)")
         t0 = time.perf_counter()
         for r in requests:
             r.arrival_s = t0
