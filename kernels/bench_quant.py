@@ -1,10 +1,11 @@
-"""Benchmark of the packed-weight decode linear (MXFP4 / NVFP4) against bf16 F.linear, and of DualQuant's
-solve time for a whole 8B model, one process.
+"""Benchmark of the packed-weight decode linear (MXFP4 / NVFP4 / MXFP8 E4M3) against bf16 F.linear, and of
+DualQuant's solve time for a whole 8B model, one process.
 
     python -m synodic.kernels.bench_quant --out quant.json [--budget 110] [--no-sweep]
 
 1. GEMV / skinny GEMM, M in {1, 32}, weights (N, K) in {4096x4096, 4096x14336, 14336x4096}, bf16
-   activations, the DualQuant deployment path (x * s fused in-kernel, weight-only: W4A16). Each time is
+   activations, the DualQuant deployment path (x * s fused in-kernel, weight-only: W4A16; W8A16 for
+   mxfp8_e4m3, whose sweep also tries the hardware fp8 conversion, FP8_CVT=True). Each time is
    per call inside a CUDA graph of many calls that cycle over enough weight copies (> 4x L2) that every
    call reads its weight from HBM. Bytes = weight (codes + scales + s) + x + y. The kernel is first
    checked against the torch reference at each shape. Launch config: the run-time heuristic
@@ -29,7 +30,7 @@ L2_BYTES = 60 * 2**20
 ROTATE_BYTES = 4 * L2_BYTES
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]  # (N, K) = (out, in)
 MS = [1, 32]
-FORMATS = ["mxfp4", "nvfp4"]
+FORMATS = ["mxfp4", "nvfp4", "mxfp8_e4m3"]
 SWEEP = {  # alternatives to the run-time heuristic (triton_impl.default_config)
     "gemv": [dict(BLOCK_N=16, BLOCK_K=512, SPLIT_K=4, num_warps=4, num_stages=2),
              dict(BLOCK_N=8, BLOCK_K=512, SPLIT_K=4, num_warps=4, num_stages=2),
@@ -157,7 +158,10 @@ def sweep(rows: list[dict], deadline: float, log) -> None:
             log("sweep stopped: time budget")
             break
         c = Case(row["N"], row["K"], row["M"], gen)
-        for cfg in SWEEP["gemv" if block_m_for(row["M"]) == 1 else "dot"]:
+        cfgs = SWEEP["gemv" if block_m_for(row["M"]) == 1 else "dot"]
+        if row["format"].startswith("mxfp8"):  # decode by hardware conversion instead of bit arithmetic
+            cfgs = [dict(row["config"], FP8_CVT=True)] + cfgs
+        for cfg in cfgs:
             if time.monotonic() > deadline:
                 break
             try:
@@ -246,7 +250,8 @@ def main(argv=None) -> None:
     doc = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(0), "capability": list(torch.cuda.get_device_capability(0)),
            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-           "mode": "W4A16 weight-only, DualQuant layout (x * s fused), bf16 activations",
+           "mode": "W4A16 (mxfp4, nvfp4) / W8A16 (mxfp8_e4m3) weight-only, DualQuant layout (x * s fused), "
+                   "bf16 activations",
            "notes": ["times per call inside a CUDA graph; weights rotated over > 4x L2 so each call reads HBM",
                      "Hopper has no FP4 tensor cores: W4A4 would be emulated (fake-quantized activations), "
                      "so only weight-only decode speed is measured"]}

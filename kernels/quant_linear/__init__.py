@@ -53,7 +53,8 @@ def _check(x, q, s, bias, act_quant) -> None:
 def quant_linear(x: torch.Tensor, q, s: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
                  act_quant: str | None = None, backend: str = "auto", config: dict | None = None) -> torch.Tensor:
     """x [..., K] (bf16 / fp16 / fp32) -> y [..., N] in x.dtype. `config` overrides the Triton launch
-    config (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages; see triton_impl.default_config)."""
+    config (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages; see triton_impl.default_config; for MXFP8,
+    FP8_CVT=True decodes with the hardware fp8 conversion instead of bit arithmetic)."""
     _check(x, q, s, bias, act_quant)
     if backend == "auto":
         backend = "triton" if x.is_cuda and q.fmt in KERNEL_FORMATS else "ref"

@@ -15,6 +15,18 @@ codes decoded to fp32 by bit manipulation (E2M1: the three magnitude bits shifte
   * GEMV: products summed within each scale block, times the block scale, accumulated [BLOCK_N, G];
   * GEMM: decoded weights times their scales, cast to the activation dtype (bf16 / fp16: exact for MX
     and for NVFP4 without its per-tensor scale; fp32 runs IEEE fp32), tl.dot with fp32 accumulation.
+MXFP8 (E4M3 / E5M2, one code byte per weight, E8M0 scales of 32) takes the same two paths: the byte
+decoded to fp32 (bit fields: sign, exponent, mantissa, subnormals, E4M3 0x7F/0xFF NaN, E5M2 Inf/NaN; or,
+config FP8_CVT=True, bitcast to tl.float8e4nv / tl.float8e5 and the hardware conversion), the block
+scale 2^(e - 127) applied as above, fp32 accumulation (E4M3 / E5M2 values times 2^e are exact in bf16
+within its normal range).
+Why not Hopper's FP8 tensor cores (tl.dot on fp8 operands) for 8-bit weights: the GEMV (M = 1) is
+bandwidth-bound — one multiply-add per weight byte read, a tensor core has nothing to do there; and an
+fp8 dot would need (a) the activations quantized to fp8 too (W8A8, not this weight-only W8A16 path)
+with their own scales, (b) the per-(row, 32-block) E8M0 weight scales applied outside the MMA: one
+tl.dot per 32-wide K block, its fp32 partial times the [BLOCK_M, 1] x-scale and the [1, BLOCK_N]
+w-scale before accumulating (or tl.dot_scaled, which Hopper runs only as a bf16 emulation), with
+BLOCK_M >= 16 tiles padded for M < 16. Worth it only for the M >= 16 GEMM path; not built.
 SPLIT_K programs share one output tile's K range; their fp32 partials are summed on the host
 (deterministic, no atomics). The launch config is a heuristic (no timing at run time, so decode
 steps stay capturable in CUDA graphs); bench_quant.py sweeps alternatives.
@@ -103,12 +115,21 @@ def _mxfp4_fake(x, AXIS: tl.constexpr):
 
 
 @triton.jit
-def _decode(codes, FMT: tl.constexpr):
+def _decode(codes, FMT: tl.constexpr, FP8_CVT: tl.constexpr = False):
+    """int32 codes -> fp32 weights. 8-bit codes: bit-field arithmetic (default; exact, the same values as
+    synodic.quant.elements' tables, NaN payloads aside), or with FP8_CVT the byte bitcast to
+    tl.float8e4nv / tl.float8e5 and converted by the hardware (sm_89+; exact there too). The Triton 3.9
+    interpreter's fp8 conversion is wrong for the special codes (E4M3 0x7F/0xFF give finite values, E5M2
+    Inf/NaN codes too), so only the arithmetic decoder is tested bit for bit on CPU."""
     if FMT <= 1:
         return _e2m1(codes)
     elif FMT == 2:
+        if FP8_CVT:
+            return codes.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
         return _e4m3(codes)
     else:
+        if FP8_CVT:
+            return codes.to(tl.uint8).to(tl.float8e5, bitcast=True).to(tl.float32)
         return _e5m2(codes)
 
 
@@ -123,7 +144,8 @@ def _scale(sc, FMT: tl.constexpr):
 @triton.jit
 def _qgemv_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, N, K, K_PER_SPLIT, stride_wn, stride_sn,
                   FMT: tl.constexpr, QBLOCK: tl.constexpr, HAS_S: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  ACT_Q: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  ACT_Q: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  FP8_CVT: tl.constexpr):
     """y[n] = sum_k act(x[k] s[k]) w[n, k] for one row of x."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -167,7 +189,7 @@ def _qgemv_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, N, K, K_PER_
                 xv = _mxfp4_fake(xv, 1)
             wcol = (g * QBLOCK)[None, :, None] + offs_h[None, None, :]
             codes = tl.load(w_ptr + rows[:, None, None] * stride_wn + wcol, mask=m3, other=0).to(tl.int32)
-            part = tl.sum(_decode(codes, FMT) * xv[None, :, :], axis=2)
+            part = tl.sum(_decode(codes, FMT, FP8_CVT) * xv[None, :, :], axis=2)
         acc += tl.where(mn[:, None] & mg[None, :], part * sc, 0.0)
     out = tl.sum(acc, axis=1)
     if FMT == 1:
@@ -186,7 +208,7 @@ def _qgemm_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, M, N, K, K_P
                   stride_sn,
                   FMT: tl.constexpr, QBLOCK: tl.constexpr, HAS_S: tl.constexpr, HAS_BIAS: tl.constexpr,
                   ACT_Q: tl.constexpr, PARTIAL: tl.constexpr, DOT_LOW: tl.constexpr, DOT_PREC: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8_CVT: tl.constexpr):
     """y[m, n] = sum_k act(x[m, k] s[k]) w[n, k] for a tile of BLOCK_M rows (tl.dot)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -236,7 +258,7 @@ def _qgemm_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, M, N, K, K_P
             if ACT_Q == 1:
                 xv = _mxfp4_fake(xv, 2)
             codes = tl.load(w_ptr + rows_n[:, None, None] * stride_wn + col, mask=wm, other=0).to(tl.int32)
-            w = tl.reshape(_decode(codes, FMT) * sc, (BLOCK_N, G * H)).to(wdt)
+            w = tl.reshape(_decode(codes, FMT, FP8_CVT) * sc, (BLOCK_N, G * H)).to(wdt)
             acc = tl.dot(tl.reshape(xv, (BLOCK_M, G * H)).to(wdt), tl.trans(w), acc, input_precision=DOT_PREC)
     if FMT == 1:
         acc = acc * tl.load(p_ptr)
@@ -293,6 +315,7 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     args = (x2d, data, scale, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias, y)
     meta = dict(FMT=FMT_IDS[fmt], QBLOCK=qblock, HAS_S=s is not None, HAS_BIAS=bias is not None,
                 ACT_Q=1 if act_quant == "mxfp4" else 0, PARTIAL=partial, BLOCK_N=bn, BLOCK_K=bk,
+                FP8_CVT=bool(cfg.get("FP8_CVT", False)) and fmt.startswith("mxfp8"),
                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if bm == 1:
         _qgemv_kernel[(triton.cdiv(N, bn), split)](*args, N, K, k_per, data.stride(0), scale.stride(0), **meta)

@@ -3,7 +3,10 @@ small shapes (N, K odd multiples of the block), GEMV rows M in {1, 3}, a tl.dot 
 the fused s multiply and MXFP4 activation quantizer; QuantLinear's kernel path vs its torch path."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 from synodic.kernels.quant_linear import quant_linear
+from synodic.kernels.quant_linear.triton_impl import FMT_IDS, _decode, _e8m0
 
 from synodic.quant import QuantLinear, quantize
 
@@ -69,3 +72,117 @@ def test_bad_input():
         quant_linear(x, q, act_quant="nvfp4")
     with pytest.raises(ValueError, match="the kernel reads"):
         quant_linear(x, quantize(w, "int4_g64"), backend="triton")
+
+
+# --- MXFP8 (E4M3 / E5M2) weights: one code byte per weight, E8M0 scales of 32 ---------------------------------
+
+FP8_SPECIAL = {  # codes planted in the weights: +-0, +-max magnitude, subnormals (E4M3 1..7, E5M2 1..3)
+    "mxfp8_e4m3": [0x00, 0x80, 0x7E, 0xFE, 0x01, 0x81, 0x04, 0x07, 0x87, 0x08],
+    "mxfp8_e5m2": [0x00, 0x80, 0x7B, 0xFB, 0x01, 0x81, 0x02, 0x03, 0x83, 0x04],
+}
+
+
+def fp8_weight(fmt, N, K, device, seed):
+    """A quantized random weight with FP8_SPECIAL codes planted in every row (and a few small scales)."""
+    from synodic.quant import QTensor
+    w, _, _, _ = make(N, K, 1, torch.float32, "cpu", seed)
+    q = quantize(w, fmt)
+    data, scale = q.data.clone(), q.scale.clone()
+    sp = torch.tensor(FP8_SPECIAL[fmt], dtype=torch.uint8)
+    for n in range(N):
+        cols = (torch.arange(len(sp)) * 7 + 3 * n) % K
+        data[n, cols] = sp
+    scale[::3, 0] = 100  # 2^-27: subnormal codes times it stay normal fp32
+    return QTensor(fmt, data.to(device), scale.to(device), None, q.shape)
+
+
+@pytest.fixture
+def nan_empty(monkeypatch):
+    """torch.empty returns NaN-filled floating tensors: every output element must be written."""
+    real = torch.empty
+
+    def empty(*a, **kw):
+        t = real(*a, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+def check_close(y, x, q, s):
+    """Kernel vs reference, elementwise: |y - ref| <= 1e-5 * (|x s| @ |dequant(q)|.T) (fp32 reordering)."""
+    from synodic.quant import dequantize
+    y_ref = quant_linear(x, q, s, backend="ref")
+    a = x.float() if s is None else x.float() * s
+    bound = a.abs() @ dequantize(q).abs().T
+    assert y.shape == y_ref.shape and y.dtype == y_ref.dtype and torch.isfinite(y).all()
+    assert ((y - y_ref).abs() <= 1e-5 * bound + 1e-30).all()
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+@pytest.mark.parametrize("N,K", [(5, 64), (5, 96), (48, 64), (48, 96)])
+@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize("with_s", [False, True])
+def test_fp8_triton_matches_ref(fmt, N, K, M, with_s, device, nan_empty):
+    q = fp8_weight(fmt, N, K, device, seed=N + K)
+    _, x, s, _ = make(N, K, M, torch.float32, device, seed=N * K + M)
+    s = s if with_s else None
+    config = dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=2) if K == 96 else None  # K=96: split K, partial sums
+    y = quant_linear(x, q, s, backend="triton", config=config)
+    check_close(y, x, q, s)
+
+
+@triton.jit
+def _fp8_dequant_kernel(c_ptr, sc_ptr, o_ptr, FMT: tl.constexpr):
+    """256 codes in blocks of 32, one E8M0 scale each: the kernels' decoder times the block scale."""
+    offs = tl.arange(0, 256)
+    c = tl.load(c_ptr + offs).to(tl.int32)
+    sc = tl.load(sc_ptr + offs // 32).to(tl.int32)
+    tl.store(o_ptr + offs, _decode(c, FMT) * _e8m0(sc))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # max code * 2^127 -> inf, as wanted
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+def test_fp8_decode_bit_exact(fmt, device):
+    """Every code under E8M0 scales from 2^-127 to 2^127 and NaN: the kernel's decoder times the block scale
+    equals dequantize(QTensor) bit for bit (NaN where it is NaN)."""
+    from synodic.quant import QTensor, dequantize
+    codes = torch.arange(256, dtype=torch.uint8, device=device)
+    scale = torch.tensor([0, 1, 100, 127, 128, 200, 254, 255], dtype=torch.uint8, device=device)
+    out = torch.full((256,), float("nan"), device=device)
+    _fp8_dequant_kernel[(1,)](codes, scale, out, FMT=FMT_IDS[fmt])
+    want = dequantize(QTensor(fmt, codes.reshape(8, 32), scale.reshape(8, 1), None, (8, 32))).reshape(-1)
+    nan = want.isnan()
+    assert (out.isnan() == nan).all()
+    assert (out[~nan].view(torch.int32) == want[~nan].view(torch.int32)).all()
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+def test_fp8_one_hot_rows_read_weights_exactly(fmt, device, nan_empty):
+    """M = 64 one-hot rows (the largest tile) and M = 1 on one column: y is a column of dequant(q), exact."""
+    from synodic.quant import dequantize
+    N, K = 48, 64
+    q = fp8_weight(fmt, N, K, device, seed=5)
+    w = dequantize(q)
+    eye = torch.eye(K, device=device)
+    torch.testing.assert_close(quant_linear(eye, q, backend="triton"), w.T, rtol=0, atol=0)
+    torch.testing.assert_close(quant_linear(eye[3:4], q, backend="triton"), w.T[3:4], rtol=0, atol=0)
+
+
+def test_fp8_hardware_conversion_option(device):
+    """config FP8_CVT=True (bitcast to tl.float8e4nv / tl.float8e5): runs, and agrees on finite codes."""
+    for fmt in ("mxfp8_e4m3", "mxfp8_e5m2"):
+        q = fp8_weight(fmt, 5, 64, device, seed=3)
+        _, x, s, _ = make(5, 64, 1, torch.float32, device, seed=4)
+        check_close(quant_linear(x, q, s, backend="triton", config=dict(FP8_CVT=True)), x, q, s)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+def test_fp8_quantlinear_kernel_path(fmt, device):
+    from synodic.kernels.quant_linear import KERNEL_FORMATS
+    assert fmt in KERNEL_FORMATS
+    w, x, _, _ = make(24, 96, 1, torch.float32, device, 11)
+    ql = QuantLinear(w, None, mode="w8a16", fmt=fmt, method="dualquant", iters=2, backend="triton")
+    ref = QuantLinear.from_packed(ql.qtensor(), ql.act_scale, None, mode="w8a16", backend="torch")
+    assert ql.uses_kernel(x) and not ref.uses_kernel(x)
+    assert ql.weight_bytes(1) == ql.packed_bytes() == 24 * 96 + 24 * 3 + 96 * 4
+    assert rel_rmse(ql(x), ref(x)) < 1e-5
