@@ -4,7 +4,10 @@
 
 Mamba-2 (H=128, P=64, N=128, G=8) and GDN (HV=32, Hk=16, K=V=128), L=16, bf16 activations.
 Variants: eager fp32 state (``mamba2_decode`` / ``gdn_decode`` Triton kernels), replay fp32
-checkpoint, replay dual_bf16 (fp32 checkpoint + bf16 copy read between flushes); GDN replay in both
+checkpoint, replay dual_bf16 (fp32 checkpoint + bf16 copy read between flushes), and the same two
+through the eager-shaped Mamba-2 decode kernel ``impl="v2"`` (rows ``*_v2``: ``advance=False``, the
+cursor is a per-step constant tensor, i.e. moved once per step outside the layer as in the engine;
+v2 reads all L ring entries every step, the byte count stays the needed bytes); GDN replay in both
 routes. Every time is the average decode step over full L-step cycles (so the flush is amortised):
 one CUDA graph holds L x R steps over R rotated slot sets (state touched per graph > 2x L2), time
 per graph replay / (L R). Bytes are counted exactly (unique bytes a step must move, averaged over
@@ -34,11 +37,15 @@ L_DEFAULT = 16
 ACT = torch.bfloat16
 E = 2  # bytes per activation element
 TARGETS = {("mamba2", "replay_fp32"): 1.75, ("mamba2", "replay_dual_bf16"): 2.5,
+           ("mamba2", "replay_fp32_v2"): 1.75, ("mamba2", "replay_dual_bf16_v2"): 2.5,
            ("gdn", "replay_fp32_adjoint"): 1.6, ("gdn", "replay_fp32_state"): 1.6}
 # (block rows, heads per program, warps, maxnreg)
 M_SWEEP = [(32, 1, 8, 80), (16, 1, 4, 80), (32, 1, 8, None), (16, 2, 4, 80)]
 G_SWEEP = M_SWEEP
 SWEEP_VARIANTS = ("replay_fp32", "replay_dual_bf16", "replay_fp32_adjoint")
+# v2 (BLOCK_P, warps, flush fold): the eager rule's tile, the neighbours, and the two dot folds
+V2_SWEEP = [(32, 8, "serial"), (16, 4, "serial"), (32, 4, "serial"), (64, 8, "serial"), (32, 8, "tf32x3"),
+            (32, 8, "dot")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,6 +69,9 @@ class MambaCase:
         self.A = -torch.rand(H, device=device, generator=gen) * 2 - 0.1
         self.D = torch.randn(H, device=device, generator=gen)
         self.bias = torch.randn(H, device=device, generator=gen) * 0.5
+        if variant.endswith("_v2"):  # shared-cursor model: step i of every L-cycle reads cursor i
+            self.cursors = [torch.full((slots,), i, dtype=torch.int32, device=device) for i in range(L)]
+            self.count = [0] * rot
         perm = torch.randperm(slots, device=device, generator=gen).to(torch.int32)
         self.sets = [dict(x=torch.randn(batch, H, P, device=device, generator=gen).to(ACT),
                           dt=torch.randn(batch, H, device=device, generator=gen) * 0.7 - 1.0,
@@ -76,6 +86,12 @@ class MambaCase:
             return mamba2_decode(self.state, s["x"], s["dt"], self.A, s["B"], s["C"], self.D, self.bias,
                                  s["slot_ids"], backend="triton")
         from synodic.kernels.mamba2_replay import mamba2_replay_decode
+        if self.variant.endswith("_v2"):
+            i = self.count[r] % self.L
+            self.count[r] += 1
+            return mamba2_replay_decode(**dict(self.c, write_pos=self.cursors[i]), x=s["x"], dt=s["dt"], A=self.A,
+                                        B=s["B"], C=s["C"], D=self.D, dt_bias=self.bias, slot_ids=s["slot_ids"],
+                                        L=self.L, advance=False, backend="triton", config=self.config, impl="v2")
         return mamba2_replay_decode(**self.c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
                                     dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, backend="triton",
                                     config=self.config)
@@ -289,7 +305,8 @@ def main(argv=None):
     sweep_batches = [int(b) for b in args.sweep.split(",") if b]
     ops = []
     if "mamba2" in args.ops:
-        ops.append((MambaCase, ["eager", "replay_fp32", "replay_dual_bf16"], M_SWEEP))
+        ops.append((MambaCase, ["eager", "replay_fp32", "replay_dual_bf16", "replay_fp32_v2", "replay_dual_bf16_v2"],
+                    M_SWEEP))
     if "gdn" in args.ops:
         ops.append((GDNCase, ["eager", "replay_fp32_adjoint", "replay_fp32_state", "replay_dual_bf16_adjoint"],
                     G_SWEEP))
@@ -327,8 +344,8 @@ def main(argv=None):
                 res["rows"].append(row)
                 print(f"{cls.op} {v:26s} b={batch:4d}: {us:8.1f} µs  {row['gbps']:6.0f} GB/s "
                       f"({row['pct_hbm']:5.1f} %)  x{row['speedup'] or 0:.2f}", flush=True)
-                if batch in sweep_batches and v in SWEEP_VARIANTS:
-                    for cfg in grid:
+                if batch in sweep_batches and (v in SWEEP_VARIANTS or v.endswith("_v2")):
+                    for cfg in (V2_SWEEP if v.endswith("_v2") else grid):
                         case.config = cfg
                         t = time_cycle(case)
                         res["sweep"].append(dict(op=cls.op, variant=v, batch=batch, config=cfg, us=t,

@@ -64,15 +64,28 @@ def _inner(t):
 
 def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
                          z=None, *, L: int, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None,
-                         advance: bool = True, backend: str = "auto", config=None) -> torch.Tensor:
+                         advance: bool = True, backend: str = "auto", config=None,
+                         impl: str = "v1") -> torch.Tensor:
     """One decode step per row: x [b,H,P], dt [b,H] raw, B/C [b,G,N], z [b,H,P] or None,
     A/D/dt_bias [H], slot_ids [b] -> y [b,H,P] (x dtype), equal to eager ``mamba2_decode``
-    (dt = softplus(dt + dt_bias); y = S.C + D x, times silu(z) when z is given)."""
+    (dt = softplus(dt + dt_bias); y = S.C + D x, times silu(z) when z is given).
+    ``impl="v2"`` (Triton) is the eager-shaped kernel of ``triton_v2`` (config = (BLOCK_P, warps));
+    it only reads the cursor, so it needs ``advance=False``. Same semantics as "v1"."""
+    if impl not in ("v1", "v2"):
+        raise ValueError(f"impl: expected 'v1' or 'v2', got {impl!r}")
+    if impl == "v2" and advance:
+        raise ValueError("impl='v2' never moves write_pos: call it with advance=False (then replay_advance)")
     _check_cache(ckpt, ring_x, ring_dt, ring_B, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
     if pick_backend(backend, ckpt) == "ref":
         return mamba2_replay_decode_ref(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias,
                                         slot_ids, z, L=L, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
                                         ckpt_lo_scale=ckpt_lo_scale, advance=advance)
+    if impl == "v2":
+        from .triton_v2 import launch_decode_v2
+        x, B, C, z = _inner(x), _inner(B), _inner(C), _inner(z)
+        return launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
+                                z, torch.empty_like(x), L=L, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
+                                ckpt_lo_scale=ckpt_lo_scale, config=config)
     from .triton_impl import MODE_DECODE, launch
     x, B, C, z = _inner(x), _inner(B), _inner(C), _inner(z)
     y = torch.empty_like(x)

@@ -1,0 +1,260 @@
+"""Mamba-2 ReplaySSM decode step, v2: shaped like the eager ``mamba2_decode`` kernel so it can stream.
+
+One program per (P-tile x head, batch row), grid ``(H * cdiv(P, BLOCK_P), batch)``, tile
+[BLOCK_P, N] chosen by the eager kernel's ``default_config`` rule (16 KiB of the tile read every
+step: the checkpoint, or its low-precision copy in dual precision). T = 1, ``advance=False`` only:
+write_pos is read, never written (the caller moves the shared cursor once per step).
+
+Latency layout: nothing but the slot id sits in front of the loads. The checkpoint tile, all L ring
+entries (x tile, dt, the group's B) and this token's inputs are issued without waiting for the
+cursor; the cursor is one scalar load used only in arithmetic (entries j >= wp are zeroed with
+``where``, so stale or NaN ring contents never leak in). Then, with c_j = A * cumsum(dt)_j and
+c_t = A * (sum of ring dt + dt_t):
+  * output-only route (wp < L-1): y = e^{c_t} (S0 . C_t) + sum_{j<wp} dt_j e^{c_t-c_j} (B_j . C_t) x_j
+    + dt_t (B_t . C_t) x_t + D x_t (* silu(z)); this token is appended at ring position wp (x tile by
+    every program, dt by P-tile 0, B by P-tile 0 of the group's first head).
+  * state route (wp >= L-1): S_t = e^{c_t} S0 + sum_{j<wp} dt_j e^{c_t-c_j} x_j B_j^T + dt_t x_t B_t^T
+    from the fp32 checkpoint; written to ckpt (+ ckpt_lo; fp8 with one scale per (head, p) row),
+    nothing appended, y = S_t . C_t + D x_t (* silu(z)). The ring sum is serial rank-1 updates by
+    default, or one [BP, L] x [L, N] ``tl.dot`` (fp32 "dot" / "tf32x3"): see ``pick_config_v2``.
+Config: ``(BLOCK_P, num_warps[, fold])``; the N axis is masked only when N is not a power of two.
+"""
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+from .._tl import _round_bf16, _softplus
+from ..mamba2_decode.triton_impl import default_config
+from .common import is_fp8
+
+
+@triton.jit
+def _round_e4m3(v):
+    # fp32 -> fp32 holding the round-to-nearest-even float8_e4m3fn value (|v| <= 448). Used only
+    # under TRITON_INTERPRET, whose fp8 cast carries a rounded-up mantissa into the wrong exponent
+    # bit (halving e.g. 1.97 -> 1.0); a pre-rounded value converts exactly.
+    bits = v.to(tl.uint32, bitcast=True)
+    neg = (bits >> 31) != 0
+    bits = bits + (0x7FFFF + ((bits >> 20) & 1))
+    normal = ((bits >> 20) << 20).to(tl.float32, bitcast=True)
+    a = tl.abs(v)
+    sub = (a + 24576.0) - 24576.0  # subnormals (|v| < 2^-6): multiples of 2^-9, ties to even
+    sub = tl.where(neg, -sub, sub)
+    return tl.where(a < 0.015625, sub, normal)
+
+
+@triton.jit
+def _store_tile(ptr, sc_ptr, off, S, offs_p, pm, mask, IS_FP8: tl.constexpr, ROUND: tl.constexpr):
+    """fp32 tile -> state copy; fp8: per-row scale amax/448 (1 for a zero row), like common.store_state.
+    ROUND (interpreter only): round in fp32 first, as the GPU's casts do (RTNE)."""
+    if IS_FP8:
+        sc = tl.max(tl.abs(S), axis=1) / 448.0
+        sc = tl.where(sc > 0.0, sc, 1.0)
+        q = tl.minimum(tl.maximum(S / sc[:, None], -448.0), 448.0)
+        if ROUND:
+            q = _round_e4m3(q)
+        tl.store(ptr + off, q.to(ptr.dtype.element_ty), mask=mask)
+        tl.store(sc_ptr + offs_p, sc, mask=pm)
+    else:
+        if ROUND:
+            S = _round_bf16(S)
+        tl.store(ptr + off, S.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _mamba2_replay_decode_v2_kernel(
+    ck_ptr, cks_ptr, lo_ptr, los_ptr,
+    rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr,
+    sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
+    H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
+    LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+    HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
+    ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
+):
+    NUM_PT: tl.constexpr = (P + BP - 1) // BP
+    HPG: tl.constexpr = H // G
+    pid = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    h = pid // NUM_PT
+    pt = pid % NUM_PT
+    g = h // HPG
+
+    slot = tl.load(sid_ptr + row).to(tl.int64)
+    valid = slot >= 0
+    slot = tl.maximum(slot, 0)
+
+    # row masks from scalar limits (0 on a padding row: it reads and writes no cache); the N axis
+    # is masked only when N is not a power of two, so the tile loads stay vectorised (as in eager)
+    offs_p = pt * BP + tl.arange(0, BP)
+    offs_n = tl.arange(0, BN)
+    offs_l = tl.arange(0, LP)
+    pm = offs_p < tl.where(valid, P, 0)
+    nm = offs_n < N
+    rl = offs_l < tl.where(valid, L, 0)          # every ring entry: independent of the cursor
+    if BN == N:
+        tile_mask = pm[:, None]
+        rB_mask = rl[:, None]
+    else:
+        tile_mask = pm[:, None] & nm[None, :]
+        rB_mask = rl[:, None] & nm[None, :]
+    if P % BP == 0:  # the ring x tile [LP, BP]: row mask only, so its loads vectorise too
+        rx_mask = rl[:, None]
+    else:
+        rx_mask = rl[:, None] & pm[None, :]
+    st_off = offs_p[:, None] * N + offs_n[None, :]
+    sh = slot * H + h                             # (slot, head)
+    sg = slot * G + g                             # (slot, group)
+
+    # ---- 1) the step's big read: checkpoint tile (or its low-precision copy) ----
+    if HAS_LO:
+        S0 = tl.load(lo_ptr + sh * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+        if LO_FP8:
+            S0 = S0 * tl.load(los_ptr + sh * P + offs_p, mask=pm, other=0.0)[:, None]
+    else:
+        S0 = tl.load(ck_ptr + sh * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+        if CK_FP8:
+            S0 = S0 * tl.load(cks_ptr + sh * P + offs_p, mask=pm, other=0.0)[:, None]
+    # ---- 2) the whole ring, no cursor dependency ----
+    rx_base = rx_ptr + sh * L * P
+    rdt_base = rdt_ptr + sh * L
+    rB_base = rB_ptr + sg * L * N
+    xr_raw = tl.load(rx_base + offs_l[:, None] * P + offs_p[None, :], mask=rx_mask, other=0.0)
+    dtr_raw = tl.load(rdt_base + offs_l, mask=rl, other=0.0)
+    rB_raw = tl.load(rB_base + offs_l[:, None] * N + offs_n[None, :], mask=rB_mask, other=0.0)
+    # ---- 3) cursor (one scalar) and this token's inputs ----
+    wp = tl.load(wp_ptr + slot, mask=valid, other=0)
+    xt_raw = tl.load(x_ptr + row * sx_b + h * sx_h + offs_p, mask=pm, other=0.0)
+    v = tl.load(dt_ptr + row * sdt_b + h * sdt_h).to(tl.float32) + tl.load(bias_ptr + h).to(tl.float32)
+    Bt_raw = tl.load(B_ptr + row * sB_b + g * sB_g + offs_n, mask=nm, other=0.0)
+    Ct = tl.load(C_ptr + row * sC_b + g * sC_g + offs_n, mask=nm, other=0.0).to(tl.float32)
+    A_h = tl.load(A_ptr + h).to(tl.float32)
+    D_h = tl.load(D_ptr + h).to(tl.float32)
+    if HAS_Z:
+        zt = tl.load(z_ptr + row * sz_b + h * sz_h + offs_p, mask=pm, other=0.0).to(tl.float32)
+
+    # ---- compute: mask ring entries j >= wp in arithmetic (where, not *0: stale entries may be NaN) ----
+    lm = offs_l < wp                               # wp = 0 on a padding row
+    xt = xt_raw.to(tl.float32)
+    Bt = Bt_raw.to(tl.float32)
+    dtt = tl.where(valid, _softplus(v), 0.0)
+    dtr = tl.where(lm, dtr_raw, 0.0)
+    xr = tl.where(lm[:, None], xr_raw.to(tl.float32), 0.0)                        # [LP, BP]
+    rB = tl.where(lm[:, None], rB_raw.to(tl.float32), 0.0)                        # [LP, BN]
+    c_r = A_h * tl.cumsum(dtr, axis=0)
+    ct = A_h * (tl.sum(dtr, axis=0) + dtt)
+    wr = tl.where(lm, dtr * tl.exp(ct - c_r), 0.0)                                # [LP]
+    flush = valid & (wp >= L - 1)
+    if flush:
+        # state route from the fp32 checkpoint (dual precision: S0 above was the copy)
+        if HAS_LO:
+            S = tl.load(ck_ptr + sh * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+            if CK_FP8:
+                S = S * tl.load(cks_ptr + sh * P + offs_p, mask=pm, other=0.0)[:, None]
+        else:
+            S = S0
+        if FOLD == 1:    # one fp32 dot over the ring: [BP, LP] x [LP, BN] (FMA; ~190 regs)
+            S = tl.exp(ct) * S + tl.dot(tl.trans(wr[:, None] * xr), rB, input_precision="ieee")
+        elif FOLD == 2:  # the same on tensor cores, 3-pass tf32 (~fp32 accuracy; 95-115 regs)
+            S = tl.exp(ct) * S + tl.dot(tl.trans(wr[:, None] * xr), rB, input_precision="tf32x3")
+        else:            # serial rank-1 updates, ring rows re-read (L1/L2-hot): 79 regs, eager has 80
+            S = tl.exp(ct) * S
+            run = ct * 0.0
+            # next entry prefetched: two in flight, +1 register
+            dj = tl.load(rdt_base)
+            xj = tl.load(rx_base + offs_p, mask=pm, other=0.0)
+            bj = tl.load(rB_base + offs_n, mask=nm, other=0.0)
+            for j in range(0, wp):
+                jn = tl.minimum(j + 1, L - 1)  # in bounds; unused after the last entry
+                dn = tl.load(rdt_base + jn)
+                xn = tl.load(rx_base + jn * P + offs_p, mask=pm, other=0.0)
+                bn = tl.load(rB_base + jn * N + offs_n, mask=nm, other=0.0)
+                run += dj
+                S += ((dj * tl.exp(ct - A_h * run)) * xj.to(tl.float32))[:, None] * bj.to(tl.float32)[None, :]
+                dj = dn
+                xj = xn
+                bj = bn
+        S += (dtt * xt)[:, None] * Bt[None, :]
+        _store_tile(ck_ptr + sh * P * N, cks_ptr + sh * P, st_off, S, offs_p, pm, tile_mask, CK_FP8, ROUND_CK)
+        if HAS_LO:
+            _store_tile(lo_ptr + sh * P * N, los_ptr + sh * P, st_off, S, offs_p, pm, tile_mask, LO_FP8,
+                        ROUND_LO)
+        yv = tl.sum(S * Ct[None, :], axis=1)
+    else:
+        BCr = tl.sum(rB * Ct[None, :], axis=1)                                    # [LP]
+        BCt = tl.sum(Bt * Ct, axis=0)
+        yv = (tl.exp(ct) * tl.sum(S0 * Ct[None, :], axis=1)
+              + tl.sum((wr * BCr)[:, None] * xr, axis=0) + (dtt * BCt) * xt)
+    # ---- append at ring position wp (output-only route of a real row) ----
+    app = valid & (wp < L - 1)
+    wpa = tl.where(app, wp, 0)
+    tl.store(rx_base + wpa * P + offs_p, xt_raw.to(rx_ptr.dtype.element_ty), mask=offs_p < tl.where(app, P, 0))
+    tl.store(rdt_base + wpa, dtt, mask=app & (pt == 0))
+    b_writer = app & (pt == 0) & ((h % HPG) == 0)
+    tl.store(rB_base + wpa * N + offs_n, Bt_raw.to(rB_ptr.dtype.element_ty),
+             mask=offs_n < tl.where(b_writer, N, 0))
+    # ---- output ----
+    yv = yv + D_h * xt
+    if HAS_Z:
+        yv = yv * (zt * tl.sigmoid(zt))
+    yv = tl.where(valid, yv, 0.0)
+    if ROUND_OUT:
+        yv = _round_bf16(yv)
+    tl.store(y_ptr + row * sy_b + h * sy_h + offs_p, yv.to(y_ptr.dtype.element_ty), mask=offs_p < P)
+
+
+FOLDS = {"serial": 0, "dot": 1, "tf32x3": 2}
+
+
+def pick_config_v2(ckpt, ckpt_lo, P: int, N: int, rows: int) -> tuple[int, int, str]:
+    """(BLOCK_P, num_warps, fold): the eager rule for the tile read every step (ckpt_lo if given,
+    else ckpt): 16 KiB on 8 warps, P split down to 8 rows when batch x heads is small.
+
+    fold = how a flush rebuilds S_t. sm_90 registers per thread (AOT compile, fp32 checkpoint,
+    [32, 128] tile, 8 warps; the eager kernel: 80): "serial" 79, "tf32x3" dot 95-115, "dot" (fp32
+    FMA dot) ~190. The rarely taken flush branch sets the register budget of every step, and ~190
+    leaves one program per SM, so "serial" is the default; the dots stay selectable (config[2]).
+    Dual bf16 ([64, 128] bf16 tile, 8 warps): serial 125 regs (2 programs/SM); [32, 128] on 4
+    warps: 95 (5 programs/SM) — sweep both."""
+    bp, nw = default_config((ckpt_lo if ckpt_lo is not None else ckpt).dtype, P, N, rows)
+    return bp, nw, "serial"
+
+
+def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
+                     L, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None):
+    """x [b,H,P], dt [b,H], B/C [b,G,N], z [b,H,P] or None, y [b,H,P] (written). Inner strides 1."""
+    import torch
+
+    slots, H, P, N = ckpt.shape
+    G = ring_B.shape[1]
+    b = slot_ids.shape[0]
+    if b == 0:
+        return y
+    bp, nw, fold = pick_config_v2(ckpt, ckpt_lo, P, N, b * H)
+    if config:  # (BLOCK_P, num_warps[, fold])
+        bp, nw, fold = (tuple(config) + (fold,))[:3]
+    if fold not in FOLDS:
+        raise ValueError(f"config: fold {fold!r}, expected one of {sorted(FOLDS)}")
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    dummy = ckpt
+    zz = z if z is not None else x
+    grid = (H * triton.cdiv(P, bp), b)
+    _mamba2_replay_decode_v2_kernel[grid](
+        ckpt, ckpt_scale if ckpt_scale is not None else dummy,
+        ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
+        ring_x, ring_dt, ring_B, write_pos,
+        x, dt, A, B, C, D, dt_bias, zz, y, slot_ids,
+        x.stride(0), x.stride(1), zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
+        dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
+        H=H, G=G, P=P, N=N, L=L, LP=max(16, triton.next_power_of_2(L)), BP=bp,
+        BN=triton.next_power_of_2(N),
+        HAS_Z=z is not None, CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
+        ROUND_CK=interp and ckpt.dtype in (torch.bfloat16, torch.float8_e4m3fn),
+        ROUND_LO=interp and ckpt_lo is not None and ckpt_lo.dtype in (torch.bfloat16, torch.float8_e4m3fn),
+        ROUND_OUT=interp and y.dtype == torch.bfloat16, FOLD=FOLDS[fold],
+        num_warps=nw,
+    )
+    return y

@@ -1,0 +1,207 @@
+"""Mamba-2 ReplaySSM decode, impl="v2" (eager-shaped Triton kernel, advance=False) vs the torch
+reference, step by step with a shared cursor moved by ``replay_advance``.
+
+Odd shapes, L = 4, 2L+1 steps (two flushes per slot), rows at different cursors (a slot joins
+late), padding rows, NaN-poisoned unwritten ring entries and NaN-poisoned output buffers.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from synodic.kernels.mamba2_decode.ref import mamba2_decode_ref
+from synodic.kernels.mamba2_replay import mamba2_replay_alloc, mamba2_replay_decode, replay_advance
+from synodic.kernels.mamba2_replay.common import dequantize, quantize_rows_fp8, store_state
+from synodic.kernels.mamba2_replay.triton_v2 import launch_decode_v2
+
+SLOTS = 4
+L = 4
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
+
+
+def rrmse(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+MODES = {  # name: (ckpt dtype, low-precision copy dtype)
+    "fp32": (torch.float32, None),
+    "dual_bf16": (torch.float32, torch.bfloat16),
+    "dual_fp8": (torch.float32, torch.float8_e4m3fn),
+    "single_fp8": (torch.float8_e4m3fn, None),
+}
+# worst-step relative RMSE of y, v2 vs the reference (measured ~2e-7 in every mode: the kernel rounds
+# its low-precision stores to nearest even like torch, see triton_v2._round_e4m3).
+Y_TOL = {"fp32": 1e-5, "dual_bf16": 1e-5, "dual_fp8": 1e-5, "single_fp8": 1e-5}
+
+
+def fresh(gen, H, G, P, N, mode, dtype=torch.float32):
+    ck, lo = MODES[mode]
+    c = mamba2_replay_alloc(SLOTS, H, P, N, G, L, dtype=dtype, ckpt_dtype=ck, lo_dtype=lo)
+    S = torch.randn(SLOTS, H, P, N, generator=gen) * 0.5
+    if ck == torch.float8_e4m3fn:
+        q, sc = quantize_rows_fp8(S)
+        c["ckpt"].copy_(q)
+        c["ckpt_scale"].copy_(sc)
+        S = dequantize(q, sc)
+    else:
+        c["ckpt"].copy_(S)
+    if lo is not None:
+        store_state(c["ckpt_lo"], c.get("ckpt_lo_scale"), S)
+    for k in ("ring_x", "ring_dt", "ring_B"):
+        c[k].fill_(float("nan"))  # unwritten ring entries must never reach an output
+    return c, S.clone()
+
+
+def inputs(gen, b, H, G, P, N, dtype=torch.float32):
+    x = torch.randn(b, H, P, generator=gen).to(dtype)
+    dt = torch.randn(b, H, generator=gen)
+    B = torch.randn(b, G, N, generator=gen).to(dtype)
+    C = torch.randn(b, G, N, generator=gen).to(dtype)
+    z = torch.randn(b, H, P, generator=gen).to(dtype)
+    return x, dt, B, C, z
+
+
+def params(gen, H):
+    return -(torch.rand(H, generator=gen) + 0.3), torch.randn(H, generator=gen), torch.randn(H, generator=gen) * 0.5
+
+
+def rows_for(step):
+    """Slot 3 joins late (cursors differ inside one launch); padding rows; order shuffled."""
+    rows = [2, 0, -1] if step < 2 else [0, 3, 2] if step % 2 else [3, -1, 2, 0]
+    return torch.tensor(rows, dtype=torch.int32)
+
+
+def v2_step(c, step, config, **kw):
+    """Even steps through the public dispatch, odd steps straight into the launcher with a
+    NaN-poisoned output buffer (every element, padding rows included, must be written)."""
+    if step % 2 == 0:
+        return mamba2_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="v2", config=config)
+    y = torch.full_like(kw["x"], float("nan"))
+    keys = ("x", "dt", "A", "B", "C", "D", "dt_bias", "slot_ids", "z")
+    launch_decode_v2(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], *(kw[k] for k in keys), y,
+                     L=L, ckpt_scale=c.get("ckpt_scale"), ckpt_lo=c.get("ckpt_lo"),
+                     ckpt_lo_scale=c.get("ckpt_lo_scale"), config=config)
+    return y
+
+
+CASES = [  # (H, G, P, N, mode, config (BLOCK_P, warps[, fold]) or None = the eager rule, serial fold)
+    (3, 1, 5, 7, "fp32", (4, 4, "dot")),   # two P-tiles, the second partial; flush by one fp32 dot
+    (6, 3, 12, 16, "fp32", (8, 4)),        # 3 groups of 2 heads, two P-tiles
+    (3, 1, 5, 7, "dual_bf16", None),
+    (6, 3, 8, 16, "dual_bf16", None),      # P a multiple of BLOCK_P (unmasked ring x tile)
+    (3, 1, 5, 7, "dual_fp8", (4, 4)),      # per-row fp8 scales written by two P-tiles
+    (6, 3, 5, 16, "single_fp8", None),
+]
+
+
+@pytest.mark.parametrize("H,G,P,N,mode,config", CASES)
+def test_v2_decode_matches_ref_across_flushes(H, G, P, N, mode, config, device):
+    gen = torch.Generator().manual_seed(10 + H + len(mode))
+    A, D, bias = params(gen, H)
+    c, _ = fresh(gen, H, G, P, N, mode)
+    c = {k: v.to(device) for k, v in c.items()}
+    A, D, bias = A.to(device), D.to(device), bias.to(device)
+    c_ref = {k: v.clone() for k, v in c.items()}
+    worst = 0.0
+    steps = 2 * L + 1
+    for step in range(steps):
+        sid = rows_for(step).to(device)
+        x, dt, B, C, z = (t.to(device) for t in inputs(gen, len(sid), H, G, P, N))
+        if step % 3 == 1:
+            z = None
+        kw = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, z=z)
+        wp = c["write_pos"].clone()
+        y = v2_step(c, step, config, **kw)
+        y_ref = mamba2_replay_decode(**c_ref, **kw, L=L, advance=False, backend="ref")
+        assert torch.equal(c["write_pos"], wp)  # v2 never moves the cursor
+        assert not torch.isnan(y).any(), step
+        assert torch.all(y[sid < 0] == 0)
+        err = rrmse(y, y_ref)
+        worst = max(worst, err)
+        fl = [s for s in sid.tolist() if s >= 0 and int(wp[s]) >= L - 1]
+        if MODES[mode][0] == torch.float32:
+            # the fp32 checkpoint (the recurrence) is exact in every fp32-checkpoint mode
+            assert rel(c["ckpt"], c_ref["ckpt"]) <= 1e-5, step
+            for i, s in enumerate(sid.tolist()):
+                if s in fl:  # flush step: y = S_t . C_t from the fp32 state
+                    assert rel(y[i], y_ref[i]) <= 1e-5, (step, s)
+        if MODES[mode][1] == torch.bfloat16:
+            # same RTNE rounding; an fp32 last-bit difference may flip one bf16 ulp
+            torch.testing.assert_close(c["ckpt_lo"].float(), c_ref["ckpt_lo"].float(), rtol=2**-7, atol=1e-6)
+        if MODES[mode][1] == torch.float8_e4m3fn or MODES[mode][0] == torch.float8_e4m3fn:
+            key = "ckpt_lo" if MODES[mode][1] is not None else "ckpt"
+            a = dequantize(c[key], c[key + "_scale"])
+            b = dequantize(c_ref[key], c_ref[key + "_scale"])
+            assert rrmse(a, b) <= 1e-3, step  # measured ~1e-7; room for a rare one-ulp flip
+            torch.testing.assert_close(c[key + "_scale"], c_ref[key + "_scale"], rtol=1e-5, atol=0)
+        replay_advance(c["write_pos"], sid, L=L)
+        replay_advance(c_ref["write_pos"], sid, L=L)
+        for s in range(SLOTS):
+            n = int(c["write_pos"][s])
+            for k in ("ring_x", "ring_B"):  # copies of the inputs
+                assert torch.equal(c[k][s, :, :n], c_ref[k][s, :, :n]), (step, s, k)
+            torch.testing.assert_close(c["ring_dt"][s, :, :n], c_ref["ring_dt"][s, :, :n], rtol=1e-6, atol=1e-6)
+    assert worst <= Y_TOL[mode], (mode, worst)
+    # cursors: tokens since the last flush (slot 1 never used, slot 3 joined at step 2)
+    assert c["write_pos"].tolist() == [steps % L, 0, steps % L, (steps - 2) % L]
+
+
+def test_v2_matches_eager_fp32(device):
+    """End to end against eager fp32 decoding (not just the replay reference)."""
+    H, G, P, N = 6, 3, 5, 7
+    gen = torch.Generator().manual_seed(3)
+    A, D, bias = (t.to(device) for t in params(gen, H))
+    c, S_eager = fresh(gen, H, G, P, N, "fp32")
+    c = {k: v.to(device) for k, v in c.items()}
+    S_eager = S_eager.to(device)
+    sid = torch.tensor([1, -1, 3, 0], dtype=torch.int32, device=device)
+    for step in range(L + 2):
+        x, dt, B, C, z = (t.to(device) for t in inputs(gen, 4, H, G, P, N))
+        y = v2_step(c, step, None, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, z=z)
+        y_eager = mamba2_decode_ref(S_eager, x, dt, A, B, C, D, bias, sid, z)
+        assert rel(y, y_eager) <= 1e-4, step
+        replay_advance(c["write_pos"], sid, L=L)
+    assert c["write_pos"].tolist() == [2, 2, 0, 2]
+
+
+@pytest.mark.parametrize("fold", ["serial", "dot", "tf32x3"])
+def test_v2_full_ring_and_cursor_at_L(fold, device):
+    """Cursor at L (a verify committed a full window): the step flushes all L entries + this token;
+    at L-1 it flushes too; bf16 ring / activations."""
+    H, G, P, N = 6, 3, 5, 7
+    gen = torch.Generator().manual_seed(4)
+    A, D, bias = (t.to(device) for t in params(gen, H))
+    c, _ = fresh(gen, H, G, P, N, "dual_bf16", dtype=torch.bfloat16)
+    c["ring_x"].copy_(torch.randn(c["ring_x"].shape, generator=gen))
+    c["ring_dt"].copy_(torch.rand(c["ring_dt"].shape, generator=gen))
+    c["ring_B"].copy_(torch.randn(c["ring_B"].shape, generator=gen))
+    c["write_pos"].copy_(torch.tensor([L, L - 1, 2, 0], dtype=torch.int32))
+    c = {k: v.to(device) for k, v in c.items()}
+    c_ref = {k: v.clone() for k, v in c.items()}
+    sid = torch.tensor([0, 1, -1, 2, 3], dtype=torch.int32, device=device)
+    x, dt, B, C, z = (t.to(device) for t in inputs(gen, 5, H, G, P, N, dtype=torch.bfloat16))
+    kw = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, z=z)
+    y = v2_step(c, 1, (4, 4, fold), **kw)
+    y_ref = mamba2_replay_decode(**c_ref, **kw, L=L, advance=False, backend="ref")
+    assert y.dtype == torch.bfloat16
+    assert rel(y, y_ref) <= 1e-2  # bf16 outputs
+    for k in ("ckpt", "ckpt_lo", "ring_x", "ring_dt", "ring_B", "write_pos"):
+        torch.testing.assert_close(c[k].float(), c_ref[k].float(), rtol=1e-5, atol=1e-5)
+
+
+def test_v2_needs_advance_false(device):
+    H, G, P, N = 3, 1, 5, 7
+    gen = torch.Generator().manual_seed(5)
+    A, D, bias = params(gen, H)
+    c, _ = fresh(gen, H, G, P, N, "fp32")
+    x, dt, B, C, z = inputs(gen, 1, H, G, P, N)
+    sid = torch.tensor([0], dtype=torch.int32)
+    with pytest.raises(ValueError, match="advance=False"):
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2")
+    with pytest.raises(ValueError, match="fold"):
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
+                             advance=False, backend="triton", config=(8, 4, "fma"))
+    with pytest.raises(ValueError, match="impl"):
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v3")
