@@ -31,7 +31,7 @@ def _scorer(cfg, seq_len: int):
     if p.path == "decode":
         from synodic.engine.teacher import DecodePathScorer
         g = build_graph(cfg, seq_len + 1, max_slots=p.batch_size)
-        return DecodePathScorer(g), g
+        return DecodePathScorer(g, progress=True), g
     g = build_graph(cfg, seq_len + 1, max_slots=1)
     return g.model.eval(), g
 

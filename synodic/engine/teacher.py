@@ -9,7 +9,7 @@ from .runner import ModelRunner
 class DecodePathScorer:
     """scorer(x [b, T]) → logits [b, T, V], row i in slot i; callable like a model's forward."""
 
-    def __init__(self, graph, progress=None):
+    def __init__(self, graph, progress: bool = False):
         self.graph, self.progress = graph, progress
         self._memo: dict[bytes, torch.Tensor] = {}  # eval scores the same windows for NLL and KL
         self.runner = ModelRunner(graph.model, graph.ssm, graph.kv, graph.max_slots, graph.device,
@@ -37,8 +37,10 @@ class DecodePathScorer:
             out.append(self.runner.prefill(s, rows[s][:1])[None])
         first = torch.stack(out)  # [b, 1, V]
         steps = []
-        for t in range(1, T):
+        positions = range(1, T)
+        if self.progress:  # a 2048-token window is 2047 decode steps: show them
+            from rich.progress import track
+            positions = track(positions, description="teacher-forced decode", transient=True)
+        for t in positions:
             steps.append(self.runner.decode(slots, [t] * b, [r[t] for r in rows], t + 1).float())
-            if self.progress is not None:
-                self.progress(1)
         return torch.cat([first.float(), torch.stack(steps, 1)], 1) if steps else first.float()
