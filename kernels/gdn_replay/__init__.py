@@ -29,7 +29,14 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import pick_backend
-from ..mamba2_replay.common import check_state_pair, is_fp8, replay_advance, replay_commit, replay_flush_reset
+from ..mamba2_replay.common import (
+    check_ring,
+    check_state_pair,
+    is_fp8,
+    replay_advance,
+    replay_commit,
+    replay_flush_reset,
+)
 from .ref import gdn_replay_decode_ref, gdn_replay_flush_ref, gdn_replay_verify_ref
 
 __all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "gdn_replay_alloc",
@@ -44,15 +51,7 @@ def _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo
         raise ValueError(f"HV={HV} is not a multiple of Hk={Hk}")
     want = {"ring_u": (ring_u, (slots, HV, L, V)), "ring_k": (ring_k, (slots, Hk, L, K)),
             "ring_g": (ring_g, (slots, HV, L)), "write_pos": (write_pos, (slots,))}
-    for name, (t, shape) in want.items():
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {shape} (L={L})")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
-    if write_pos.dtype != torch.int32:
-        raise ValueError(f"write_pos: dtype {write_pos.dtype}, expected torch.int32")
-    if ring_g.dtype != torch.float32:
-        raise ValueError("ring_g must be float32")
+    check_ring(want, write_pos, L, ("ring_g", ring_g))
     check_state_pair(ckpt, ckpt_scale, "ckpt", ckpt.shape)
     check_state_pair(ckpt_lo, ckpt_lo_scale, "ckpt_lo", ckpt.shape)
 

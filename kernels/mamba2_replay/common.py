@@ -53,6 +53,19 @@ def store_state(dst: torch.Tensor, dst_scale: torch.Tensor | None, s: torch.Tens
         dst.copy_(s.to(dst.dtype))
 
 
+def check_ring(want: dict, write_pos: torch.Tensor, L: int, decays: tuple[str, torch.Tensor]) -> None:
+    """Ring tensors (name → (tensor, shape)) contiguous and shaped; an int32 cursor; fp32 decays."""
+    for name, (t, shape) in want.items():
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {shape} (L={L})")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if write_pos.dtype != torch.int32:
+        raise ValueError(f"write_pos: dtype {write_pos.dtype}, expected torch.int32")
+    if decays[1].dtype != torch.float32:
+        raise ValueError(f"{decays[0]} must be float32")
+
+
 def check_state_pair(t: torch.Tensor | None, scale: torch.Tensor | None, name: str, state_shape) -> None:
     if t is None:
         return

@@ -4,14 +4,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_errors import rel_rmse
 from synodic.kernels.gdn_decode import gdn_decode, gdn_decode_ref
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
-def rel_rmse(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().cpu(), b.double().cpu()
-    return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30)).item()
 
 
 def make_step(batch, HV, Hk, K, V, dtype, device, gen):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_errors import rel_max as rel
+from kernel_errors import rel_rmse as rrmse
 from synodic.kernels.gdn_decode.ref import gdn_decode_ref
 from synodic.kernels.gdn_replay import (
     gdn_replay_alloc,
@@ -20,12 +22,6 @@ HV, HK, V, K = 6, 3, 5, 7
 SLOTS = 4
 
 
-def rel(a, b):
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
-
-
-def rrmse(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def step_inputs(gen, b, device, T=None, dtype=torch.float32, HV=HV, Hk=HK, V=V, K=K):

@@ -2,6 +2,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_errors import rel_rmse
 from synodic.kernels.gdn_decode import gdn_decode, gdn_decode_ref
 from synodic.kernels.gdn_window import gdn_decode_window, gdn_decode_window_ref
 
@@ -13,9 +14,6 @@ SRC = [3, -1, 0, 5]
 DST = [[3, 7, 8, 12], [13, 13, 13, 13], [9, 10, 0, 11], [1, -1, 2, 4]]
 
 
-def rel_rmse(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().cpu(), b.double().cpu()
-    return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30)).item()
 
 
 def make_window(batch, T, HV, Hk, K, V, dtype, device, gen):

@@ -3,14 +3,12 @@ import math
 
 import pytest
 import torch
+from kernel_errors import rel_rmse
 from synodic.kernels.mamba2_decode import mamba2_decode, mamba2_decode_ref
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
-def rel_rmse(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().cpu(), b.double().cpu()
-    return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30)).item()
 
 
 def make_step(batch, H, P, N, G, dtype, device, gen, with_z):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_errors import rel_max as rel
+from kernel_errors import rel_rmse as rrmse
 from synodic.kernels.mamba2_decode.ref import mamba2_decode_ref
 from synodic.kernels.mamba2_replay import (
     mamba2_replay_alloc,
@@ -22,12 +24,6 @@ H, G, P, N = 3, 1, 5, 7
 SLOTS = 4
 
 
-def rel(a, b):
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
-
-
-def rrmse(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def params(gen, device, H=H):

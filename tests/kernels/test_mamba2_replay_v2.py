@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_errors import rel_max as rel
+from kernel_errors import rel_rmse as rrmse
 from synodic.kernels.mamba2_decode.ref import mamba2_decode_ref
 from synodic.kernels.mamba2_replay import mamba2_replay_alloc, mamba2_replay_decode, replay_advance
 from synodic.kernels.mamba2_replay.common import dequantize, quantize_rows_fp8, store_state
@@ -17,12 +19,6 @@ SLOTS = 4
 L = 4
 
 
-def rel(a, b):
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
-
-
-def rrmse(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 MODES = {  # name: (ckpt dtype, low-precision copy dtype)

@@ -1,6 +1,7 @@
 """mamba2_decode_window: Triton kernel vs torch reference vs the eager reference applied T times."""
 import pytest
 import torch
+from kernel_errors import rel_rmse
 from synodic.kernels.mamba2_decode import mamba2_decode, mamba2_decode_ref
 from synodic.kernels.mamba2_window import mamba2_decode_window, mamba2_decode_window_ref
 
@@ -12,9 +13,6 @@ SRC = [3, -1, 0, 5]
 DST = [[3, 7, 8, 12], [13, 13, 13, 13], [9, 10, 0, 11], [1, -1, 2, 4]]
 
 
-def rel_rmse(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().cpu(), b.double().cpu()
-    return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30)).item()
 
 
 def make_window(batch, T, H, P, N, G, dtype, device, gen, with_z):

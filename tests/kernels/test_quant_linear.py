@@ -5,15 +5,11 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from kernel_errors import rel_rmse
 from synodic.kernels.quant_linear import quant_linear
 from synodic.kernels.quant_linear.triton_impl import FMT_IDS, _decode, _e8m0
 
 from synodic.quant import QuantLinear, quantize
-
-
-def rel_rmse(a, b):
-    a, b = a.double().cpu(), b.double().cpu()
-    return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30)).item()
 
 
 def make(N, K, M, dtype, device, seed):

@@ -4,12 +4,8 @@ import math
 
 import pytest
 import torch
+from kernel_errors import rel_rmse
 from synodic.kernels.sparse_attention import sparse_attention
-
-
-def rel_rmse(a, b):
-    a, b = a.double().cpu(), b.double().cpu()
-    return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30)).item()
 
 
 def make(N, nq, nkv, hd, rows, K, dtype, device, gen):
