@@ -72,7 +72,10 @@ def sparse_attention_triton(q, k_cache, v_cache, ids, scale, out=None, block_k: 
         return out
     rep_p = max(16, triton.next_power_of_2(rep))
     d_p = max(16, triton.next_power_of_2(hd))
-    block_k = block_k or max(16, min(64, triton.next_power_of_2(max(K, 1))))
+    # fp32 dot operands are staged in shared memory (K and V tiles [BLOCK_K, D_P] + q): 576-value rows
+    # (head_dim 288 -> D_P 512) at BLOCK_K 64 need ~300 KB, over Hopper's 227 KB; 32 fits
+    cap = 64 if d_p <= 256 else 32
+    block_k = block_k or max(16, min(cap, triton.next_power_of_2(max(K, 1))))
     _sparse_attn_kernel[(N, nkv)](
         q, k_cache, v_cache, ids, out,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *ids.stride(), *out.stride(),
