@@ -27,7 +27,6 @@ if not torch.cuda.is_available():
 from synodic.kernels.kv_resolve import kv_resolve  # noqa: E402
 from synodic.kernels.row_copy import copy_rows  # noqa: E402
 
-
 _POOL: dict = {}
 
 

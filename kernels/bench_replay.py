@@ -39,13 +39,15 @@ E = 2  # bytes per activation element
 TARGETS = {("mamba2", "replay_fp32"): 1.75, ("mamba2", "replay_dual_bf16"): 2.5,
            ("mamba2", "replay_fp32_v2"): 1.75, ("mamba2", "replay_dual_bf16_v2"): 2.5,
            ("gdn", "replay_fp32_adjoint"): 1.6, ("gdn", "replay_fp32_state"): 1.6}
-# (block rows, heads per program, warps, maxnreg)
-M_SWEEP = [(32, 1, 8, 80), (16, 1, 4, 80), (32, 1, 8, None), (16, 2, 4, 80)]
-G_SWEEP = M_SWEEP
-SWEEP_VARIANTS = ("replay_fp32", "replay_dual_bf16", "replay_fp32_adjoint")
-# v2 (BLOCK_P, warps, flush fold): the eager rule's tile, the neighbours, and the two dot folds
-V2_SWEEP = [(32, 8, "serial"), (16, 4, "serial"), (32, 4, "serial"), (64, 8, "serial"), (32, 8, "tf32x3"),
-            (32, 8, "dot")]
+# (block rows, heads per program, warps, maxnreg). 2026-11-30 sweep: fewer warps per [BP, N] tile
+# (more loads in flight per thread) was the lever — v2 (32, 4 warps) 1.34x vs (32, 8) 1.00x.
+M_SWEEP = [(32, 1, 8, None), (16, 2, 4, 80)]
+G_SWEEP = [(16, 2, 4, 80), (16, 2, 4, None), (16, 2, 2, None), (32, 2, 4, None), (8, 2, 2, None),
+           (32, 1, 4, None), (16, 1, 2, None), (32, 2, 8, None)]
+SWEEP_VARIANTS = ("replay_fp32_adjoint", "replay_dual_bf16_adjoint")
+# v2 (BLOCK_P, warps, flush fold)
+V2_SWEEP = [(32, 4, "serial"), (32, 2, "serial"), (64, 4, "serial"), (64, 2, "serial"), (16, 2, "serial"),
+            (16, 4, "serial"), (64, 8, "serial"), (16, 1, "serial"), (8, 1, "serial"), (8, 2, "serial")]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,6 +36,10 @@ import torch
 from .bench_ssm_decode import HBM_GBPS, ROTATE_BYTES, _esize, _git_commit, rel_rmse
 
 MAMBA = dict(H=128, P=64, N=128, G=8)
+VERIFY_SWEEP = {"mamba2": [(32, 1, 4, None), (16, 1, 4, None), (16, 1, 2, None), (64, 1, 4, None), (32, 2, 4, None),
+                           (32, 1, 8, None)],
+                "gdn": [(16, 2, 4, None), (16, 1, 4, None), (32, 1, 4, None), (16, 2, 2, None), (8, 1, 2, None),
+                        (32, 2, 8, None)]}
 GDN = dict(HV=32, Hk=16, K=128, V=128)
 TINY_MAMBA = dict(H=6, P=8, N=16, G=3)
 TINY_GDN = dict(HV=4, Hk=2, K=16, V=8)
@@ -192,10 +196,11 @@ class Replay:
             if self.with_flush:
                 self.mod.mamba2_replay_flush(**c, A=self.prm["A"], slot_ids=s["slot_ids"], L=L, min_room=self.T,
                                              backend=backend)
-            return self.mod.mamba2_replay_verify(**c, **s, **self.prm, L=L, backend=backend)
+            return self.mod.mamba2_replay_verify(**c, **s, **self.prm, L=L, backend=backend,
+                                                 config=getattr(self, "config", None))
         if self.with_flush:
             self.mod.gdn_replay_flush(**c, slot_ids=s["slot_ids"], L=L, min_room=self.T, backend=backend)
-        return self.mod.gdn_replay_verify(**c, **s, L=L, backend=backend)
+        return self.mod.gdn_replay_verify(**c, **s, L=L, backend=backend, config=getattr(self, "config", None))
 
     def bytes_est(self):
         b, T, wp, e = self.batch, self.T, WRITE_POS, _esize(MODEL_DTYPE)
@@ -290,6 +295,7 @@ def main(argv=None):
     ap.add_argument("--out", default="bench_window.json")
     ap.add_argument("--batches", default="1,32,128,256")
     ap.add_argument("--T", type=int, default=4, help="window size 1 + drafts")
+    ap.add_argument("--sweep", default="", help="batches at which to time the replay verify launch configs")
     ap.add_argument("--tiny", action="store_true",
                     help="tiny shapes: checks + one call of every timed op, no timing (also on CPU)")
     args = ap.parse_args(argv)
@@ -298,6 +304,7 @@ def main(argv=None):
     if not cuda and not args.tiny:
         sys.exit("bench_window: needs a CUDA GPU (use --tiny for a CPU smoke test)")
     batches = [int(b) for b in args.batches.split(",")]
+    sweep_batches = [int(b) for b in args.sweep.split(",") if b]
     T = args.T
     problems = [(MambaWindow, TINY_MAMBA if args.tiny else MAMBA), (GDNWindow, TINY_GDN if args.tiny else GDN)]
     import triton
@@ -357,6 +364,12 @@ def main(argv=None):
                 try:
                     row["replay_us"], row["replay_us_graph"] = time_plain(rp, rot), time_graph(rp, rot)
                     row["replay_verify_only_us_graph"] = time_graph(rv, rot)
+                    if batch in sweep_batches:  # verify launch configs (block, heads/program, warps, maxnreg)
+                        row["verify_sweep"] = []
+                        for cfg in VERIFY_SWEEP[cls.name]:
+                            rv.config = cfg
+                            row["verify_sweep"].append(dict(config=cfg, us_graph=time_graph(rv, rot)))
+                        rv.config = None
                     rbest = min(row["replay_us"], row["replay_us_graph"])
                     row["replay_bytes_est"] = rp.bytes_est()
                     row["replay_gbps_est"] = row["replay_bytes_est"] / (rbest * 1e3)
