@@ -42,8 +42,8 @@ TARGETS = {("mamba2", "replay_fp32"): 1.75, ("mamba2", "replay_dual_bf16"): 2.5,
 # (block rows, heads per program, warps, maxnreg). 2026-11-30 sweep: fewer warps per [BP, N] tile
 # (more loads in flight per thread) was the lever — v2 (32, 4 warps) 1.34x vs (32, 8) 1.00x.
 M_SWEEP = [(32, 1, 8, None), (16, 2, 4, 80)]
-G_SWEEP = [(16, 2, 4, 80), (16, 2, 4, None), (16, 2, 2, None), (32, 2, 4, None), (8, 2, 2, None),
-           (32, 1, 4, None), (16, 1, 2, None), (32, 2, 8, None)]
+G_SWEEP = [(16, 2, 2, None), (32, 2, 2, None), (32, 1, 2, None), (64, 1, 2, None), (16, 2, 1, None),
+           (32, 1, 1, None), (64, 2, 4, None), (16, 1, 2, None)]
 SWEEP_VARIANTS = ("replay_fp32_adjoint", "replay_dual_bf16_adjoint")
 # v2 (BLOCK_P, warps, flush fold)
 V2_SWEEP = [(32, 4, "serial"), (32, 2, "serial"), (64, 4, "serial"), (64, 2, "serial"), (16, 2, "serial"),

@@ -297,19 +297,20 @@ def _gdn_replay_decode_kernel(
 
 def pick_config(batch: int, HV: int, V: int, rep: int, T: int = 1, route_state: bool = False,
                 lo: bool = False) -> tuple[int, int, int, int | None]:
-    """(BLOCK_V, value heads per program, num_warps, maxnreg). H200 sweep of the adjoint decode at
-    batch 256 (bench_replay --sweep 256, 2026-11-29): (16, 2, 4, maxnreg 80) 286 us beat
-    (16, 1, 4, 80) 351, (32, 1, 8, 80) 391 and (32, 1, 8, no cap) 390: two value heads per program
-    share the key head's ring k and k.k / k.q products. Used when batch x HV >= 2048; smaller
-    batches split V (down to 8 rows; 16 for the state route's dot) to keep programs in flight."""
+    """(BLOCK_V, value heads per program, num_warps, maxnreg). H200 sweeps of the adjoint decode
+    (bench_replay --sweep): 2026-11-30 at batch 256, (16, 2, 2 warps) 244 us (1.14x eager) beat
+    (16, 1, 2) 256, (32, 2, 4) 264, (16, 2, 4, maxnreg 80) 286 and (32, 2, 8) 407 — fewer warps per
+    tile, i.e. more loads in flight per thread, as for Mamba-2; batch 8: (16, 2, 2) 1.06x; batch 1:
+    (16, 1, 2) 0.83x, (32, 1, 4) 0.76x. Two value heads per program share the key head's ring k and
+    k.k / k.q products. Smaller batches split V (down to 8 rows; 16 for the state route's dot)."""
     floor = 16 if route_state else 8
-    if T == 1 and not route_state and batch * HV >= 2048 and rep % 2 == 0:
-        return max(floor, min(16, next_pow2(V))), 2, 4, 80
+    if not route_state:  # decode and verify windows (verify T=4, batch 256: (16, 2, 2) 1543 us vs (32, 1, 8) 3661)
+        return max(floor, min(16, next_pow2(V))), (2 if batch * HV >= 256 and rep % 2 == 0 else 1), 2, None
     bv = max(floor, min(32, next_pow2(V)))
     while bv > floor and batch * HV * triton.cdiv(V, bv) < 1024:
         bv //= 2
     nw = 8 if bv >= 32 else 4
-    return bv, 1, nw, (80 if T == 1 and not route_state else None)
+    return bv, 1, nw, None
 
 
 def launch(mode, ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, T, scale,

@@ -1,8 +1,9 @@
 """Mamba-2 ReplaySSM decode step, v2: shaped like the eager ``mamba2_decode`` kernel so it can stream.
 
 One program per (P-tile x head, batch row), grid ``(H * cdiv(P, BLOCK_P), batch)``, tile
-[BLOCK_P, N] chosen by the eager kernel's ``default_config`` rule (16 KiB of the tile read every
-step: the checkpoint, or its low-precision copy in dual precision). T = 1, ``advance=False`` only:
+[BLOCK_P, N] chosen by ``pick_config_v2`` (more tile elements per thread than the eager kernel: a
+read-only step needs more bytes in flight), read every step: the checkpoint, or its low-precision
+copy in dual precision. T = 1, ``advance=False`` only:
 write_pos is read, never written (the caller moves the shared cursor once per step).
 
 Latency layout: nothing but the slot id sits in front of the loads. The checkpoint tile, all L ring
@@ -27,7 +28,6 @@ import triton
 import triton.language as tl
 
 from .._tl import _round_bf16, _softplus
-from ..mamba2_decode.triton_impl import default_config
 from .common import is_fp8
 
 
@@ -210,17 +210,25 @@ FOLDS = {"serial": 0, "dot": 1, "tf32x3": 2}
 
 
 def pick_config_v2(ckpt, ckpt_lo, P: int, N: int, rows: int) -> tuple[int, int, str]:
-    """(BLOCK_P, num_warps, fold): the eager rule for the tile read every step (ckpt_lo if given,
-    else ckpt): 16 KiB on 8 warps, P split down to 8 rows when batch x heads is small.
+    """(BLOCK_P, num_warps, fold) for `rows` = batch x heads.
 
-    fold = how a flush rebuilds S_t. sm_90 registers per thread (AOT compile, fp32 checkpoint,
-    [32, 128] tile, 8 warps; the eager kernel: 80): "serial" 79, "tf32x3" dot 95-115, "dot" (fp32
-    FMA dot) ~190. The rarely taken flush branch sets the register budget of every step, and ~190
-    leaves one program per SM, so "serial" is the default; the dots stay selectable (config[2]).
-    Dual bf16 ([64, 128] bf16 tile, 8 warps): serial 125 regs (2 programs/SM); [32, 128] on 4
-    warps: 95 (5 programs/SM) — sweep both."""
-    bp, nw = default_config((ckpt_lo if ckpt_lo is not None else ckpt).dtype, P, N, rows)
-    return bp, nw, "serial"
+    A read-only step needs about twice the bytes in flight of the eager read+write step to reach the
+    same rate, so the lever is tile elements per thread: H200 sweep (bench_replay --sweep 1,8,256,
+    2026-11-30, H=128 P=64 N=128, L=16), speedup over the eager kernel:
+      batch 256: (64, 2 warps) fp32 1.78x / dual_bf16 2.00x; (32, 2) 1.36 / 1.61; (32, 4) 1.35 / 1.43;
+                 (32, 8) — the eager rule — 0.95 / 1.14; (16, 2) 1.40 / 1.50.
+      batch 8:   (64, 2) 1.38 / 1.58; (32, 2) 1.20 / 1.44.
+      batch 1:   (16, 2) 1.08 / 1.18; (32, 2) 0.99 / 1.19; (64, 2) 0.98 / 1.02.
+    So: [64, N] tiles on 2 warps once batch x heads fills the GPU (>= 1024 rows), else a [16, N]
+    (fp32) or [32, N] (low-precision copy) tile on 2 warps for more programs.
+
+    fold = how a flush rebuilds S_t: "serial" rank-1 updates (register-light; the rarely taken branch
+    sets the register budget of every step). The fp32 dot folds ("dot", "tf32x3") stay selectable
+    through config[2]; at (32, 8) they were 1.3x / 2x slower."""
+    lo = ckpt_lo is not None
+    cap = triton.next_power_of_2(P)
+    bp = 64 if rows >= 1024 else (32 if lo else 16)
+    return min(bp, cap), 2, "serial"
 
 
 def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
