@@ -12,10 +12,13 @@ W8A16) or 'mxfp4' (activations fake-quantized in-kernel to MXFP4, 'floor' scale 
 The weights are dequantized in registers, so decode reads ~4.25 bits (MXFP4) / 4.5 bits (NVFP4) per
 weight instead of 16. Backends: "auto" (Triton on CUDA tensors, reference otherwise) | "triton" | "ref".
 
-Measured on an H200 (bench_quant.py, 2026-11-29, bf16 activations, weights read from HBM): the GEMV
-(M = 1) runs at 0.9-1.07x the speed of bf16 F.linear for MXFP4 and 0.8-0.87x for NVFP4 at
+Measured on an H200 (bench_quant.py, 2026-11-29, bf16 activations, weights read from HBM), the v1 kernels:
+the GEMV (M = 1) ran at 0.9-1.07x the speed of bf16 F.linear for MXFP4 and 0.8-0.87x for NVFP4 at
 4096x4096 .. 14336x4096 — bound by in-register decoding, not by the 3.6x fewer bytes; the M = 32 GEMM
-path is 5-7x slower than bf16. QuantLinear therefore runs the kernel only for single-row inputs.
+path 5-7x slower than bf16. QuantLinear therefore runs the kernel only for single-row inputs. The v2
+kernels (default; tl.dot for every M, cheaper decode, in-kernel split-K) are not yet timed on the GPU.
+On bf16 activations the v2 dot path rounds x * s to bf16 before the MMA (rel. error ~1e-3 vs the fp32
+reference; fp32 activations run an IEEE fp32 dot).
 """
 from __future__ import annotations
 
@@ -53,8 +56,9 @@ def _check(x, q, s, bias, act_quant) -> None:
 def quant_linear(x: torch.Tensor, q, s: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
                  act_quant: str | None = None, backend: str = "auto", config: dict | None = None) -> torch.Tensor:
     """x [..., K] (bf16 / fp16 / fp32) -> y [..., N] in x.dtype. `config` overrides the Triton launch
-    config (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages; see triton_impl.default_config; for MXFP8,
-    FP8_CVT=True decodes with the hardware fp8 conversion instead of bit arithmetic)."""
+    config (KERNEL dot | gemv | v1, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, and for v2 BLOCK_M, SEM
+    (in-kernel split-K reduction), TWO_MUL (exact decode for any block scale); see
+    triton_impl.resolve_config; for MXFP8, FP8_CVT=True decodes with the hardware fp8 conversion)."""
     _check(x, q, s, bias, act_quant)
     if backend == "auto":
         backend = "triton" if x.is_cuda and q.fmt in KERNEL_FORMATS else "ref"

@@ -1,6 +1,12 @@
 """Triton kernels of `quant_linear`: GEMV (M = 1) and skinny GEMM (M >= 2) straight from packed
 block-quantized weights.
 
+Two generations live here, picked by config KERNEL: "dot" (v2, the default for every M: weight tile as the
+left tl.dot operand, 3-op decode + one multiply per weight, bf16 MMA, in-kernel split-K reduction), "gemv"
+(v2 CUDA-core GEMV for one row) and "v1" (the kernels described next, kept for side-by-side timing in
+bench_quant.py). The v2 design is described above `_qdot_kernel`.
+
+v1:
 Weights stay in the layout `QTensor` stores (no conversion): codes [N, K/2] uint8 for 4-bit formats
 (two per byte, even k in the low nibble), [N, K] for 8-bit; block scales [N, K/B] uint8 (E8M0 for MX,
 E4M3 for NVFP4, whose FP32 per-tensor scale multiplies the accumulator once at the end).
@@ -272,25 +278,315 @@ def _qgemm_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, M, N, K, K_P
         tl.store(y_ptr + rows_m[:, None] * N + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
 
 
+# --- v2 kernels (default): cheaper decode, tensor cores for every M, in-kernel split-K reduction ----------------
+#
+# Decode without per-weight exponent fix-ups: a code's bits are shifted into an fp32 word whose value is the
+# code's value times 2^-R (R = 126 for E2M1, 120 for E4M3, 112 for E5M2; subnormal codes land on fp32
+# subnormals, so this is exact: 3 integer ops per weight). The missing 2^R and the block scale are one fp32
+# multiply per weight (dot path: `_fold` makes 2^(R - DSH) * scale per block, so the weight reaches tl.dot as
+# value * 2^-DSH and the accumulator is multiplied by 2^DSH once; DSH = 64 keeps every fp32 factor normal for
+# E8M0 scales 2^-61 .. 2^65 — all real weights — and bf16 holds value * 2^-64 exactly), or, in the CUDA-core
+# GEMV, no per-weight multiply at all: x is pre-multiplied by 2^(R - DSH) once per tile and the block scale
+# multiplies the block's partial sum.
+
+_DSH = 64
+
+
+@triton.jit
+def _bits_lo(b):
+    """int32 bytes -> fp32 = E2M1(low nibble) * 2^-126 (exact; code 1 is the fp32 subnormal 2^-127)."""
+    return (((b & 7) << 22) | ((b & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bits_hi(b):
+    """int32 bytes -> fp32 = E2M1(high nibble) * 2^-126."""
+    return (((b << 18) & 0x1C00000) | ((b & 0x80) << 24)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bits8(c, FMT: tl.constexpr, FP8_CVT: tl.constexpr):
+    """int32 8-bit codes -> fp32 = value * 2^-R: E4M3 R=120 (NaN codes 0x7F/0xFF kept), E5M2 R=112 (Inf/NaN
+    kept); with FP8_CVT the hardware conversion, R=0."""
+    if FP8_CVT:
+        return _decode(c, FMT, True)
+    elif FMT == 2:
+        v = (((c & 0x7F) << 20) | ((c & 0x80) << 24)).to(tl.float32, bitcast=True)
+        return tl.where((c & 0x7F) == 0x7F, float("nan"), v)
+    else:
+        v = (((c & 0x7F) << 21) | ((c & 0x80) << 24)).to(tl.float32, bitcast=True)
+        sp = tl.where((c & 3) == 0, float("inf"), float("nan"))
+        return tl.where((c & 0x7C) == 0x7C, tl.where((c & 0x80) != 0, -sp, sp), v)
+
+
+@triton.jit
+def _fold(sc, FMT: tl.constexpr, SH: tl.constexpr, SHMUL: tl.constexpr):
+    """int32 block-scale codes -> fp32 scale * 2^SH (SH >= 0, SHMUL = 2^SH). E8M0: built from the exponent
+    field (NaN code kept, overflow -> inf, which needs a scale >= 2^(128 - SH): none in real weights)."""
+    if FMT == 1:
+        v = _e4m3(sc)
+        if SH != 0:
+            v = v * SHMUL
+        return v
+    elif SH == 0:
+        return _e8m0(sc)
+    else:
+        v = (tl.minimum(sc + SH, 255) << 23).to(tl.float32, bitcast=True)
+        return tl.where(sc == 255, float("nan"), v)
+
+
+@triton.jit
+def _store_out(val, y_ptr, part_ptr, cnt_ptr, y_off, p_off, mask, pid_k, tile, slab,
+               SPLIT: tl.constexpr, SEM: tl.constexpr):
+    """Write an output tile. Split K: every program stores its fp32 partial; with SEM the last program of a
+    tile (a per-tile counter, atomics acq_rel) sums the partials in split order (deterministic) and writes y,
+    then resets the counter — no second kernel launch; without SEM the host sums them."""
+    if SPLIT == 1:
+        tl.store(y_ptr + y_off, val.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(part_ptr + pid_k * slab + p_off, val, mask=mask)
+        if SEM:
+            tl.debug_barrier()  # every thread's partial is issued before the counter moves
+            done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if done == SPLIT - 1:
+                tot = tl.load(part_ptr + p_off, mask=mask, other=0.0, cache_modifier=".cg")
+                for j in range(1, SPLIT):
+                    tot += tl.load(part_ptr + j * slab + p_off, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.store(y_ptr + y_off, tot.to(y_ptr.dtype.element_ty), mask=mask)
+                tl.atomic_xchg(cnt_ptr + tile, 0)
+
+
+@triton.jit
+def _qdot_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, K_PER_SPLIT,
+                 stride_xm, stride_wn, stride_sn,
+                 FMT: tl.constexpr, QBLOCK: tl.constexpr, HAS_S: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 ACT_Q: tl.constexpr, SPLIT: tl.constexpr, SEM: tl.constexpr, DOT_DT: tl.constexpr,
+                 DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 FP8_CVT: tl.constexpr, TWO_MUL: tl.constexpr, RMUL: tl.constexpr, SH: tl.constexpr,
+                 SHMUL: tl.constexpr, OMUL: tl.constexpr):
+    """y[m, n] = sum_k act(x[m, k] s[k]) w[n, k]: acc[BLOCK_N, BLOCK_M] = dot(W tile, x tile^T). The weight
+    is the left operand (Hopper's wgmma can read it from registers, where it was decoded; x^T, small, goes
+    through shared memory), so BLOCK_N >= 64 fills the MMA's M side and BLOCK_M = 16 rows (M = 1 padded) its
+    narrow N side. Codes are loaded as [BLOCK_N, G, H] (a row's BLOCK_K/2 packed bytes contiguous, vector
+    loads; the block scale broadcasts over its H bytes), decoded, and the two nibbles joined back into k
+    order ([.., 2] -> reshape), which keeps each k pair in one thread as the MMA operand wants."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    PACKED: tl.constexpr = FMT <= 1
+    G: tl.constexpr = BLOCK_K // QBLOCK
+    H: tl.constexpr = QBLOCK // 2 if PACKED else QBLOCK
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mn = offs_n < N
+    mm = offs_m < M
+    rows_n = offs_n.to(tl.int64)
+    rows_m = offs_m.to(tl.int64)
+    offs_g = tl.arange(0, G)
+    offs_h = tl.arange(0, H)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    g_hi = k_hi // QBLOCK
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        g = k0 // QBLOCK + offs_g
+        mg = g < g_hi
+        sc = tl.load(sc_ptr + rows_n[:, None] * stride_sn + g[None, :], mask=mn[:, None] & mg[None, :], other=0)
+        if TWO_MUL:  # exact for any scale: (bits * 2^R) * scale
+            f = _scale(sc.to(tl.int32), FMT)[:, :, None]
+        else:
+            f = _fold(sc.to(tl.int32), FMT, SH, SHMUL)[:, :, None]
+        byte = tl.load(w_ptr + rows_n[:, None, None] * stride_wn + (g * H)[None, :, None] + offs_h[None, None, :],
+                       mask=mn[:, None, None] & mg[None, :, None], other=0).to(tl.int32)
+        if PACKED:
+            lo = _bits_lo(byte)
+            hi = _bits_hi(byte)
+            if TWO_MUL:
+                lo = lo * RMUL
+                hi = hi * RMUL
+            w = tl.reshape(tl.join((lo * f).to(DOT_DT), (hi * f).to(DOT_DT)), (BLOCK_N, BLOCK_K))
+        else:
+            wv = _bits8(byte, FMT, FP8_CVT)
+            if TWO_MUL:
+                wv = wv * RMUL
+            w = tl.reshape((wv * f).to(DOT_DT), (BLOCK_N, BLOCK_K))
+        kk = k0 + offs_k
+        mk = kk < k_hi
+        xt = tl.load(x_ptr + rows_m[None, :] * stride_xm + kk[:, None], mask=mk[:, None] & mm[None, :],
+                     other=0.0).to(tl.float32)  # [BLOCK_K, BLOCK_M]
+        if HAS_S:
+            xt = xt * tl.load(s_ptr + kk, mask=mk, other=0.0)[:, None]
+        if ACT_Q == 1:
+            x3 = tl.reshape(xt, (BLOCK_K // 32, 32, BLOCK_M))
+            xt = tl.reshape(_mxfp4_from_amax(x3, tl.max(tl.abs(x3), axis=1, keep_dims=True)), (BLOCK_K, BLOCK_M))
+        acc = tl.dot(w, xt.to(DOT_DT), acc, input_precision=DOT_PREC)
+    acc = acc * OMUL
+    if FMT == 1:
+        acc = acc * tl.load(p_ptr)
+    if HAS_BIAS:
+        if pid_k == 0:
+            acc += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[:, None]
+    off = rows_m[None, :] * N + offs_n[:, None]
+    _store_out(acc, y_ptr, part_ptr, cnt_ptr, off, off, mn[:, None] & mm[None, :], pid_k,
+               pid_m * tl.num_programs(0) + pid_n, M * N, SPLIT, SEM)
+
+
+@triton.jit
+def _qgemv2_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, N, K, K_PER_SPLIT,
+                   stride_wn, stride_sn,
+                   FMT: tl.constexpr, QBLOCK: tl.constexpr, HAS_S: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   ACT_Q: tl.constexpr, SPLIT: tl.constexpr, SEM: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, FP8_CVT: tl.constexpr, XMUL: tl.constexpr, OMUL: tl.constexpr):
+    """CUDA-core GEMV for one row: x loaded with vector loads (pairs split in registers, not stride-2
+    gathers), pre-multiplied by 2^(R - DSH) so each weight costs its 3-op decode and one FMA; the block
+    scale multiplies the [BLOCK_N, G] block sums."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    PACKED: tl.constexpr = FMT <= 1
+    G: tl.constexpr = BLOCK_K // QBLOCK
+    H: tl.constexpr = QBLOCK // 2 if PACKED else QBLOCK
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = offs_n < N
+    rows = offs_n.to(tl.int64)
+    offs_g = tl.arange(0, G)
+    offs_h = tl.arange(0, H)
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    g_hi = k_hi // QBLOCK
+    acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        g = k0 // QBLOCK + offs_g
+        mg = g < g_hi
+        sc = tl.load(sc_ptr + rows[:, None] * stride_sn + g[None, :], mask=mn[:, None] & mg[None, :], other=0)
+        sc = _scale(sc.to(tl.int32), FMT)
+        byte = tl.load(w_ptr + rows[:, None, None] * stride_wn + (g * H)[None, :, None] + offs_h[None, None, :],
+                       mask=mn[:, None, None] & mg[None, :, None], other=0).to(tl.int32)
+        if PACKED:
+            col = (g * QBLOCK)[:, None, None] + (2 * offs_h)[None, :, None] + tl.arange(0, 2)[None, None, :]
+            xm = mg[:, None, None]
+            x3 = tl.load(x_ptr + col, mask=xm, other=0.0).to(tl.float32)  # [G, H, 2]: k pairs
+            if HAS_S:
+                x3 = x3 * tl.load(s_ptr + col, mask=xm, other=0.0)
+            if ACT_Q == 1:
+                x3 = _mxfp4_from_amax(x3, tl.max(tl.max(tl.abs(x3), axis=2, keep_dims=True), axis=1, keep_dims=True))
+            xe, xo = tl.split(x3 * XMUL)
+            part = tl.sum(_bits_lo(byte) * xe[None, :, :] + _bits_hi(byte) * xo[None, :, :], axis=2)
+        else:
+            col = (g * QBLOCK)[:, None] + offs_h[None, :]
+            xm = mg[:, None]
+            xv = tl.load(x_ptr + col, mask=xm, other=0.0).to(tl.float32)
+            if HAS_S:
+                xv = xv * tl.load(s_ptr + col, mask=xm, other=0.0)
+            if ACT_Q == 1:
+                xv = _mxfp4_fake(xv, 1)
+            part = tl.sum(_bits8(byte, FMT, FP8_CVT) * (xv * XMUL)[None, :, :], axis=2)
+        acc += part * sc
+    out = tl.sum(acc, axis=1) * OMUL
+    if FMT == 1:
+        out = out * tl.load(p_ptr)
+    if HAS_BIAS:
+        if pid_k == 0:
+            out += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)
+    _store_out(out, y_ptr, part_ptr, cnt_ptr, offs_n, offs_n, mn, pid_k, pid_n, N, SPLIT, SEM)
+
+
+# --- launch ----------------------------------------------------------------------------------------------------
+
+KERNELS = ("dot", "gemv", "v1")  # config KERNEL: v2 tl.dot (default, any M) | v2 CUDA-core GEMV (M = 1) | old
+
+
 def block_m_for(M: int) -> int:
-    """1 (the GEMV kernel) for one row, else a tl.dot tile of 16..64 rows."""
+    """v1: 1 (its GEMV kernel) for one row, else a tl.dot tile of 16..64 rows."""
     return 1 if M == 1 else min(64, max(16, triton.next_power_of_2(M)))
 
 
+def _auto_split(progs: int, K: int, bk: int, sms: int, per_sm: int, min_iters: int) -> int:
+    """Largest power-of-two K split keeping <= per_sm programs per SM and >= min_iters K tiles each."""
+    split = 1
+    while split < 64 and progs * split * 2 <= per_sm * sms and K // (split * 2) >= min_iters * bk:
+        split *= 2
+    return split
+
+
 def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132) -> dict:
-    """Heuristic launch config. GEMV: K split until ~16 programs per SM (the best of the sweep at 5 of
-    the 6 H200 points measured). GEMM: the sweep's best H200 configs (bench_quant.py, 2026-11-29)."""
+    """Heuristic launch config (no timing at run time: decode steps stay capturable in CUDA graphs).
+    v2 tl.dot for every M: BLOCK_N 64 (one warpgroup's MMA rows), BLOCK_K = 128 code bytes per row per tile,
+    4 stages in flight, K split until ~4 programs per SM with >= 4 tiles each; partials reduced in-kernel.
+    (Chosen by reasoning, not yet timed on the H200: bench_quant.py's sweep says which candidate wins.)"""
+    packed = FMT_IDS[fmt] <= 1
+    bk = 256 if packed else 128
+    bn = 64
+    split = _auto_split(triton.cdiv(N, bn) * triton.cdiv(M, _bm(M)), K, bk, sms, 4, 4)
+    return dict(KERNEL="dot", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=4)
+
+
+def v1_config(M: int, N: int, K: int, fmt: str, sms: int = 132) -> dict:
+    """The previous kernels' heuristic (kept for side-by-side timing): the sweep's best of 2026-11-29."""
     packed = FMT_IDS[fmt] <= 1
     if block_m_for(M) == 1:
         bn, bk, warps, stages = 16, 256 if packed else 128, 4, 2
         progs, split = triton.cdiv(N, bn), 1
         while progs * split * 2 <= 16 * sms and K // (split * 2) >= bk:
             split *= 2
-        return dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps, num_stages=stages)
+        return dict(KERNEL="v1", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps, num_stages=stages)
     bk = 128 if packed else 64
     if N >= 8192:
-        return dict(BLOCK_N=128, BLOCK_K=bk, SPLIT_K=1, num_warps=8, num_stages=3)
-    return dict(BLOCK_N=64, BLOCK_K=bk, SPLIT_K=2 if K >= 4 * bk else 1, num_warps=4, num_stages=3)
+        return dict(KERNEL="v1", BLOCK_N=128, BLOCK_K=bk, SPLIT_K=1, num_warps=8, num_stages=3)
+    return dict(KERNEL="v1", BLOCK_N=64, BLOCK_K=bk, SPLIT_K=2 if K >= 4 * bk else 1, num_warps=4, num_stages=3)
+
+
+def _bm(M: int) -> int:
+    """v2 tl.dot: x rows per tile (the MMA's narrow side; M = 1 padded to 16)."""
+    return min(64, max(16, triton.next_power_of_2(M)))
+
+
+def resolve_config(M: int, N: int, K: int, fmt: str, config: dict | None, sms: int = 132) -> dict:
+    """The full launch config: `config` over the heuristic of its KERNEL; a missing SPLIT_K is chosen for
+    the config's tile (so one sweep entry fits every shape)."""
+    config = dict(config or {})
+    kern = config.get("KERNEL", "dot")
+    if kern not in KERNELS:
+        raise ValueError(f"config KERNEL={kern!r}: expected one of {', '.join(KERNELS)}")
+    if kern == "v1":
+        base = v1_config(M, N, K, fmt, sms)
+    elif kern == "gemv":
+        base = dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=256 if FMT_IDS[fmt] <= 1 else 128, SEM=True, num_warps=4,
+                    num_stages=2)
+    else:
+        base = default_config(M, N, K, fmt, sms)
+    cfg = dict(base, **config)
+    if "SPLIT_K" not in config:
+        if cfg["KERNEL"] == "dot":
+            progs = triton.cdiv(N, cfg["BLOCK_N"]) * triton.cdiv(M, cfg.get("BLOCK_M", _bm(M)))
+            cfg["SPLIT_K"] = _auto_split(progs, K, cfg["BLOCK_K"], sms, 4, 4)
+        elif cfg["KERNEL"] == "gemv":
+            cfg["SPLIT_K"] = _auto_split(triton.cdiv(N, cfg["BLOCK_N"]), K, cfg["BLOCK_K"], sms, 16, 1)
+    return cfg
+
+
+def _code_shift(fmt: str, cvt: bool) -> int:
+    """R: the kernels' raw decode gives value * 2^-R."""
+    if FMT_IDS[fmt] <= 1:
+        return 126
+    if cvt:
+        return 0
+    return 120 if fmt == "mxfp8_e4m3" else 112
+
+
+_CNT: dict = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor | None:
+    """Per-output-tile split-K counters (int32, zero between calls: the last program resets its own).
+    Grown outside CUDA-graph capture only; None while capturing with too few (then the host sums)."""
+    t = _CNT.get(device)
+    if t is None or t.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        t = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _CNT[device] = t
+    return t
 
 
 def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, p: torch.Tensor | None,
@@ -300,29 +596,77 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     activations itself for NVFP4 weights)."""
     M, K = x2d.shape
     N = data.shape[0]
-    cfg = dict(default_config(M, N, K, fmt, _sms(x2d.device)), **(config or {}))
-    bm, bn, bk, split = block_m_for(M), cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
+    cfg = resolve_config(M, N, K, fmt, config, _sms(x2d.device))
+    kern = cfg["KERNEL"]
+    if kern == "gemv" and M != 1:
+        kern = "dot"  # the CUDA-core kernel reads one row; more rows take the tl.dot kernel
+        cfg = resolve_config(M, N, K, fmt, {k: v for k, v in (config or {}).items() if k != "KERNEL"},
+                             _sms(x2d.device))
+    bn, bk, split = cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
     if bk % qblock or bk < 32 or bk & (bk - 1):
         raise ValueError(f"config BLOCK_K={bk}: expected a power of two >= 32, a multiple of the format block {qblock}")
     if act_quant is not None and qblock != 32:
         raise ValueError(f"act_quant={act_quant!r} in-kernel needs 32-blocks of weights, got {qblock}")
     k_per = triton.cdiv(triton.cdiv(K, split), bk) * bk
     split = triton.cdiv(K, k_per)
+    cvt = bool(cfg.get("FP8_CVT", False)) and fmt.startswith("mxfp8")
+    dummy = data
+    common = dict(FMT=FMT_IDS[fmt], QBLOCK=qblock, HAS_S=s is not None, HAS_BIAS=bias is not None,
+                  ACT_Q=1 if act_quant == "mxfp4" else 0, BLOCK_N=bn, BLOCK_K=bk, FP8_CVT=cvt,
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if kern == "v1":
+        return _launch_v1(x2d, data, scale, p, s, bias, M, N, K, split, k_per, common)
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    sem = split > 1 and bool(cfg.get("SEM", True))
+    y = torch.empty(M, N, dtype=x2d.dtype, device=x2d.device)
+    part = torch.empty(split, M, N, dtype=torch.float32, device=x2d.device) if split > 1 else y
+    r = _code_shift(fmt, cvt)
+    if kern == "gemv":
+        cnt = _counters(x2d.device, triton.cdiv(N, bn)) if sem else None
+        sem = cnt is not None
+        dsh = _DSH if r else 0
+        _qgemv2_kernel[(triton.cdiv(N, bn), split)](
+            x2d, data, scale, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias,
+            y, part, dummy if cnt is None else cnt, N, K, k_per, data.stride(0), scale.stride(0),
+            SPLIT=split, SEM=sem, XMUL=float(2.0 ** (r - dsh)), OMUL=float(2.0 ** dsh), **common)
+    else:
+        bm = int(cfg.get("BLOCK_M", _bm(M)))
+        grid = (triton.cdiv(N, bn), split, triton.cdiv(M, bm))
+        cnt = _counters(x2d.device, grid[0] * grid[2]) if sem else None
+        sem = cnt is not None
+        # operands: bf16 / fp16 activations -> that dtype (decoded codes times scales are exact in it), fp32 ->
+        # IEEE fp32; the interpreter's bf16/fp16 tl.dot is wrong (Triton 3.9): fp32 there, exact for these
+        low = x2d.dtype in (torch.bfloat16, torch.float16) and not interp
+        dot_dt = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[x2d.dtype] if low else tl.float32
+        # fp16 cannot hold value * 2^-64: exact two-multiply decode there (and when the config asks)
+        two = bool(cfg.get("TWO_MUL", False)) or dot_dt == tl.float16
+        dsh = 0 if (two or r == 0) else _DSH
+        _qdot_kernel[grid](
+            x2d, data, scale, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias,
+            y, part, dummy if cnt is None else cnt, M, N, K, k_per, x2d.stride(0), data.stride(0), scale.stride(0),
+            SPLIT=split, SEM=sem, DOT_DT=dot_dt, DOT_PREC="tf32" if low else "ieee", BLOCK_M=bm, TWO_MUL=two,
+            RMUL=float(2.0 ** r), SH=r - dsh, SHMUL=float(2.0 ** (r - dsh)), OMUL=float(2.0 ** dsh), **common)
+    if split > 1 and not sem:
+        return part.sum(0).to(x2d.dtype)
+    return y
+
+
+def _launch_v1(x2d, data, scale, p, s, bias, M, N, K, split, k_per, common) -> torch.Tensor:
+    """The previous kernels (kept for side-by-side timing, config KERNEL='v1')."""
     partial = split > 1
     y = (torch.empty(split, M, N, dtype=torch.float32, device=x2d.device) if partial
          else torch.empty(M, N, dtype=x2d.dtype, device=x2d.device))
     dummy = data
     args = (x2d, data, scale, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias, y)
-    meta = dict(FMT=FMT_IDS[fmt], QBLOCK=qblock, HAS_S=s is not None, HAS_BIAS=bias is not None,
-                ACT_Q=1 if act_quant == "mxfp4" else 0, PARTIAL=partial, BLOCK_N=bn, BLOCK_K=bk,
-                FP8_CVT=bool(cfg.get("FP8_CVT", False)) and fmt.startswith("mxfp8"),
-                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    if bm == 1:
-        _qgemv_kernel[(triton.cdiv(N, bn), split)](*args, N, K, k_per, data.stride(0), scale.stride(0), **meta)
+    meta = dict(common, PARTIAL=partial)
+    if block_m_for(M) == 1:
+        _qgemv_kernel[(triton.cdiv(N, common["BLOCK_N"]), split)](*args, N, K, k_per, data.stride(0),
+                                                                   scale.stride(0), **meta)
     else:
         # the interpreter's bf16/fp16 tl.dot is wrong (Triton 3.9): fp32 there, exact for these operands
         low = x2d.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") != "1"
-        _qgemm_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn), split)](
+        bm = block_m_for(M)
+        _qgemm_kernel[(triton.cdiv(M, bm), triton.cdiv(N, common["BLOCK_N"]), split)](
             *args, M, N, K, k_per, x2d.stride(0), data.stride(0), scale.stride(0), DOT_LOW=low,
             DOT_PREC="tf32" if low else "ieee", BLOCK_M=bm, **meta)
     return y.sum(0).to(x2d.dtype) if partial else y

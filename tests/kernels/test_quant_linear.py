@@ -1,13 +1,14 @@
-"""quant_linear: the packed-weight Triton kernel vs the torch reference (dequantize + fp32 matmul) on odd
-small shapes (N, K odd multiples of the block), GEMV rows M in {1, 3}, a tl.dot tile (M=17), split K,
-the fused s multiply and MXFP4 activation quantizer; QuantLinear's kernel path vs its torch path."""
+"""quant_linear: the packed-weight Triton kernels vs the torch reference (dequantize + fp32 matmul) on odd
+small shapes (N, K odd multiples of the block), rows M in {1, 2, 3, 5, 17, 20}, every kernel (v2 tl.dot, v2
+CUDA-core GEMV, v1), split K with in-kernel and host reduction, the fused s multiply and MXFP4 activation
+quantizer, bit-exact decoders; QuantLinear's kernel path vs its torch path."""
 import pytest
 import torch
 import triton
 import triton.language as tl
 from kernel_errors import rel_rmse
 from synodic.kernels.quant_linear import quant_linear
-from synodic.kernels.quant_linear.triton_impl import FMT_IDS, _decode, _e8m0
+from synodic.kernels.quant_linear.triton_impl import FMT_IDS, _bits8, _bits_hi, _bits_lo, _decode, _e8m0, _fold
 
 from synodic.quant import QuantLinear, quantize
 
@@ -182,3 +183,85 @@ def test_fp8_quantlinear_kernel_path(fmt, device):
     assert ql.uses_kernel(x) and not ref.uses_kernel(x)
     assert ql.weight_bytes(1) == ql.packed_bytes() == 24 * 96 + 24 * 3 + 96 * 4
     assert rel_rmse(ql(x), ref(x)) < 1e-5
+
+
+# --- v2 kernels (default tl.dot for any M, CUDA-core GEMV, in-kernel split-K) and the v1 ones kept beside --------
+
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+V2_CASES = [  # fmt, N, K, M, dtype, act_quant, config
+    ("mxfp4", 70, 160, 1, F32, None, dict(KERNEL="gemv", BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
+    ("mxfp4", 70, 160, 1, BF16, "mxfp4", dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=128)),
+    ("nvfp4", 40, 112, 1, F32, None, dict(KERNEL="gemv", BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
+    ("mxfp8_e4m3", 24, 96, 1, F32, "mxfp4", dict(KERNEL="gemv", BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
+    ("mxfp4", 70, 224, 5, BF16, None, dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=3, SEM=False)),
+    ("mxfp4", 70, 224, 20, F32, "mxfp4", dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=2, BLOCK_M=16)),  # 2 row tiles
+    ("nvfp4", 33, 160, 2, F16, None, dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2)),  # fp16: two-multiply decode
+    ("mxfp4", 40, 96, 3, F32, None, dict(TWO_MUL=True, SPLIT_K=2)),
+    ("mxfp8_e5m2", 24, 96, 3, F32, None, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
+    ("mxfp4", 24, 96, 1, F32, None, dict(KERNEL="v1")),
+    ("mxfp4", 24, 96, 17, BF16, None, dict(KERNEL="v1", BLOCK_N=16, BLOCK_K=64)),
+]
+
+
+@pytest.mark.parametrize("fmt,N,K,M,dtype,act,config", V2_CASES)
+def test_kernels_match_ref(fmt, N, K, M, dtype, act, config, device, nan_empty):
+    from synodic.kernels.quant_linear.triton_impl import _CNT
+    w, x, s, b = make(N, K, M, dtype, device, seed=N * K + M + 1)
+    q = quantize(w, fmt)
+    y_ref = quant_linear(x, q, s, b, act_quant=act, backend="ref")
+    for _ in range(2):  # twice: the split-K counters must be back at zero after a call
+        y = quant_linear(x, q, s, b, act_quant=act, backend="triton", config=config)
+        assert y.shape == (M, N) and y.dtype == dtype and torch.isfinite(y).all()
+        assert rel_rmse(y, y_ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert all((t == 0).all() for t in _CNT.values())
+
+
+@triton.jit
+def _v2_dequant_kernel(c_ptr, sc_ptr, o_ptr, FMT: tl.constexpr, SH: tl.constexpr, SHMUL: tl.constexpr,
+                       HI: tl.constexpr):
+    """256 codes (bytes) in blocks of 32, one scale each: the v2 decoders times the folded block scale."""
+    offs = tl.arange(0, 256)
+    c = tl.load(c_ptr + offs).to(tl.int32)
+    f = _fold(tl.load(sc_ptr + offs // 32).to(tl.int32), FMT, SH, SHMUL)
+    if FMT <= 1:
+        v = _bits_hi(c) if HI else _bits_lo(c)
+    else:
+        v = _bits8(c, FMT, False)
+    tl.store(o_ptr + offs, v * f)
+
+
+V2_SCALES = {  # block-scale codes inside the documented exact range (E8M0 2^-61 .. 2^65; any E4M3) + NaN
+    "mxfp4": [66, 100, 127, 128, 150, 192, 255, 120],
+    "nvfp4": [0x01, 0x08, 0x38, 0x7E, 0x30, 0x45, 0x7F, 0x11],
+    "mxfp8_e4m3": [66, 100, 127, 128, 150, 192, 255, 120],
+    "mxfp8_e5m2": [66, 100, 127, 128, 150, 192, 255, 120],
+}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("fmt,hi", [("mxfp4", False), ("mxfp4", True), ("nvfp4", False), ("nvfp4", True),
+                                    ("mxfp8_e4m3", False), ("mxfp8_e5m2", False)])
+def test_v2_decode_bit_exact(fmt, hi, device):
+    """Every code byte (both nibbles of a 4-bit byte): decode * folded scale == dequantize() * 2^-64 bit for bit,
+    NaN where it is NaN (the tl.dot path's weights; the accumulator is multiplied by 2^64 at the end)."""
+    from synodic.kernels.quant_linear.triton_impl import _DSH, _code_shift
+
+    from synodic.quant import QTensor, dequantize
+    codes = torch.arange(256, dtype=torch.uint8, device=device)
+    scale = torch.tensor(V2_SCALES[fmt], dtype=torch.uint8, device=device)
+    r = _code_shift(fmt, False)
+    out = torch.full((256,), float("nan"), device=device)
+    _v2_dequant_kernel[(1,)](codes, scale, out, FMT=FMT_IDS[fmt], SH=r - _DSH, SHMUL=float(2.0 ** (r - _DSH)),
+                             HI=hi)
+    if fmt in ("mxfp4", "nvfp4"):  # each byte's nibble as one code: pack it as a byte's low nibble
+        nib = (codes >> 4) if hi else (codes & 15)
+        blk = 32 if fmt == "mxfp4" else 16
+        data = nib.reshape(8, 32)[:, 0::2] | (nib.reshape(8, 32)[:, 1::2] << 4)
+        sc = scale.reshape(8, 1).repeat(1, 32 // blk)
+        q = QTensor(fmt, data, sc, torch.ones(1, device=device) if fmt == "nvfp4" else None, (8, 32))
+    else:
+        q = QTensor(fmt, codes.reshape(8, 32), scale.reshape(8, 1), None, (8, 32))
+    want = (dequantize(q).double() * 2.0 ** -_DSH).float().reshape(-1)
+    nan = want.isnan()
+    assert (out.isnan() == nan).all()
+    assert (out[~nan].view(torch.int32) == want[~nan].view(torch.int32)).all()
