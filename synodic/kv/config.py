@@ -4,6 +4,10 @@ Top-k sparse attention is a property of the policy config: `top_k` applies to ev
 of the model (DSA-style: every layer selects its own top-k through the indexer). There is no
 per-layer opt-out: the hot-buffer policies bound device memory only if every layer is sparse, and a
 dense layer is what `kv=resident top_k=0` already is.
+
+The indexer (`indexer`) is the model's learned DSA indexer when its attention layers carry one
+(`auto`, the default, or `learned`), else the training-free one over copies of the model's keys
+(`bf16` / `fp8`, also selectable on a model with a learned indexer, for comparison): synodic/kv/indexer.py.
 """
 from typing import Literal
 
@@ -11,8 +15,32 @@ from pydantic import Field, model_validator
 
 from synodic.config.registry import Component, register
 
-_INDEXER = ("training-free indexer: dtype of the resident key copies it scores (bf16, or fp8 e4m3 with a "
-            "per-token scale)")
+_INDEXER = ("which indexer selects the top-k: learned = the model's own learned DSA indexer (its keys k_I "
+            "cached in learned_key_dtype; the model must have one, index_n_heads > 0); bf16 / fp8 = the "
+            "training-free indexer over resident copies of the model's keys in that dtype (fp8 e4m3 with a "
+            "per-token scale); auto = learned when the model's attention layers carry one, else bf16")
+_LEARNED_KEYS = ("learned indexer: dtype of its cached keys k_I (fp8 e4m3 with one fp32 scale per token, "
+                 "d_I + 4 bytes per token and layer as in DSA, or bf16, 2 * d_I bytes); unused by bf16 / fp8")
+IndexerKind = Literal["auto", "learned", "bf16", "fp8"]
+
+
+def has_learned_indexer(model) -> bool:
+    """Whether every attention layer of the model carries a learned indexer (synodic/models/indexer.py)."""
+    layers = model.attention_layers
+    return bool(layers) and all(getattr(m, "indexer", None) is not None for m in layers)
+
+
+def index_kind(cfg, model) -> str:
+    """The indexer a top-k policy builds: 'learned', 'bf16' or 'fp8' (`auto` resolved; `learned` checked)."""
+    learned = has_learned_indexer(model)
+    if cfg.indexer == "learned" and not learned:
+        from synodic.config.errors import ConfigError
+        raise ConfigError(["kv.indexer='learned': the model's attention layers carry no learned indexer "
+                           "(index_n_heads=0); expected kv.indexer=auto, bf16 or fp8 (training-free), or a "
+                           "model with one (index_n_heads > 0, e.g. model=tiny_dsa)"])
+    if cfg.indexer == "auto":
+        return "learned" if learned else "bf16"
+    return cfg.indexer
 
 
 @register("kv")
@@ -23,12 +51,14 @@ class ResidentKV(Component):
     num_blocks: int = Field(2048, ge=1, description="pages in the device pool, shared by all requests")
     top_k: int = Field(0, ge=0, description="top-k sparse attention in every attention layer (each query attends "
                        "to the min(top_k, length) positions the indexer ranks highest); 0 = dense attention")
-    indexer: Literal["bf16", "fp8"] = Field("bf16", description=_INDEXER + "; used when top_k > 0")
+    indexer: IndexerKind = Field("auto", description=_INDEXER + "; used when top_k > 0")
+    learned_key_dtype: Literal["fp8", "bf16"] = Field("fp8", description=_LEARNED_KEYS)
 
     def capacity_tokens(self) -> int:
         return self.block_size * self.num_blocks
 
     def build(self, ctx):
+        index_kind(self, ctx.model)  # kv.indexer=learned on a model without one fails, even when dense
         if self.top_k > 0:
             from synodic.kv.topk import ResidentTopKPolicy
             return ResidentTopKPolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len)
@@ -48,7 +78,8 @@ class _HostTiered(Component):
                        "attention layer")
     hot_buffer: int | None = Field(None, ge=1, description="hot-buffer slots B per (request, layer), >= top_k; "
                                    "null = 2 * top_k")
-    indexer: Literal["bf16", "fp8"] = Field("bf16", description=_INDEXER)
+    indexer: IndexerKind = Field("auto", description=_INDEXER)
+    learned_key_dtype: Literal["fp8", "bf16"] = Field("fp8", description=_LEARNED_KEYS)
 
     @model_validator(mode="after")
     def _buffer(self):
@@ -71,6 +102,7 @@ class HiSparseKV(_HostTiered):
     kind: Literal["hisparse"] = "hisparse"
 
     def build(self, ctx):
+        index_kind(self, ctx.model)
         if getattr(ctx, "window", 1) > 1:
             from synodic.config.errors import ConfigError
             raise ConfigError([f"kv=hisparse with a verify window of {ctx.window} tokens: the hot buffer has no "
@@ -97,6 +129,7 @@ class AdaptiveKV(_HostTiered):
         return 1 if window <= 1 else -(-(window - 1) // self.block_size) + 1
 
     def build(self, ctx):
+        index_kind(self, ctx.model)
         need = self.window_pages(getattr(ctx, "window", 1))
         if need > self.tail_pages:
             from synodic.config.errors import ConfigError

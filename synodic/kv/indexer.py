@@ -1,4 +1,5 @@
-"""Training-free top-k indexer over resident low-precision key copies.
+"""Top-k indexers over a resident low-precision key cache: training-free (`KeyIndexer`) and learned
+(`LearnedIndexer`).
 
 Per attention layer a paged device cache keeps a copy of every past key in bf16, or in fp8 (e4m3)
 with one fp32 scale per (token, KV head) — the DSA "small key cache that stays on the GPU", here
@@ -12,8 +13,16 @@ position (a stable sort: the selection depends only on the scores, never on pool
 the selection are -1. Decode scores are elementwise products reduced over the head dim, so a row's
 scores do not depend on which other rows share the batch.
 
-A learned DSA-style indexer (its own q/k projections, Σ_j w_j ReLU(q_j · k)) would plug in by writing
-its keys here instead of the model's and scoring with its own queries; no preset carries one yet.
+A learned DSA-style indexer (synodic/models/indexer.py: its own projections per attention layer) plugs
+in through `LearnedIndexer`: the same paged cache holds the indexer's one key k_I per token ([d_I],
+bf16, or fp8 with one fp32 scale per token) instead of the model's keys, and the score of t is
+
+    score[t] = scale[t] · Σ_j w_j · ReLU(q_I,j · k̂_I[t])          (= Σ_j w_j ReLU(q_I,j · k_I[t]), scale > 0)
+
+with the current token's q_I [H_I, d_I] and w [H_I] in fp32. Selection is the same `select`. Decode and
+prefill scores are the same function on the same quantised keys (on the CPU: elementwise products
+reduced over d_I, then over the heads), so a prompt's prefill selection equals what decoding the same
+prompt teacher-forced selects.
 """
 from __future__ import annotations
 
@@ -24,18 +33,24 @@ KEY_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 
 
 class KeyIndexer:
+    learned = False
+
     def __init__(self, num_layers: int, num_pages: int, block_size: int, nkv: int, hd: int, kind: str, device):
+        self._alloc(num_layers, num_pages, block_size, (nkv, hd), kind, device)
+
+    def _alloc(self, num_layers: int, num_pages: int, block_size: int, row: tuple[int, ...], kind: str, device):
+        """Per layer keys [num_pages + 1, block_size, *row] (+ fp32 scales [.., *row[:-1]] for fp8)."""
         self.kind = kind
         self.bs = block_size
         dt = KEY_DTYPES[kind]
         # +1 page: the scratch page of padding rows and unallocated table entries.
-        self.keys = [torch.zeros(num_pages + 1, block_size, nkv, hd, dtype=dt, device=device)
+        self.keys = [torch.zeros(num_pages + 1, block_size, *row, dtype=dt, device=device)
                      for _ in range(num_layers)]
-        self.scales = ([torch.ones(num_pages + 1, block_size, nkv, dtype=torch.float32, device=device)
+        self.scales = ([torch.ones(num_pages + 1, block_size, *row[:-1], dtype=torch.float32, device=device)
                         for _ in range(num_layers)] if kind == "fp8" else None)
 
     def row_bytes(self) -> int:
-        """Bytes of one token's key copy in one layer."""
+        """Bytes of one token's cached index key (+ its scale) in one layer."""
         k = self.keys[0]
         return k[0, 0].numel() * k.element_size() + (self.scales[0][0, 0].numel() * 4 if self.scales else 0)
 
@@ -53,7 +68,7 @@ class KeyIndexer:
         return kq.float() if scale is None else kq.float() * scale[..., None]
 
     def write(self, i: int, rows: torch.Tensor, k: torch.Tensor) -> None:
-        """rows [M] flat rows (page * bs + offset) ← keys k [M, nkv, hd]."""
+        """rows [M] flat rows (page * bs + offset) ← keys k [M, nkv, hd] (learned: k_I [M, d_I])."""
         kq, scale = self.quantize(k)
         page, off = rows // self.bs, rows % self.bs
         self.keys[i][page, off] = kq
@@ -98,5 +113,59 @@ class KeyIndexer:
         out = []
         for c in range(0, T, chunk):
             s = torch.einsum("ngd,tgd->nt", qs[c:c + chunk], kd)
+            out.append(self.select(s, torch.arange(c, min(T, c + chunk), device=q.device), top_k))
+        return torch.cat(out)
+
+
+class LearnedIndexer(KeyIndexer):
+    """Cache and scores of a learned DSA indexer: keys k_I [M, d_I] in, queries (q_I [N, H_I, d_I], w [N, H_I]).
+    `kind` is the cached keys' dtype (bf16, or fp8 e4m3 with one fp32 scale per token)."""
+    learned = True
+    CPU_ELEMS = 1 << 24            # CPU: query rows x keys x H_I x d_I products per scoring call (64 MB fp32)
+    CUDA_ELEMS = 1 << 27           # CUDA: query rows x keys x H_I dot products per einsum (512 MB fp32)
+
+    def __init__(self, num_layers: int, num_pages: int, block_size: int, n_heads: int, head_dim: int, kind: str,
+                 device):
+        self.n_heads, self.head_dim = n_heads, head_dim
+        self._alloc(num_layers, num_pages, block_size, (head_dim,), kind, device)
+
+    @staticmethod
+    def scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, scale: torch.Tensor | None,
+               einsum: bool | None = None) -> torch.Tensor:
+        """q [N, H, d], w [N, H], cached keys [N or 1, T, d] (+ scale [N or 1, T]) → scores [N, T] (fp32).
+        Decode and prefill both call this, so equal inputs give equal bits. einsum (default: on CUDA)
+        computes the dots as a batched matmul, in row blocks that bound the [N, T, H] intermediate."""
+        if q.is_cuda if einsum is None else einsum:
+            N, T, H = q.shape[0], keys.shape[1], q.shape[1]
+            step = max(1, LearnedIndexer.CUDA_ELEMS // (T * H))
+            if N > step:
+                return torch.cat([LearnedIndexer.scores(
+                    q[c:c + step], w[c:c + step], keys if keys.shape[0] == 1 else keys[c:c + step],
+                    scale if scale is None or scale.shape[0] == 1 else scale[c:c + step], einsum)
+                    for c in range(0, N, step)])
+            dots = torch.einsum("nhd,ntd->nth", q.float(), keys.float().expand(N, -1, -1))
+        else:
+            dots = (q.float()[:, None] * keys.float()[:, :, None]).sum(-1)   # [N, T, H]: rows never mix
+        s = (dots.relu() * w.float()[:, None]).sum(-1)
+        return s if scale is None else s * scale
+
+    def decode_scores(self, i: int, query, pages: torch.Tensor) -> torch.Tensor:
+        """query (q_I [N, H, d], w [N, H]), pages [N, view] → scores [N, view * bs]."""
+        q, w = query
+        keys = self.keys[i][pages].flatten(1, 2)                   # [N, T, d]
+        scale = self.scales[i][pages].flatten(1, 2) if self.scales is not None else None
+        return self.scores(q, w, keys, scale)
+
+    def prefill_select(self, query, k: torch.Tensor, top_k: int, chunk: int = 256) -> torch.Tensor:
+        """Causal top-k of every prompt query (q_I [T, H, d], w [T, H]) over the prompt's quantised k_I [T, d]."""
+        q, w = query
+        T = q.shape[0]
+        kq, scale = self.quantize(k)
+        keys, scale = kq[None], (scale[None] if scale is not None else None)
+        per_row = T * self.n_heads * (1 if q.is_cuda else self.head_dim)
+        chunk = max(1, min(chunk, (self.CUDA_ELEMS if q.is_cuda else self.CPU_ELEMS) // max(1, per_row)))
+        out = []
+        for c in range(0, T, chunk):
+            s = self.scores(q[c:c + chunk], w[c:c + chunk], keys, scale)
             out.append(self.select(s, torch.arange(c, min(T, c + chunk), device=q.device), top_k))
         return torch.cat(out)

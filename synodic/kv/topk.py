@@ -12,6 +12,12 @@ same code on the same values in the same order, so the outputs are bitwise ident
 
 Prefill is sparse too (every prompt query attends to its own top-k of the prompt, DSA-style), so a
 request recomputed after preemption sees the same attention it saw while decoding.
+
+The indexer is the training-free `KeyIndexer` (index key = the model's k, index query = the model's q)
+or, when the model's attention layers carry a learned indexer and `kv.indexer` is auto / learned, a
+`LearnedIndexer` (`learned_index` is True): the attention layer then passes `index=` (q_I, w, k_I of the
+same tokens, synodic/models/indexer.py) to attend / attend_window / prefill_attend, and k_I is what the
+index cache holds.
 """
 from __future__ import annotations
 
@@ -21,7 +27,8 @@ from collections import defaultdict
 import torch
 from synodic.kernels.sparse_attention import sparse_attention
 
-from .indexer import KeyIndexer
+from .config import index_kind
+from .indexer import KeyIndexer, LearnedIndexer
 
 
 class TopKPolicy:
@@ -43,7 +50,16 @@ class TopKPolicy:
         self.top_k = cfg.top_k
         self.cfg = cfg
         self.max_pages = max(1, -(-max_seq_len // self.bs))
-        self.indexer = KeyIndexer(self.NL, index_pages, self.bs, self.nkv, self.hd, cfg.indexer, device)
+        kind = index_kind(cfg, model)
+        self.learned_index = kind == "learned"
+        if self.learned_index:
+            ix = {(m.indexer.n_heads, m.indexer.head_dim) for m in self.layers}
+            if len(ix) != 1:
+                raise ValueError(f"kv={cfg.kind}: expected one learned-indexer shape in every layer, got {sorted(ix)}")
+            (ih, idim), = ix
+            self.indexer = LearnedIndexer(self.NL, index_pages, self.bs, ih, idim, cfg.learned_key_dtype, device)
+        else:
+            self.indexer = KeyIndexer(self.NL, index_pages, self.bs, self.nkv, self.hd, kind, device)
         self.rows = torch.zeros(0, dtype=torch.long, device=device)
         self.positions = self.rows
         self.view_blocks = 1
@@ -98,50 +114,74 @@ class TopKPolicy:
         dev = self.dev_kv(i).view(-1, 2, self.nkv, self.hd)
         return sparse_attention(q, dev[:, 0], dev[:, 1], ids)
 
-    def _step(self, i: int, q: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def _index_qk(self, q: torch.Tensor, k: torch.Tensor, index) -> tuple[object, torch.Tensor]:
+        """(index query, index key) of these tokens: (q, k) for the training-free indexer, ((q_I, w), k_I)
+        from the attention layer's learned indexer (`index`, an IndexerOut) for the learned one."""
+        if not self.learned_index:
+            return q, k
+        if index is None:
+            raise ValueError(f"kv={self.cfg.kind} scores with the model's learned indexer: expected index= "
+                             "(q_I, w, k_I) from the attention layer")
+        return (index.q, index.w), index.k
+
+    def _step(self, i: int, q: torch.Tensor, iq, pos: torch.Tensor) -> torch.Tensor:
         itab = self.index_table()
         pages = itab[self.rows, : self.view_blocks].long()
-        sel = KeyIndexer.select(self.indexer.decode_scores(i, q, pages), pos, self.top_k)
+        sel = KeyIndexer.select(self.indexer.decode_scores(i, iq, pages), pos, self.top_k)
         return self._attend_rows(i, q, self.resolve(i, sel, pos))
 
-    def attend(self, i: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
-        """q [B, nq, hd], k_new/v_new [B, nkv, hd] of the token at self.positions → o [B, nq, hd]."""
+    def attend(self, i: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, index=None) -> torch.Tensor:
+        """q [B, nq, hd], k_new/v_new [B, nkv, hd] of the token at self.positions → o [B, nq, hd];
+        index: the learned indexer's (q_I [B, H_I, d_I], w [B, H_I], k_I [B, d_I]) when learned_index."""
         pos = self.positions.long()
+        iq, ik = self._index_qk(q, k_new, index)
         self.place_newest(i, self._kv_row(k_new, v_new), pos)
-        self.indexer.write(i, self._rows_of(self.index_table(), self.rows, pos), k_new)
-        return self._step(i, q, pos)
+        self.indexer.write(i, self._rows_of(self.index_table(), self.rows, pos), ik)
+        return self._step(i, q, iq, pos)
 
-    def attend_window(self, i: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
+    def attend_window(self, i: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                      index=None) -> torch.Tensor:
         """Verify window: q [B, T, nq, hd], k/v [B, T, nkv, hd] at positions + 0..T-1 → o [B, T, nq, hd];
-        query t selects over positions <= positions + t. Rejected rows are overwritten later."""
+        query t selects over positions <= positions + t. Rejected rows are overwritten later.
+        index: the learned indexer's outputs over [B, T] when learned_index."""
         B, T = q.shape[:2]
         if T == 1:
-            return self.attend(i, q[:, 0], k_new[:, 0], v_new[:, 0])[:, None]
+            return self.attend(i, q[:, 0], k_new[:, 0], v_new[:, 0],
+                               index=None if index is None else index.at(slice(None), 0))[:, None]
         self.check_window(T)
         base = self.positions.long()
+        iqk = [self._index_qk(q[:, t], k_new[:, t], None if index is None else index.at(slice(None), t))
+               for t in range(T)]
         for t in range(T):
             self.place_newest(i, self._kv_row(k_new[:, t], v_new[:, t]), base + t)
-            self.indexer.write(i, self._rows_of(self.index_table(), self.rows, base + t), k_new[:, t])
-        return torch.stack([self._step(i, q[:, t], base + t) for t in range(T)], 1)
+            self.indexer.write(i, self._rows_of(self.index_table(), self.rows, base + t), iqk[t][1])
+        return torch.stack([self._step(i, q[:, t], iqk[t][0], base + t) for t in range(T)], 1)
 
     def check_window(self, T: int) -> None:
         pass
 
     def write_prefill(self, i: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor,
-                      sel_last: torch.Tensor | None = None) -> None:
+                      sel_last: torch.Tensor | None = None, index_k: torch.Tensor | None = None) -> None:
+        """Store a prompt's rows; index_k: the keys the index cache holds (the learned indexer's k_I
+        [T, d_I]; default: k)."""
         if start != 0:
             raise NotImplementedError(f"kv={self.cfg.kind}: prefill from position {start}; expected whole-context "
                                       "prefill (start=0)")
+        if self.learned_index and index_k is None:
+            raise ValueError(f"kv={self.cfg.kind} scores with the model's learned indexer: expected index_k= (k_I)")
         T = k.shape[0]
         pos = torch.arange(T, device=k.device)
-        self.indexer.write(i, self._rows_of(self.index_table(), torch.full_like(pos, slot), pos), k)
+        self.indexer.write(i, self._rows_of(self.index_table(), torch.full_like(pos, slot), pos),
+                           k if index_k is None else index_k)
         self.place_prefill(i, slot, self._kv_row(k, v), sel_last)
 
     def prefill_attend(self, i: int, slot: int, start: int, q: torch.Tensor, k: torch.Tensor,
-                       v: torch.Tensor) -> torch.Tensor:
-        """Sparse prefill: q [T, nq, hd], k/v [T, nkv, hd] → o [T, nq, hd]; stores the prompt's rows."""
-        sel = self.indexer.prefill_select(q, k, self.top_k)
-        self.write_prefill(i, slot, start, k, v, sel[-1])
+                       v: torch.Tensor, index=None) -> torch.Tensor:
+        """Sparse prefill: q [T, nq, hd], k/v [T, nkv, hd] → o [T, nq, hd]; stores the prompt's rows.
+        index: the learned indexer's (q_I [T, H_I, d_I], w [T, H_I], k_I [T, d_I]) when learned_index."""
+        iq, ik = self._index_qk(q, k, index)
+        sel = self.indexer.prefill_select(iq, ik, self.top_k)
+        self.write_prefill(i, slot, start, k, v, sel[-1], index_k=ik)
         kk, vv = k.to(self.dtype), v.to(self.dtype)
         outs = [sparse_attention(q[c:c + self.PREFILL_CHUNK], kk, vv, sel[c:c + self.PREFILL_CHUNK])
                 for c in range(0, q.shape[0], self.PREFILL_CHUNK)]

@@ -1,7 +1,11 @@
 """GQA attention with RoPE and optional QK-norm. Prefill uses SDPA over the prompt and hands K/V to
 the KV policy; decode hands the new token's K/V to the policy, which stores and attends. A policy
 with top-k sparse attention (it has `prefill_attend`) also runs the prefill attention, so every
-query — prompt or decode — attends to its own top-k positions."""
+query — prompt or decode — attends to its own top-k positions.
+
+With `index_n_heads > 0` the layer carries a learned indexer (`self.indexer`, synodic/models/indexer.py);
+when the KV policy scores with it (`learned_index`), the layer hands the policy the indexer's q_I, w and
+k_I next to q/k/v (`index=`). Without a context (training, whole-sequence forward) it is not run."""
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -37,6 +41,10 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+        self.indexer = None
+        if cfg.index_n_heads:
+            from .indexer import LightningIndexer
+            self.indexer = LightningIndexer(cfg)
 
     def _qkv(self, h, pos):
         q = self.q_proj(h).unflatten(-1, (self.nq, self.hd))
@@ -48,20 +56,24 @@ class Attention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, ctx=None) -> torch.Tensor:
         b, T, _ = hidden.shape
+        learned = ctx is not None and getattr(ctx.kv, "learned_index", False)
         if ctx is not None and ctx.mode == "decode":
             q, k, v = self._qkv(hidden, ctx.positions[:, None])
-            o = ctx.kv.attend(self.attn_index, q[:, 0], k[:, 0], v[:, 0])[:, None]
+            kw = {"index": self.indexer(hidden, ctx.positions[:, None]).at(slice(None), 0)} if learned else {}
+            o = ctx.kv.attend(self.attn_index, q[:, 0], k[:, 0], v[:, 0], **kw)[:, None]
         elif ctx is not None and ctx.mode == "verify":
             pos = ctx.positions[:, None] + torch.arange(T, device=hidden.device)
             q, k, v = self._qkv(hidden, pos)
-            o = ctx.kv.attend_window(self.attn_index, q, k, v)
+            kw = {"index": self.indexer(hidden, pos)} if learned else {}
+            o = ctx.kv.attend_window(self.attn_index, q, k, v, **kw)
         else:
             start = 0 if ctx is None else ctx.start
             pos = torch.arange(start, start + T, device=hidden.device)
             q, k, v = self._qkv(hidden, pos)
             sparse = getattr(ctx.kv, "prefill_attend", None) if ctx is not None else None
             if sparse is not None:  # top-k KV policies: each prompt query attends to its own top-k
-                return self.o_proj(sparse(self.attn_index, ctx.slot, start, q[0], k[0], v[0])[None].flatten(-2))
+                kw = {"index": self.indexer(hidden, pos).at(0)} if learned else {}
+                return self.o_proj(sparse(self.attn_index, ctx.slot, start, q[0], k[0], v[0], **kw)[None].flatten(-2))
             if ctx is not None:
                 ctx.kv.write_prefill(self.attn_index, ctx.slot, start, k[0], v[0])
             rep = self.nq // self.nkv

@@ -39,6 +39,14 @@ class HybridConfig(BaseModel):
     rope_theta: float = Field(10000.0, gt=0, description="RoPE base.")
     partial_rotary_factor: float = Field(1.0, gt=0, le=1, description="Fraction of head_dim rotated.")
     qk_norm: bool = Field(False, description="RMSNorm on q and k per head before RoPE.")
+    # learned top-k indexer (DeepSeek-V3.2 DSA "lightning indexer"), one per attention layer
+    index_n_heads: int = Field(0, ge=0, description="Learned indexer query heads H_I per attention layer "
+                               "(synodic/models/indexer.py); 0 = no learned indexer (top-k KV policies then "
+                               "use the training-free one).")
+    index_head_dim: int = Field(128, ge=2, description="Learned indexer head dim d_I (of its queries and of "
+                                "its one shared key per token, the key the KV policy caches).")
+    index_rope_dim: int = Field(64, ge=0, description="Leading learned-indexer dims rotated by RoPE "
+                                "(rope_theta), even, <= index_head_dim; 0 = position-free index scores.")
     # Mamba-2
     mamba_num_heads: int = Field(8, ge=1, description="Mamba-2 heads H.")
     mamba_head_dim: int = Field(16, ge=1, description="Mamba-2 head dim P.")
@@ -71,6 +79,9 @@ class HybridConfig(BaseModel):
             if self.linear_num_value_heads % self.linear_num_key_heads:
                 raise ValueError(f"linear_num_value_heads={self.linear_num_value_heads}: expected a "
                                  f"multiple of linear_num_key_heads={self.linear_num_key_heads}")
+        if self.index_n_heads and (self.index_rope_dim % 2 or self.index_rope_dim > self.index_head_dim):
+            raise ValueError(f"index_rope_dim={self.index_rope_dim}: expected an even number <= "
+                             f"index_head_dim={self.index_head_dim}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads={self.num_attention_heads}: expected a multiple "
                              f"of num_key_value_heads={self.num_key_value_heads}")

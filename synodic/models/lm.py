@@ -12,6 +12,12 @@ from .mlp import MLP
 from .norm import RMSNorm
 
 
+def indexer_last(named_params):
+    """(name, parameter) pairs with the learned indexers' last (stable otherwise): the order random
+    init draws in."""
+    return sorted(named_params, key=lambda np: ".indexer." in np[0])
+
+
 @dataclass
 class PrefillContext:
     """One sequence's prompt (batch 1) seeding slot `slot`; positions start at `start`."""
@@ -86,11 +92,12 @@ class HybridLM(nn.Module):
 
     def init_weights(self, seed: int) -> "HybridLM":
         """Deterministic random init: N(0, initializer_range) for linears/embeddings, scaled down for
-        residual output projections; mixer-specific parameters keep their constructors' init."""
+        residual output projections; mixer-specific parameters keep their constructors' init. Learned
+        indexer weights are drawn last, so every other weight is the same with or without an indexer."""
         g = torch.Generator().manual_seed(seed)
         std = self.config.initializer_range
         n_res = len(self.blocks)
-        for name, p in self.named_parameters():
+        for name, p in indexer_last(self.named_parameters()):
             if p.dim() < 2 or "conv1d" in name:
                 continue
             s = std / (2 * n_res) ** 0.5 if name.endswith(("out_proj.weight", "o_proj.weight",

@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .config import HybridConfig
-from .lm import HybridLM
+from .lm import HybridLM, indexer_last
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
 
@@ -68,6 +68,6 @@ def _init_on_device(model: HybridLM, seed: int) -> None:
     g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     std = model.config.initializer_range
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in indexer_last(model.named_parameters()):
             if p.dim() >= 2 and "conv1d" not in name:
                 p.normal_(0, std, generator=g)
