@@ -1,0 +1,120 @@
+"""The long-context KV-residency benchmark (synodic/kv/bench_long.py) in its CPU smoke form: every policy
+at both loads, exact outputs, the fetch and admission orderings it exists to show; and the pool sizing
+it reports matches what the policies really allocate."""
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from synodic.kv import bench_long as bl
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_long") / "smoke.json"
+    res = bl.main(["--smoke", "--device", "cpu", "--out", str(out)])
+    return res, out
+
+
+def test_smoke_covers_every_policy_and_load(smoke):
+    res, out = smoke
+    rows = {(r["load"], r["kv"]): r for r in res["rows"]}
+    assert set(rows) == {(ld, k) for ld in bl.LOADS for k in bl.POLICIES}
+    assert not [r for r in rows.values() if "error" in r], [r.get("error") for r in rows.values()]
+    assert not res["skipped"]
+    for r in rows.values():  # every request ran to its full length, none refused
+        assert r["finish_reasons"] == {"length": res["loads"][r["load"]]["requests"]}, r
+        assert r["output_tokens"] == r["requests"] * res["args"]["output_len"]
+        assert r["decode_tokens_per_s"] > 0 and r["tpot_ms"] > 0 and r["ttft_ms"] > 0
+        assert r["cuda_graphs"] is False and r["prefills"] >= r["requests"]
+    # written next to each other, and the table has a line per (load, policy)
+    saved = json.loads(out.read_text())
+    assert saved["rows"] == json.loads(json.dumps(res["rows"], default=str))
+    md = out.with_suffix(".md").read_text()
+    for ld in bl.LOADS:
+        for k in bl.POLICIES:
+            assert f"| {ld} | {k} |" in md
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_smoke_outputs_identical_across_policies(smoke):
+    res, _ = smoke
+    for ld in bl.LOADS:
+        ident = res["loads"][ld]["identical"]
+        assert sorted(ident["policies"]) == sorted(bl.POLICIES)
+        assert ident["all"] and all(ident["pairs"].values()), ident
+
+
+def test_smoke_fetch_and_admission_orderings(smoke):
+    res, _ = smoke
+    rows = {(r["load"], r["kv"]): r for r in res["rows"]}
+    low, mod = res["loads"]["low"]["requests"], res["loads"]["moderate"]["requests"]
+    # low load: everything fits; hisparse still misses its hot buffer, adaptive stays resident
+    assert rows[("low", "hisparse")]["host_fetched_rows"] > 0
+    assert rows[("low", "adaptive")]["fetch_fraction"] <= rows[("low", "hisparse")]["fetch_fraction"]
+    assert rows[("low", "adaptive")]["host_fetched_rows"] == 0
+    assert all(rows[("low", k)]["max_running"] == low for k in bl.POLICIES)
+    # moderate load: resident queues requests, the host-tiered policies admit them all
+    assert rows[("moderate", "resident")]["max_running"] < rows[("moderate", "hisparse")]["max_running"] == mod
+    assert rows[("moderate", "adaptive")]["max_running"] == mod
+    assert rows[("moderate", "resident")]["host_fetched_rows"] == 0
+    assert rows[("moderate", "adaptive")]["demoted_pages"] > 0
+    plans = res["loads"]["moderate"]["plans"]
+    assert 0.45 <= plans["resident"]["pool_over_demand"] <= 0.65
+    t = res["targets"]
+    assert t["resident_refuses_at_moderate"]["value"] is True and t["hot_policies_admit_all_moderate"]["value"] is True
+
+
+def _device_bytes(pol) -> int:
+    """Bytes of every tensor a policy holds, its host pool excepted (what the plan calls device bytes)."""
+    seen, total = set(), 0
+    host = getattr(pol, "host", None)
+    skip = {id(host.data)} if host is not None else set()
+
+    def walk(o):
+        nonlocal total
+        if isinstance(o, torch.Tensor):
+            if id(o) not in skip and o.data_ptr() not in seen and o.numel():
+                seen.add(o.data_ptr())
+                total += o.numel() * o.element_size()
+        elif isinstance(o, (list, tuple)):
+            for x in o:
+                walk(x)
+        elif isinstance(o, dict):
+            for x in o.values():
+                walk(x)
+        elif type(o).__module__.startswith("synodic.kv") and not isinstance(o, torch.nn.Module) and id(o) not in seen:
+            seen.add(id(o))
+            for x in vars(o).values():
+                walk(x)
+    walk(pol)
+    return total
+
+
+@pytest.mark.parametrize("kind", bl.POLICIES)
+@pytest.mark.parametrize("indexer", ["bf16", "fp8", "learned-fp8", "learned-bf16"])
+def test_plan_matches_what_the_policy_allocates(kind, indexer):
+    from synodic.kv.measure import _Model
+    NL, nkv, hd, slots, prompt, out, bs, k, d_i = 3, 1, 48, 3, 200, 8, 8, 8, 16
+    ix, _, key_dtype = indexer.partition("-")
+    model = _Model(NL, 4, nkv, hd)
+    if ix == "learned":  # attention layers carrying a learned indexer (H_I heads of d_I dims)
+        for m in model.attention_layers:
+            m.indexer = SimpleNamespace(n_heads=2, head_dim=d_i)
+    sh = bl.Shape(layers=NL, nkv=nkv, head_dim=hd, dtype_bytes=4, block_size=bs, top_k=k, hot_buffer=2 * k,
+                  indexer=ix, index_head_dim=d_i, learned_key_dtype=key_dtype or "fp8", max_slots=slots,
+                  max_pages=-(-(prompt + out + 1) // bs), tail_pages=2, cuda=False)
+    ppr = bl.pages_per_request(prompt, out, bs)
+    budget = 400_000
+    plan = bl.plan_pool(kind, sh, budget, 3, ppr)
+    a = SimpleNamespace(block_size=bs, top_k=k, indexer="auto" if ix == "learned" else ix, hot_buffer=2 * k,
+                        tail_pages=2, learned_key_dtype=key_dtype or "fp8")
+    pol = bl.kv_config(kind, a, plan).build(SimpleNamespace(model=model, device=torch.device("cpu"), max_slots=slots,
+                                                            max_seq_len=prompt + out + 1))
+    assert pol.indexer.row_bytes() == sh.index_row
+    held = _device_bytes(pol)
+    assert plan["planned_device_bytes"] <= budget
+    assert abs(held - plan["planned_device_bytes"]) <= 64, (held, plan)
+    if kind != "resident":
+        assert pol.host.nbytes() == plan["host_bytes"]
