@@ -510,13 +510,19 @@ def _auto_split(progs: int, K: int, bk: int, sms: int, per_sm: int, min_iters: i
 
 
 def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132) -> dict:
-    """Heuristic launch config (no timing at run time: decode steps stay capturable in CUDA graphs).
-    v2 tl.dot for every M: BLOCK_N 64 (one warpgroup's MMA rows), BLOCK_K = 128 code bytes per row per tile,
-    4 stages in flight, K split until ~4 programs per SM with >= 4 tiles each; partials reduced in-kernel.
-    (Chosen by reasoning, not yet timed on the H200: bench_quant.py's sweep says which candidate wins.)"""
+    """Launch config (no timing at run time: decode steps stay capturable in CUDA graphs): the winners
+    of the H200 sweep of 2026-11-30 (bench_quant --shapes 4096x14336,14336x4096 --ms 1,32), per format:
+      M = 1, CUDA-core GEMV: MXFP4 [64 x 256] tiles on 8 warps (1.19x / 1.26x bf16), NVFP4 [32 x 256]
+      on 4 warps (0.90x / 0.97x), MXFP8 [32 x 128] on 4 warps (0.82x / 0.87x);
+      M >= 2, tl.dot: 4-bit [64 x 128] on 4 warps, 4 stages (M = 32: 0.58x / 0.41-0.46x bf16), MXFP8
+      [128 x 64] (0.48-0.53x).
+    K is split until ~4 programs per SM (in-kernel deterministic reduction)."""
     packed = FMT_IDS[fmt] <= 1
-    bk = 256 if packed else 128
-    bn = 64
+    if M == 1:
+        bn, bk, nw = (64, 256, 8) if fmt == "mxfp4" else ((32, 256, 4) if packed else (32, 128, 4))
+        split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 16, 1)
+        return dict(KERNEL="gemv", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=nw, num_stages=2)
+    bn, bk = (64, 128) if packed else (128, 64)
     split = _auto_split(triton.cdiv(N, bn) * triton.cdiv(M, _bm(M)), K, bk, sms, 4, 4)
     return dict(KERNEL="dot", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=4)
 
