@@ -5,7 +5,7 @@
 Mamba-2 (H=128, P=64, N=128, G=8) and GDN (HV=32, Hk=16, K=V=128), L=16, bf16 activations.
 Variants: eager fp32 state (``mamba2_decode`` / ``gdn_decode`` Triton kernels), replay fp32
 checkpoint, replay dual_bf16 (fp32 checkpoint + bf16 copy read between flushes), and the same two
-through the eager-shaped Mamba-2 decode kernel ``impl="v2"`` (rows ``*_v2``: ``advance=False``, the
+through the eager-shaped decode kernels ``impl="v2"`` (rows ``*_v2``, Mamba-2 and GDN adjoint: ``advance=False``, the
 cursor is a per-step constant tensor, i.e. moved once per step outside the layer as in the engine;
 v2 reads all L ring entries every step, the byte count stays the needed bytes); GDN replay in both
 routes. Every time is the average decode step over full L-step cycles (so the flush is amortised):
@@ -38,7 +38,8 @@ ACT = torch.bfloat16
 E = 2  # bytes per activation element
 TARGETS = {("mamba2", "replay_fp32"): 1.75, ("mamba2", "replay_dual_bf16"): 2.5,
            ("mamba2", "replay_fp32_v2"): 1.75, ("mamba2", "replay_dual_bf16_v2"): 2.5,
-           ("gdn", "replay_fp32_adjoint"): 1.6, ("gdn", "replay_fp32_state"): 1.6}
+           ("gdn", "replay_fp32_adjoint"): 1.6, ("gdn", "replay_fp32_state"): 1.6,
+           ("gdn", "replay_fp32_adjoint_v2"): 1.6}
 # (block rows, heads per program, warps, maxnreg). 2026-11-30 sweep: fewer warps per [BP, N] tile
 # (more loads in flight per thread) was the lever — v2 (32, 4 warps) 1.34x vs (32, 8) 1.00x.
 M_SWEEP = [(32, 1, 8, None), (16, 2, 4, 80)]
@@ -47,7 +48,10 @@ G_SWEEP = [(16, 2, 2, None), (32, 2, 2, None), (32, 1, 2, None), (64, 1, 2, None
 SWEEP_VARIANTS = ("replay_fp32_adjoint", "replay_dual_bf16_adjoint")
 # v2 (BLOCK_P, warps, flush fold)
 V2_SWEEP = [(32, 4, "serial"), (32, 2, "serial"), (64, 4, "serial"), (64, 2, "serial"), (16, 2, "serial"),
-            (16, 4, "serial"), (64, 8, "serial"), (16, 1, "serial"), (8, 1, "serial"), (8, 2, "serial")]
+            (16, 4, "serial"), (64, 8, "serial"), (16, 1, "serial"), (8, 1, "serial"), (8, 2, "serial"),
+            (64, 1, "serial")]
+# GDN v2 (BLOCK_V, warps)
+G_V2_SWEEP = [(64, 2), (64, 1), (64, 4), (128, 2), (128, 4), (128, 1), (32, 1), (32, 2), (16, 1), (16, 2), (8, 1)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +139,9 @@ class GDNCase:
             if "ckpt_lo" in self.c:
                 self.c["ckpt_lo"].copy_(S0.to(torch.bfloat16))
         self.route = "state" if variant.endswith("_state") else "adjoint"
+        if variant.endswith("_v2"):  # shared-cursor model, as MambaCase
+            self.cursors = [torch.full((slots,), i, dtype=torch.int32, device=device) for i in range(L)]
+            self.count = [0] * rot
         perm = torch.randperm(slots, device=device, generator=gen).to(torch.int32)
         self.sets = [dict(q=torch.randn(batch, Hk, K, device=device, generator=gen).to(ACT),
                           k=torch.randn(batch, Hk, K, device=device, generator=gen).to(ACT),
@@ -150,6 +157,12 @@ class GDNCase:
             return gdn_decode(self.state, s["q"], s["k"], s["v"], s["g"], s["beta"], s["slot_ids"],
                               backend="triton")
         from synodic.kernels.gdn_replay import gdn_replay_decode
+        if self.variant.endswith("_v2"):
+            i = self.count[r] % self.L
+            self.count[r] += 1
+            return gdn_replay_decode(**dict(self.c, write_pos=self.cursors[i]), q=s["q"], k=s["k"], v=s["v"],
+                                     g=s["g"], beta=s["beta"], slot_ids=s["slot_ids"], L=self.L, advance=False,
+                                     backend="triton", config=self.config, impl="v2")
         return gdn_replay_decode(**self.c, q=s["q"], k=s["k"], v=s["v"], g=s["g"], beta=s["beta"],
                                  slot_ids=s["slot_ids"], L=self.L, route=self.route, backend="triton",
                                  config=self.config)
@@ -310,8 +323,8 @@ def main(argv=None):
         ops.append((MambaCase, ["eager", "replay_fp32", "replay_dual_bf16", "replay_fp32_v2", "replay_dual_bf16_v2"],
                     M_SWEEP))
     if "gdn" in args.ops:
-        ops.append((GDNCase, ["eager", "replay_fp32_adjoint", "replay_fp32_state", "replay_dual_bf16_adjoint"],
-                    G_SWEEP))
+        ops.append((GDNCase, ["eager", "replay_fp32_adjoint", "replay_fp32_state", "replay_dual_bf16_adjoint",
+                              "replay_fp32_adjoint_v2", "replay_dual_bf16_adjoint_v2"], G_SWEEP))
     res = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                command="python -m synodic.kernels.bench_replay " + " ".join(argv if argv is not None
                                                                           else sys.argv[1:]),
@@ -347,7 +360,8 @@ def main(argv=None):
                 print(f"{cls.op} {v:26s} b={batch:4d}: {us:8.1f} µs  {row['gbps']:6.0f} GB/s "
                       f"({row['pct_hbm']:5.1f} %)  x{row['speedup'] or 0:.2f}", flush=True)
                 if batch in sweep_batches and (v in SWEEP_VARIANTS or v.endswith("_v2")):
-                    for cfg in (V2_SWEEP if v.endswith("_v2") else grid):
+                    v2_grid = V2_SWEEP if cls is MambaCase else G_V2_SWEEP
+                    for cfg in (v2_grid if v.endswith("_v2") else grid):
                         case.config = cfg
                         t = time_cycle(case)
                         res["sweep"].append(dict(op=cls.op, variant=v, batch=batch, config=cfg, us=t,

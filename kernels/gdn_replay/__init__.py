@@ -69,20 +69,37 @@ def _route(route: str) -> bool:
 def gdn_replay_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, *, L: int,
                       scale=None, use_qk_l2norm: bool = True, route: str = "adjoint", ckpt_scale=None,
                       ckpt_lo=None, ckpt_lo_scale=None, advance: bool = True, backend: str = "auto",
-                      config=None) -> torch.Tensor:
+                      config=None, impl: str = "auto") -> torch.Tensor:
     """One decode step per row: q/k [b,Hk,K], v [b,HV,V], g [b,HV] log-decay, beta [b,HV]
     post-sigmoid -> o [b,HV,V] (v dtype), equal to eager ``gdn_decode``. Appends (u, k, g) at
-    ring[write_pos]; at write_pos >= L-1 flushes instead (ckpt and ckpt_lo written, wp <- 0)."""
+    ring[write_pos]; at write_pos >= L-1 flushes instead (ckpt and ckpt_lo written, wp <- 0).
+
+    ``impl`` (Triton): "v2" = the eager-shaped adjoint kernel of ``decode_v2`` (config = (BLOCK_V,
+    warps); never moves write_pos, so ``advance=False``), "v1" = the kernel of ``triton_impl`` (both
+    routes, moves the cursor itself when ``advance``), "auto" = v2 for the adjoint route with
+    ``advance=False``, else v1."""
     state_route = _route(route)
+    if impl not in ("auto", "v1", "v2"):
+        raise ValueError(f"impl: expected 'auto', 'v1' or 'v2', got {impl!r}")
+    if impl == "auto":
+        impl = "v1" if advance or state_route else "v2"
+    if impl == "v2" and (advance or state_route):
+        raise ValueError("impl='v2' is the adjoint route and never moves write_pos: call it with "
+                         "route='adjoint', advance=False (then replay_advance)")
     _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
     if pick_backend(backend, ckpt) == "ref":
         return gdn_replay_decode_ref(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, L=L,
                                      scale=scale, use_qk_l2norm=use_qk_l2norm, route=route,
                                      ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale,
                                      advance=advance)
-    from .triton_impl import MODE_DECODE, launch
     q, k, v = _inner(q), _inner(k), _inner(v)
     o = torch.empty_like(v)
+    if impl == "v2":
+        from .decode_v2 import launch_decode_v2
+        return launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, L=L,
+                                scale=scale, use_qk_l2norm=use_qk_l2norm, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
+                                ckpt_lo_scale=ckpt_lo_scale, config=config)
+    from .triton_impl import MODE_DECODE, launch
     launch(MODE_DECODE, ckpt, ring_u, ring_k, ring_g, write_pos, q.unsqueeze(1), k.unsqueeze(1),
            v.unsqueeze(1), g.unsqueeze(1), beta.unsqueeze(1), slot_ids, o.unsqueeze(1), L=L, T=1, scale=scale,
            use_qk_l2norm=use_qk_l2norm, route_state=state_route, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,

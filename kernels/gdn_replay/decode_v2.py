@@ -1,0 +1,205 @@
+"""Gated DeltaNet ReplaySSM decode step, v2: shaped like the Mamba-2 v2 kernel so it can stream.
+
+One program per (V-tile x value head, batch row), grid ``(HV * cdiv(V, BLOCK_V), batch)``, tile
+[BLOCK_V, K] of the checkpoint (or of its low-precision copy in dual precision), chosen by
+``pick_config_v2``. T = 1, ``advance=False`` only: write_pos is read, never written (the caller moves
+the shared cursor once per step with ``replay_advance``).
+
+Latency layout (as in ``mamba2_replay.triton_v2``): nothing but the slot id sits in front of the
+loads. The checkpoint tile, all L ring entries (u tile, the key head's k, g) and this token's inputs
+are issued without waiting for the cursor; the cursor is one scalar used only in arithmetic (entries
+j >= wp are zeroed with ``where``: stale ring contents may be NaN). With Gam_j = cumsum(ring g)_j and
+G_t = sum(ring g) + g_t, and k, q L2-normalised (q times scale):
+  * output-only (adjoint) route, wp < L-1:
+      S k  = e^{G_t} (S0 k) + sum_{j<wp} e^{G_t - Gam_j} (k_j . k) u_j      (S q likewise)
+      u_t  = beta (v - S k);  o = S q + u_t (k . q);  (u_t, k, g_t) appended at ring position wp
+      (u tile by every program, g by V-tile 0, k by V-tile 0 of the key head's first value head).
+  * flush, wp >= L-1: the ring replayed serially on the fp32 checkpoint tile (the eager order),
+    S_t = e^{g_t} S + u_t k^T, written to ckpt (+ ckpt_lo), o = S_t q; nothing appended.
+Config: ``(BLOCK_V, num_warps)``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .._tl import _round_bf16
+from ..mamba2_replay.common import is_fp8
+from ..mamba2_replay.triton_impl import _serial_fold
+from ..mamba2_replay.triton_v2 import _store_tile
+
+
+@triton.jit
+def _gdn_replay_decode_v2_kernel(
+    ck_ptr, cks_ptr, lo_ptr, los_ptr,
+    ru_ptr, rk_ptr, rg_ptr, wp_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, sid_ptr,
+    sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
+    HV: tl.constexpr, Hk: tl.constexpr, V: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
+    LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, USE_L2: tl.constexpr,
+    CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
+    ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
+    ROUND_OUT: tl.constexpr,
+):
+    NUM_VT: tl.constexpr = (V + BV - 1) // BV
+    REP: tl.constexpr = HV // Hk
+    pid = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    hv = pid // NUM_VT
+    vt = pid % NUM_VT
+    hk = hv // REP
+
+    slot = tl.load(sid_ptr + row).to(tl.int64)
+    valid = slot >= 0
+    slot = tl.maximum(slot, 0)
+
+    # masks from scalar limits (0 on a padding row: it reads and writes no cache); the K axis is
+    # masked only when K is not a power of two, so the tile loads stay vectorised
+    offs_v = vt * BV + tl.arange(0, BV)
+    offs_k = tl.arange(0, BK)
+    offs_l = tl.arange(0, LP)
+    vm = offs_v < tl.where(valid, V, 0)
+    km = offs_k < K
+    rl = offs_l < tl.where(valid, L, 0)          # every ring entry: independent of the cursor
+    if BK == K:
+        tile_mask = vm[:, None]
+        rk_mask = rl[:, None]
+    else:
+        tile_mask = vm[:, None] & km[None, :]
+        rk_mask = rl[:, None] & km[None, :]
+    if V % BV == 0:  # the ring u tile [LP, BV]: row mask only, so its loads vectorise too
+        ru_mask = rl[:, None]
+    else:
+        ru_mask = rl[:, None] & vm[None, :]
+    st_off = offs_v[:, None] * K + offs_k[None, :]
+    sh = slot * HV + hv                            # (slot, value head)
+    skh = slot * Hk + hk                           # (slot, key head)
+
+    # ---- 1) the step's big read: checkpoint tile (or its low-precision copy) ----
+    if HAS_LO:
+        S0 = tl.load(lo_ptr + sh * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+        if LO_FP8:
+            S0 = S0 * tl.load(los_ptr + sh * V + offs_v, mask=vm, other=0.0)[:, None]
+    else:
+        S0 = tl.load(ck_ptr + sh * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+        if CK_FP8:
+            S0 = S0 * tl.load(cks_ptr + sh * V + offs_v, mask=vm, other=0.0)[:, None]
+    # ---- 2) the whole ring, no cursor dependency ----
+    ru_base = ru_ptr + sh * L * V
+    rk_base = rk_ptr + skh * L * K
+    rg_base = rg_ptr + sh * L
+    ru_raw = tl.load(ru_base + offs_l[:, None] * V + offs_v[None, :], mask=ru_mask, other=0.0)
+    rk_raw = tl.load(rk_base + offs_l[:, None] * K + offs_k[None, :], mask=rk_mask, other=0.0)
+    rg_raw = tl.load(rg_base + offs_l, mask=rl, other=0.0)
+    # ---- 3) cursor (one scalar) and this token's inputs ----
+    wp = tl.load(wp_ptr + slot, mask=valid, other=0)
+    kt_raw = tl.load(k_ptr + row * sk_b + hk * sk_h + offs_k, mask=km, other=0.0)
+    qt = tl.load(q_ptr + row * sq_b + hk * sq_h + offs_k, mask=km, other=0.0).to(tl.float32)
+    vt_ = tl.load(v_ptr + row * sv_b + hv * sv_h + offs_v, mask=vm, other=0.0).to(tl.float32)
+    gt = tl.load(g_ptr + row * sg_b + hv * sg_h).to(tl.float32)
+    bt = tl.load(beta_ptr + row * sbt_b + hv * sbt_h).to(tl.float32)
+
+    # ---- compute: ring entries j >= wp masked in arithmetic (where, not *0: stale entries may be NaN) ----
+    kt = kt_raw.to(tl.float32)
+    if USE_L2:
+        kt = kt / tl.sqrt(tl.sum(kt * kt, axis=0) + 1e-6)
+        qt = qt / tl.sqrt(tl.sum(qt * qt, axis=0) + 1e-6)
+    qt = qt * scale
+    lm = offs_l < wp                               # wp = 0 on a padding row
+    rg = tl.where(lm, rg_raw, 0.0)
+    Gam = tl.cumsum(rg, axis=0)
+    Gt = tl.sum(rg, axis=0) + gt
+    flush = valid & (wp >= L - 1)
+    if flush:
+        # serial replay on the fp32 checkpoint (dual precision: S0 above was the copy)
+        if HAS_LO:
+            S = tl.load(ck_ptr + sh * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+            if CK_FP8:
+                S = S * tl.load(cks_ptr + sh * V + offs_v, mask=vm, other=0.0)[:, None]
+        else:
+            S = S0
+        S = _serial_fold(S, ru_base + offs_v, rk_base + offs_k, rg_base, V, K, wp, 1.0, vm, km, L, False)
+        S = tl.exp(gt) * S
+        ut = bt * (vt_ - tl.sum(S * kt[None, :], axis=1))
+        S = S + ut[:, None] * kt[None, :]
+        _store_tile(ck_ptr + sh * V * K, cks_ptr + sh * V, st_off, S, offs_v, vm, tile_mask, CK_FP8, ROUND_CK)
+        if HAS_LO:
+            _store_tile(lo_ptr + sh * V * K, los_ptr + sh * V, st_off, S, offs_v, vm, tile_mask, LO_FP8,
+                        ROUND_LO)
+        ot = tl.sum(S * qt[None, :], axis=1)
+    else:
+        rk = tl.where(lm[:, None], rk_raw.to(tl.float32), 0.0)                   # [LP, BK]
+        ru = tl.where(lm[:, None], ru_raw.to(tl.float32), 0.0)                   # [LP, BV]
+        er = tl.where(lm, tl.exp(Gt - Gam), 0.0)
+        wk = er * tl.sum(rk * kt[None, :], axis=1)                                 # [LP]
+        wq = er * tl.sum(rk * qt[None, :], axis=1)
+        eG = tl.exp(Gt)
+        Sk = eG * tl.sum(S0 * kt[None, :], axis=1) + tl.sum(wk[:, None] * ru, axis=0)
+        Sq = eG * tl.sum(S0 * qt[None, :], axis=1) + tl.sum(wq[:, None] * ru, axis=0)
+        ut = bt * (vt_ - Sk)
+        ot = Sq + ut * tl.sum(kt * qt, axis=0)
+    # ---- append at ring position wp (output-only route of a real row) ----
+    app = valid & (wp < L - 1)
+    wpa = tl.where(app, wp, 0)
+    ut_st = ut
+    kt_st = kt
+    if ROUND_RU:
+        ut_st = _round_bf16(ut)
+    if ROUND_RK:
+        kt_st = _round_bf16(kt)
+    tl.store(ru_base + wpa * V + offs_v, ut_st.to(ru_ptr.dtype.element_ty), mask=offs_v < tl.where(app, V, 0))
+    tl.store(rg_base + wpa, gt, mask=app & (vt == 0))
+    k_writer = app & (vt == 0) & ((hv % REP) == 0)
+    tl.store(rk_base + wpa * K + offs_k, kt_st.to(rk_ptr.dtype.element_ty), mask=offs_k < tl.where(k_writer, K, 0))
+    # ---- output ----
+    ot = tl.where(valid, ot, 0.0)
+    if ROUND_OUT:
+        ot = _round_bf16(ot)
+    tl.store(o_ptr + row * so_b + hv * so_h + offs_v, ot.to(o_ptr.dtype.element_ty), mask=offs_v < V)
+
+
+def pick_config_v2(batch: int, HV: int, V: int, lo: bool) -> tuple[int, int]:
+    """(BLOCK_V, num_warps). As for Mamba-2 (triton_v2.pick_config_v2), a read-only step needs about
+    twice the bytes in flight of the eager read + write step: once batch x heads fills the GPU
+    (>= 1024 rows) a [64, K] fp32 tile on 2 warps (the Mamba-2 winner, 128 elements per thread), a
+    [128, K] tile of the bf16 / fp8 copy (the same bytes per thread); below that, smaller tiles for
+    more programs. To be confirmed by bench_replay --sweep on the H200."""
+    cap = triton.next_power_of_2(V)
+    if batch * HV >= 1024:
+        return min(128 if lo else 64, cap), 2
+    return min(32 if lo else 16, cap), 2
+
+
+def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,
+                     use_qk_l2norm, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None):
+    """q/k [b,Hk,K], v [b,HV,V], g/beta [b,HV], o [b,HV,V] (written). Inner strides 1."""
+    slots, HV, V, K = ckpt.shape
+    Hk = ring_k.shape[1]
+    b = slot_ids.shape[0]
+    if b == 0:
+        return o
+    bv, nw = tuple(config)[:2] if config else pick_config_v2(b, HV, V, ckpt_lo is not None)
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    low = (torch.bfloat16, torch.float8_e4m3fn)
+    dummy = ckpt
+    grid = (HV * triton.cdiv(V, bv), b)
+    _gdn_replay_decode_v2_kernel[grid](
+        ckpt, ckpt_scale if ckpt_scale is not None else dummy,
+        ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
+        ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, o, slot_ids,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), o.stride(0), o.stride(1),
+        float(K ** -0.5 if scale is None else scale),
+        HV=HV, Hk=Hk, V=V, K=K, L=L, LP=max(16, triton.next_power_of_2(L)), BV=bv,
+        BK=triton.next_power_of_2(K), USE_L2=bool(use_qk_l2norm),
+        CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
+        ROUND_CK=interp and ckpt.dtype in low,
+        ROUND_LO=interp and ckpt_lo is not None and ckpt_lo.dtype in low,
+        ROUND_RU=interp and ring_u.dtype == torch.bfloat16, ROUND_RK=interp and ring_k.dtype == torch.bfloat16,
+        ROUND_OUT=interp and o.dtype == torch.bfloat16,
+        num_warps=nw,
+    )
+    return o

@@ -1,0 +1,172 @@
+"""Gated DeltaNet ReplaySSM decode, impl="v2" (eager-shaped Triton kernel, advance=False) vs the
+torch reference, step by step with a shared cursor moved by ``replay_advance``.
+
+Odd shapes (HV=6, Hk=3, V=5, K=7), L = 4, 2L+1 steps (two flushes per slot), rows at different
+cursors (a slot joins late), padding rows, NaN-poisoned unwritten ring entries and output buffers.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_errors import rel_max as rel
+from kernel_errors import rel_rmse as rrmse
+from synodic.kernels.gdn_decode.ref import gdn_decode_ref
+from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_decode, replay_advance
+from synodic.kernels.gdn_replay.decode_v2 import launch_decode_v2
+from synodic.kernels.mamba2_replay.common import dequantize, quantize_rows_fp8, store_state
+
+SLOTS = 4
+L = 4
+MODES = {  # name: (ckpt dtype, low-precision copy dtype)
+    "fp32": (torch.float32, None),
+    "dual_bf16": (torch.float32, torch.bfloat16),
+    "dual_fp8": (torch.float32, torch.float8_e4m3fn),
+    "single_fp8": (torch.float8_e4m3fn, None),
+}
+
+
+def fresh(gen, HV, Hk, V, K, mode, dtype=torch.float32):
+    ck, lo = MODES[mode]
+    c = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, dtype=dtype, ckpt_dtype=ck, lo_dtype=lo)
+    S = torch.randn(SLOTS, HV, V, K, generator=gen) * 0.3
+    if ck == torch.float8_e4m3fn:
+        q, sc = quantize_rows_fp8(S)
+        c["ckpt"].copy_(q)
+        c["ckpt_scale"].copy_(sc)
+        S = dequantize(q, sc)
+    else:
+        c["ckpt"].copy_(S)
+    if lo is not None:
+        store_state(c["ckpt_lo"], c.get("ckpt_lo_scale"), S)
+    for key in ("ring_u", "ring_k", "ring_g"):
+        c[key].fill_(float("nan"))  # unwritten ring entries must never reach an output
+    return c, S.clone()
+
+
+def inputs(gen, b, HV, Hk, V, K, dtype=torch.float32):
+    q = torch.randn(b, Hk, K, generator=gen).to(dtype)
+    k = torch.randn(b, Hk, K, generator=gen).to(dtype)
+    v = torch.randn(b, HV, V, generator=gen).to(dtype)
+    g = -torch.rand(b, HV, generator=gen) * 0.5
+    beta = torch.rand(b, HV, generator=gen)
+    return dict(q=q, k=k, v=v, g=g, beta=beta)
+
+
+def rows_for(step):
+    """Slot 3 joins late (cursors differ inside one launch); padding rows; order shuffled."""
+    rows = [2, 0, -1] if step < 2 else [0, 3, 2] if step % 2 else [3, -1, 2, 0]
+    return torch.tensor(rows, dtype=torch.int32)
+
+
+def v2_step(c, step, config, **kw):
+    """Even steps through the public dispatch, odd steps straight into the launcher with a
+    NaN-poisoned output buffer (every element, padding rows included, must be written)."""
+    if step % 2 == 0:
+        return gdn_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="v2", config=config)
+    o = torch.full_like(kw["v"], float("nan"))
+    launch_decode_v2(c["ckpt"], c["ring_u"], c["ring_k"], c["ring_g"], c["write_pos"], kw["q"], kw["k"], kw["v"],
+                     kw["g"], kw["beta"], kw["slot_ids"], o, L=L, scale=None, use_qk_l2norm=True,
+                     ckpt_scale=c.get("ckpt_scale"), ckpt_lo=c.get("ckpt_lo"), ckpt_lo_scale=c.get("ckpt_lo_scale"),
+                     config=config)
+    return o
+
+
+CASES = [  # (HV, Hk, V, K, mode, config (BLOCK_V, warps) or None = pick_config_v2)
+    (6, 3, 5, 7, "fp32", (4, 2)),          # two V-tiles, the second partial; K masked
+    (4, 2, 8, 16, "fp32", (8, 1)),         # V a multiple of BLOCK_V, K a power of two (unmasked loads)
+    (6, 3, 5, 7, "dual_bf16", None),
+    (3, 1, 5, 7, "dual_fp8", (4, 2)),      # per-row fp8 scales written by two V-tiles; 3 value heads / key head
+    (6, 3, 5, 16, "single_fp8", None),
+]
+
+
+@pytest.mark.parametrize("HV,Hk,V,K,mode,config", CASES)
+def test_v2_decode_matches_ref_across_flushes(HV, Hk, V, K, mode, config, device):
+    gen = torch.Generator().manual_seed(20 + HV + len(mode))
+    c, _ = fresh(gen, HV, Hk, V, K, mode)
+    c = {k: v.to(device) for k, v in c.items()}
+    c_ref = {k: v.clone() for k, v in c.items()}
+    worst = 0.0
+    steps = 2 * L + 1
+    for step in range(steps):
+        sid = rows_for(step).to(device)
+        kw = {k: t.to(device) for k, t in inputs(gen, len(sid), HV, Hk, V, K).items()}
+        kw["slot_ids"] = sid
+        wp = c["write_pos"].clone()
+        o = v2_step(c, step, config, **kw)
+        o_ref = gdn_replay_decode(**c_ref, **kw, L=L, advance=False, backend="ref")
+        assert torch.equal(c["write_pos"], wp)  # v2 never moves the cursor
+        assert not torch.isnan(o).any(), step
+        assert torch.all(o[sid < 0] == 0)
+        worst = max(worst, rrmse(o, o_ref))
+        if MODES[mode][0] == torch.float32:
+            assert rel(c["ckpt"], c_ref["ckpt"]) <= 1e-5, step
+        if MODES[mode][1] == torch.bfloat16:
+            torch.testing.assert_close(c["ckpt_lo"].float(), c_ref["ckpt_lo"].float(), rtol=2**-7, atol=1e-6)
+        if MODES[mode][1] == torch.float8_e4m3fn or MODES[mode][0] == torch.float8_e4m3fn:
+            key = "ckpt_lo" if MODES[mode][1] is not None else "ckpt"
+            a = dequantize(c[key], c[key + "_scale"])
+            b = dequantize(c_ref[key], c_ref[key + "_scale"])
+            assert rrmse(a, b) <= 1e-3, step
+            torch.testing.assert_close(c[key + "_scale"], c_ref[key + "_scale"], rtol=1e-5, atol=0)
+        replay_advance(c["write_pos"], sid, L=L)
+        replay_advance(c_ref["write_pos"], sid, L=L)
+        for s in range(SLOTS):
+            n = int(c["write_pos"][s])
+            for key in ("ring_u", "ring_k", "ring_g"):
+                torch.testing.assert_close(c[key][s, :, :n], c_ref[key][s, :, :n], rtol=1e-5, atol=1e-6)
+    assert worst <= 1e-5, (mode, worst)
+    assert c["write_pos"].tolist() == [steps % L, 0, steps % L, (steps - 2) % L]
+
+
+def test_v2_matches_eager_fp32(device):
+    """End to end against eager fp32 decoding (not just the replay reference)."""
+    HV, Hk, V, K = 6, 3, 5, 7
+    gen = torch.Generator().manual_seed(3)
+    c, S_eager = fresh(gen, HV, Hk, V, K, "fp32")
+    c = {k: v.to(device) for k, v in c.items()}
+    S_eager = S_eager.to(device)
+    sid = torch.tensor([1, -1, 3, 0], dtype=torch.int32, device=device)
+    for step in range(L + 2):
+        kw = {k: t.to(device) for k, t in inputs(gen, 4, HV, Hk, V, K).items()}
+        o = v2_step(c, step, None, **kw, slot_ids=sid)
+        o_eager = gdn_decode_ref(S_eager, kw["q"], kw["k"], kw["v"], kw["g"], kw["beta"], sid)
+        assert rel(o, o_eager) <= 1e-4, step
+        replay_advance(c["write_pos"], sid, L=L)
+    assert c["write_pos"].tolist() == [2, 2, 0, 2]
+
+
+def test_v2_full_ring_and_cursor_at_L(device):
+    """Cursor at L (a verify committed a full window): the step flushes all L entries + this token;
+    at L-1 it flushes too; bf16 ring / activations."""
+    HV, Hk, V, K = 6, 3, 5, 7
+    gen = torch.Generator().manual_seed(4)
+    c, _ = fresh(gen, HV, Hk, V, K, "dual_bf16", dtype=torch.bfloat16)
+    c["ring_u"].copy_(torch.randn(c["ring_u"].shape, generator=gen))
+    c["ring_k"].copy_(torch.nn.functional.normalize(torch.randn(c["ring_k"].shape, generator=gen), dim=-1))
+    c["ring_g"].copy_(-torch.rand(c["ring_g"].shape, generator=gen) * 0.5)
+    c["write_pos"].copy_(torch.tensor([L, L - 1, 2, 0], dtype=torch.int32))
+    c = {k: v.to(device) for k, v in c.items()}
+    c_ref = {k: v.clone() for k, v in c.items()}
+    sid = torch.tensor([0, 1, -1, 2, 3], dtype=torch.int32, device=device)
+    kw = {k: t.to(device) for k, t in inputs(gen, 5, HV, Hk, V, K, dtype=torch.bfloat16).items()}
+    o = v2_step(c, 1, (4, 2), **kw, slot_ids=sid)
+    o_ref = gdn_replay_decode(**c_ref, **kw, slot_ids=sid, L=L, advance=False, backend="ref")
+    assert o.dtype == torch.bfloat16
+    assert rel(o, o_ref) <= 1e-2  # bf16 outputs
+    for key in ("ckpt", "ckpt_lo", "ring_u", "ring_k", "ring_g", "write_pos"):
+        torch.testing.assert_close(c[key].float(), c_ref[key].float(), rtol=1e-5, atol=1e-5)
+
+
+def test_v2_argument_errors(device):
+    HV, Hk, V, K = 3, 1, 5, 7
+    gen = torch.Generator().manual_seed(5)
+    c, _ = fresh(gen, HV, Hk, V, K, "fp32")
+    kw = inputs(gen, 1, HV, Hk, V, K)
+    sid = torch.tensor([0], dtype=torch.int32)
+    with pytest.raises(ValueError, match="advance=False"):
+        gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="v2")
+    with pytest.raises(ValueError, match="advance=False"):
+        gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="v2", advance=False, route="state")
+    with pytest.raises(ValueError, match="impl"):
+        gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="v3")
