@@ -40,12 +40,8 @@ TARGETS = {("mamba2", "replay_fp32"): 1.75, ("mamba2", "replay_dual_bf16"): 2.5,
            ("mamba2", "replay_fp32_v2"): 1.75, ("mamba2", "replay_dual_bf16_v2"): 2.5,
            ("gdn", "replay_fp32_adjoint"): 1.6, ("gdn", "replay_fp32_state"): 1.6,
            ("gdn", "replay_fp32_adjoint_v2"): 1.6}
-# (block rows, heads per program, warps, maxnreg). 2026-11-30 sweep: fewer warps per [BP, N] tile
-# (more loads in flight per thread) was the lever — v2 (32, 4 warps) 1.34x vs (32, 8) 1.00x.
-M_SWEEP = [(32, 1, 8, None), (16, 2, 4, 80)]
-G_SWEEP = [(16, 2, 2, None), (32, 2, 2, None), (32, 1, 2, None), (64, 1, 2, None), (16, 2, 1, None),
-           (32, 1, 1, None), (64, 2, 4, None), (16, 1, 2, None)]
-SWEEP_VARIANTS = ("replay_fp32_adjoint", "replay_dual_bf16_adjoint")
+# Launch configs swept for the engine's kernels (the v2 decode kernels; the v1 kernels' sweeps of
+# 2026-11-30 are recorded in their pick_config docstrings).
 # v2 (BLOCK_P, warps, flush fold)
 V2_SWEEP = [(32, 4, "serial"), (32, 2, "serial"), (64, 4, "serial"), (64, 2, "serial"), (16, 2, "serial"),
             (16, 4, "serial"), (64, 8, "serial"), (16, 1, "serial"), (8, 1, "serial"), (8, 2, "serial"),
@@ -321,10 +317,10 @@ def main(argv=None):
     ops = []
     if "mamba2" in args.ops:
         ops.append((MambaCase, ["eager", "replay_fp32", "replay_dual_bf16", "replay_fp32_v2", "replay_dual_bf16_v2"],
-                    M_SWEEP))
+                    V2_SWEEP))
     if "gdn" in args.ops:
         ops.append((GDNCase, ["eager", "replay_fp32_adjoint", "replay_fp32_state", "replay_dual_bf16_adjoint",
-                              "replay_fp32_adjoint_v2", "replay_dual_bf16_adjoint_v2"], G_SWEEP))
+                              "replay_fp32_adjoint_v2", "replay_dual_bf16_adjoint_v2"], G_V2_SWEEP))
     res = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                command="python -m synodic.kernels.bench_replay " + " ".join(argv if argv is not None
                                                                           else sys.argv[1:]),
@@ -359,9 +355,8 @@ def main(argv=None):
                 res["rows"].append(row)
                 print(f"{cls.op} {v:26s} b={batch:4d}: {us:8.1f} µs  {row['gbps']:6.0f} GB/s "
                       f"({row['pct_hbm']:5.1f} %)  x{row['speedup'] or 0:.2f}", flush=True)
-                if batch in sweep_batches and (v in SWEEP_VARIANTS or v.endswith("_v2")):
-                    v2_grid = V2_SWEEP if cls is MambaCase else G_V2_SWEEP
-                    for cfg in (v2_grid if v.endswith("_v2") else grid):
+                if batch in sweep_batches and v.endswith("_v2"):
+                    for cfg in grid:
                         case.config = cfg
                         t = time_cycle(case)
                         res["sweep"].append(dict(op=cls.op, variant=v, batch=batch, config=cfg, us=t,

@@ -18,6 +18,9 @@ class BenchPipeline(Component):
     prompt_len: int = Field(32, ge=1, description="prompt tokens per sequence before timing")
     steps: int = Field(16, ge=1, description="timed decode steps per point")
     warmup: int = Field(2, ge=0, description="untimed decode steps first (graph capture, autotune)")
+    profile: bool = Field(False, description="after timing each variant at its largest batch, run 3 more "
+                          "steps uncaptured under torch.profiler and write the per-kernel time table "
+                          "(profile_<variant #>.txt): where the step's time goes")
 
 
 def _task_overrides() -> list[str]:
@@ -28,7 +31,7 @@ def _task_overrides() -> list[str]:
         return []
 
 
-def time_point(graph, b: int, p: BenchPipeline) -> dict:
+def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None) -> dict:
     """Prefill b random prompts, then time p.steps batched decode steps (greedy feedback)."""
     import torch
 
@@ -67,11 +70,36 @@ def time_point(graph, b: int, p: BenchPipeline) -> dict:
                 acc[k] = acc.get(k, 0) + v / p.steps
         pos += 1
     step = elapsed / p.steps
+    if profile_path is not None:
+        _profile(graph, slots, pos, toks, b, profile_path)
     bytes_ = acc
     moved = sum(v for k, v in bytes_.items() if not k.startswith("kv_") or k in ("kv_device_read",))
     moved -= bytes_.get("kv_selected_rows", 0) + bytes_.get("kv_host_fetched_rows", 0)
     return {"batch": b, "step_ms": 1e3 * step, "tokens_per_s": b / step, "bytes_per_step": moved,
             "GB_per_s": moved / step / 1e9, **{f"bytes_{k}": v for k, v in bytes_.items()}}
+
+
+def _profile(graph, slots, pos, toks, b, path: Path) -> None:
+    """3 uncaptured decode steps (kernels visible one by one) under torch.profiler -> table at path."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from synodic.engine.runner import ModelRunner
+
+    eager = ModelRunner(graph.model, graph.ssm, graph.kv, graph.max_slots, graph.device, False)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if graph.device.type == "cuda" else [])
+    logits = eager.decode(slots, [pos] * b, toks, pos + 1)  # warm the uncaptured path
+    pos += 1
+    with profile(activities=acts) as prof:
+        for _ in range(3):
+            logits = eager.decode(slots, [pos] * b, logits.argmax(-1).tolist(), pos + 1)
+            graph.step_bytes(slots, [pos + 1] * b)
+            pos += 1
+        if graph.device.type == "cuda":
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if graph.device.type == "cuda" else "self_cpu_time_total"
+    path.write_text(f"batch {b}, 3 uncaptured decode steps\n"
+                                     + prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=80))
 
 
 def run(cfg, run_dir: Path) -> dict:
@@ -88,11 +116,12 @@ def run(cfg, run_dir: Path) -> dict:
     base = _task_overrides()
     rows = []
     max_len = p.prompt_len + p.warmup + p.steps + 2
-    for v in p.variants:
+    for i, v in enumerate(p.variants):
         vcfg = compose(base + v.split()) if v else cfg
         graph = build_graph(vcfg, max_len, max_slots=max(p.batch_sizes))
         for b in p.batch_sizes:
-            r = {"variant": v or "base", **time_point(graph, b, p)}
+            prof = run_dir / f"profile_{i}.txt" if p.profile and b == max(p.batch_sizes) else None
+            r = {"variant": v or "base", **time_point(graph, b, p, prof)}
             con.print(f"{r['variant']:>30} batch {b:>4}: {r['step_ms']:.3f} ms/step, "
                       f"{r['tokens_per_s']:.0f} tok/s, {r['GB_per_s']:.1f} GB/s")
             rows.append(r)
