@@ -3,16 +3,23 @@ DualQuant's solve time for a whole 8B model, one process.
 
     python -m synodic.kernels.bench_quant --out quant.json [--budget 110] [--no-sweep] [--skip-dualquant]
         [--shapes 4096x14336,14336x4096] [--ms 1,32] [--formats mxfp4,nvfp4,mxfp8_e4m3]
+        [--no-probe]
     TRITON_INTERPRET=1 python -m synodic.kernels.bench_quant --smoke     # CPU: every config vs the reference
 
 1. GEMV / skinny GEMM, M in {1, 32}, weights (N, K) in {4096x4096, 4096x14336, 14336x4096}, bf16
    activations, the DualQuant deployment path (x * s fused in-kernel, weight-only: W4A16; W8A16 for
    mxfp8_e4m3, whose sweep also tries the hardware fp8 conversion, FP8_CVT=True). Each time is
    per call inside a CUDA graph of many calls that cycle over enough weight copies (> 4x L2) that every
-   call reads its weight from HBM. Bytes = weight (codes + scales + s) + x + y. Side by side per row: the v1
-   kernels under their heuristic (`v1_us`), the v2 kernels under the run-time heuristic (`us`), then, if
-   the budget allows, the SWEEP candidates (`sweep`, `best_us` with its config). Every config is checked
-   against the torch reference before it is timed (a config off by > 2e-2 rel. RMSE is not timed).
+   call reads its weight from HBM. Bytes = weight (codes + scales + s) + x + y. Per row: bf16, the run-time
+   heuristic (`us`), and for M = 1 the int32-word GEMV "gemv32" on the heuristic's tile; then, if the budget
+   allows, the SWEEP candidates (`sweep`, `best_us` with its config). Every config is checked against the
+   torch reference before it is timed (a config off by > 2e-2 rel. RMSE is not timed).
+   Load probes (M = 1, unless --no-probe): kernels that read the code bytes and block scales in exactly a
+   GEMV's tile pattern (grid, BLOCK_N, BLOCK_K, SPLIT_K, warps) and only XOR them into a per-row int32 (no x,
+   no decode): "probe8" loads [BLOCK_N, G, H] uint8 tiles as "gemv" does, "probe32" [BLOCK_N, BLOCK_K/E] int32
+   words (E codes per word) as "gemv32" does. Timed beside the kernel on its tile, as GB/s of codes + scales
+   (`*_load_GB_per_s`): probe near HBM speed and kernel far below -> decode arithmetic limits; probe slow ->
+   the load pattern does (and probe32 vs probe8 says whether wider loads help).
 2. DualQuant (MXFP4, 15 iterations) over every linear of the blocks of nemotron_h_8b, random bf16
    weights built on the GPU; wall time, per projection kind, mean relative weight MSE.
 Prints markdown tables last and writes JSON (rewritten after each part, so a cut-short run keeps
@@ -28,6 +35,8 @@ import platform
 import time
 
 import torch
+import triton
+import triton.language as tl
 
 L2_BYTES = 60 * 2**20
 ROTATE_BYTES = 4 * L2_BYTES
@@ -40,15 +49,24 @@ CHECK_TOL = 2e-2  # rel. RMSE vs the reference above which a config is reported 
 # given for 4-bit formats (BLOCK_K/2 code bytes per row); 8-bit formats use half (same bytes per row).
 # No SPLIT_K: chosen per shape for the tile (triton_impl.resolve_config).
 SWEEP = {
-    "m1": [dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
-           dict(KERNEL="dot", BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=3),
+    "m1": [dict(KERNEL="gemv32", BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=2),
+           dict(KERNEL="gemv32", BLOCK_N=64, BLOCK_K=256, num_warps=8, num_stages=2),
+           dict(KERNEL="gemv32", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=2),
+           dict(KERNEL="gemv32", BLOCK_N=32, BLOCK_K=512, num_warps=4, num_stages=2),
+           dict(KERNEL="gemv32", BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=2),
            dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=2),
+           dict(KERNEL="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=8, num_stages=2),
+           dict(KERNEL="gemv32", BLOCK_N=64, BLOCK_K=512, num_warps=8, num_stages=2),
+           dict(KERNEL="gemv32", BLOCK_N=16, BLOCK_K=512, num_warps=4, num_stages=2),
+           dict(KERNEL="gemv32", BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=2),
+           dict(KERNEL="gemv32", BLOCK_N=64, BLOCK_K=128, num_warps=2, num_stages=2),
+           dict(KERNEL="gemv", BLOCK_N=16, BLOCK_K=512, num_warps=4, num_stages=2),
+           dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
+           dict(KERNEL="dot", BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=3),
            dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3, SEM=False),
            dict(KERNEL="dot", BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=4),
-           dict(KERNEL="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=8, num_stages=2),
            dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=3),
            dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, TWO_MUL=True),
-           dict(KERNEL="gemv", BLOCK_N=16, BLOCK_K=512, num_warps=4, num_stages=2),
            dict(KERNEL="dot", BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4)],
     "mN": [dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
            dict(KERNEL="dot", BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=3),
@@ -72,6 +90,117 @@ def candidates(M: int, fmt: str) -> list[dict]:
             c["BLOCK_K"] = max(32, c["BLOCK_K"] // 2)
         out.append(c)
     return out
+
+
+# --- load probes: a GEMV's weight reads without its arithmetic -------------------------------------------------
+
+@triton.jit
+def _probe8_kernel(w_ptr, sc_ptr, out_ptr, N, K, K_PER_SPLIT, stride_wn, stride_sn, QBLOCK: tl.constexpr,
+                   H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The loads of triton_impl._qgemv_kernel ("gemv": [BLOCK_N, G, H] code-byte tiles, [BLOCK_N, G] scales,
+    same grid and K split), XORed: out[pid_k, n] = XOR of row n's code bytes and scale bytes in the split."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    G: tl.constexpr = BLOCK_K // QBLOCK
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = offs_n < N
+    rows = offs_n.to(tl.int64)
+    offs_g = tl.arange(0, G)
+    offs_h = tl.arange(0, H)
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    g_hi = k_hi // QBLOCK
+    acc = tl.zeros((BLOCK_N, G, H), dtype=tl.int32)
+    sacc = tl.zeros((BLOCK_N, G), dtype=tl.int32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        g = k0 // QBLOCK + offs_g
+        mg = g < g_hi
+        sc = tl.load(sc_ptr + rows[:, None] * stride_sn + g[None, :], mask=mn[:, None] & mg[None, :], other=0)
+        byte = tl.load(w_ptr + rows[:, None, None] * stride_wn + (g * H)[None, :, None] + offs_h[None, None, :],
+                       mask=mn[:, None, None] & mg[None, :, None], other=0)
+        sacc = sacc ^ sc.to(tl.int32)
+        acc = acc ^ byte.to(tl.int32)
+    out = tl.xor_sum(tl.xor_sum(acc, axis=2), axis=1) ^ tl.xor_sum(sacc, axis=1)
+    tl.store(out_ptr + pid_k * N + offs_n, out, mask=mn)
+
+
+@triton.jit
+def _probe32_kernel(w_ptr, sc_ptr, out_ptr, N, K, K_PER_SPLIT, stride_wn, stride_sn, QBLOCK: tl.constexpr,
+                    E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The loads of triton_impl._qgemv32_kernel ("gemv32": [BLOCK_N, BLOCK_K / E] int32 code words, E codes per
+    word; [BLOCK_N, G] scales), XORed per row as `_probe8_kernel` (w_ptr: int32, stride_wn in words)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    G: tl.constexpr = BLOCK_K // QBLOCK
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = offs_n < N
+    rows = offs_n.to(tl.int64)
+    offs_g = tl.arange(0, G)
+    offs_w = tl.arange(0, BLOCK_K // E)
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    g_hi = k_hi // QBLOCK
+    acc = tl.zeros((BLOCK_N, BLOCK_K // E), dtype=tl.int32)
+    sacc = tl.zeros((BLOCK_N, G), dtype=tl.int32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        g = k0 // QBLOCK + offs_g
+        mg = g < g_hi
+        sc = tl.load(sc_ptr + rows[:, None] * stride_sn + g[None, :], mask=mn[:, None] & mg[None, :], other=0)
+        cw = k0 // E + offs_w
+        w = tl.load(w_ptr + rows[:, None] * stride_wn + cw[None, :], mask=mn[:, None] & (cw < k_hi // E)[None, :],
+                    other=0)
+        sacc = sacc ^ sc.to(tl.int32)
+        acc = acc ^ w
+    out = tl.xor_sum(acc, axis=1) ^ tl.xor_sum(sacc, axis=1)
+    tl.store(out_ptr + pid_k * N + offs_n, out, mask=mn)
+
+
+def _split(K: int, cfg: dict) -> tuple[int, int]:
+    """(programs along K, K per program) as quant_linear_triton derives them from the config."""
+    bk = cfg["BLOCK_K"]
+    k_per = triton.cdiv(triton.cdiv(K, cfg["SPLIT_K"]), bk) * bk
+    return triton.cdiv(K, k_per), k_per
+
+
+def probe(q, cfg: dict, words: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Run a load probe on the tile of a resolved GEMV config: int32 [split, N] of per-row XORs. words: read
+    the codes as int32 words ("probe32"), else as bytes ("probe8")."""
+    from synodic.kernels.quant_linear.triton_impl import code_words
+    N, K = q.shape
+    qb = q.spec.block
+    split, k_per = _split(K, cfg)
+    if out is None:
+        out = torch.empty(split, N, dtype=torch.int32, device=q.data.device)
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]), split)
+    meta = dict(QBLOCK=qb, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"])
+    packed = q.data.shape[1] * 2 == K
+    if words:
+        w = code_words(q.data)
+        _probe32_kernel[grid](w, q.scale, out, N, K, k_per, w.stride(0), q.scale.stride(0), E=8 if packed else 4,
+                              **meta)
+    else:
+        _probe8_kernel[grid](q.data, q.scale, out, N, K, k_per, q.data.stride(0), q.scale.stride(0),
+                             H=qb // 2 if packed else qb, **meta)
+    return out
+
+
+def probe_ref(q, cfg: dict, words: bool) -> torch.Tensor:
+    """What `probe` computes, in numpy."""
+    import numpy as np
+    from synodic.kernels.quant_linear.triton_impl import code_words
+    N, K = q.shape
+    qb = q.spec.block
+    _, k_per = _split(K, cfg)
+    codes = (code_words(q.data) if words else q.data).cpu().numpy().astype(np.int32)
+    per_k = codes.shape[1] / K
+    sc = q.scale.cpu().numpy().astype(np.int32)
+    out = []
+    for lo in range(0, K, k_per):
+        hi = min(lo + k_per, K)
+        out.append(np.bitwise_xor.reduce(codes[:, round(lo * per_k):round(hi * per_k)], axis=1)
+                   ^ np.bitwise_xor.reduce(sc[:, lo // qb:hi // qb], axis=1))
+    return torch.from_numpy(np.stack(out))
 
 
 def _graph_time_us(fns, calls: int) -> float:
@@ -151,6 +280,19 @@ class Case:
         wb = self.wbytes(qs[0])
         return {"us": us, "weight_bytes": wb, "GB_per_s": (wb + self.io_bytes) / us / 1e3}
 
+    def load_bytes(self, fmt: str) -> int:
+        """Code + scale bytes of the weight: what a load probe reads."""
+        q = self.qs(fmt)[0]
+        return q.data.numel() + q.scale.numel()
+
+    def probe(self, fmt: str, cfg: dict, words: bool) -> dict:
+        """Time a load probe ("probe32" if words else "probe8") on the tile of the resolved config `cfg`."""
+        qs = self.qs(fmt)
+        out = probe(qs[0], cfg, words)
+        fns = [lambda qc=qc: probe(qc, cfg, words, out) for qc in qs]
+        us = _graph_time_us(fns, calls=max(len(fns), 24))
+        return {"us": us, "load_GB_per_s": self.load_bytes(fmt) / us / 1e3}
+
     def check(self, fmt: str, config: dict | None = None) -> float:
         """Relative RMSE of the kernel under `config` vs the torch reference (NaN output -> inf)."""
         from synodic.kernels.quant_linear import quant_linear
@@ -167,8 +309,26 @@ def _sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 
 
-def bench_gemv(log, shapes, ms, formats, cases: dict) -> list[dict]:
-    """bf16 vs v1 (old heuristic) vs v2 (new heuristic), side by side per row."""
+_TILE = ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages", "SEM")
+
+
+def _diag(c: Case, fmt: str, kernel: str, full: dict, us: float, probes: bool, log) -> dict:
+    """M = 1 load diagnostic of a timed GEMV config: its code + scale GB/s, and its tile's load probe."""
+    d = {"kernel": kernel, "config": full, "us": us, "load_GB_per_s": c.load_bytes(fmt) / us / 1e3}
+    if probes:
+        words = kernel == "gemv32"
+        try:
+            r = c.probe(fmt, full, words)
+            d.update(probe="probe32" if words else "probe8", probe_us=r["us"], probe_load_GB_per_s=r["load_GB_per_s"])
+        except Exception as e:  # noqa: BLE001 - keep the kernel's time
+            d["probe_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            log(f"probe on {full} failed: {d['probe_error']}")
+    return d
+
+
+def bench_gemv(log, shapes, ms, formats, cases: dict, probes: bool = True) -> list[dict]:
+    """bf16 vs the run-time heuristic, side by side per row; for M = 1 also "gemv32" on the heuristic's tile and
+    both load probes there."""
     from synodic.kernels.quant_linear.triton_impl import resolve_config
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
@@ -178,29 +338,57 @@ def bench_gemv(log, shapes, ms, formats, cases: dict) -> list[dict]:
             base = c.bf16()
             for fmt in formats:
                 row = {"N": N, "K": K, "M": M, "format": fmt, "bf16_us": base["us"],
-                       "bf16_GB_per_s": base["GB_per_s"], "bf16_weight_bytes": base["weight_bytes"], "sweep": []}
-                for tag, cfg in (("v1_", dict(KERNEL="v1")), ("", None)):
-                    full = resolve_config(M, N, K, fmt, cfg, _sms())
-                    err = c.check(fmt, cfg)
-                    row[tag + "rel_rmse_vs_ref"], row[tag + "config"] = err, full
-                    r = c.quant(fmt, cfg)
-                    row.update({tag + "us": r["us"], tag + "GB_per_s": r["GB_per_s"],
-                                tag + "speedup": base["us"] / r["us"], "weight_bytes": r["weight_bytes"]})
-                    log(f"{N}x{K} M={M} {fmt} {tag or 'v2_'}heuristic: {r['us']:.1f} us ({r['GB_per_s']:.0f} GB/s) "
-                        f"vs bf16 {base['us']:.1f} us ({base['GB_per_s']:.0f} GB/s) -> "
-                        f"{row[tag + 'speedup']:.2f}x  err {err:.1e}{'  BROKEN' if err > CHECK_TOL else ''}")
-                ok = row["rel_rmse_vs_ref"] <= CHECK_TOL
-                row["best_us"] = row["us"] if ok else float("inf")
-                row["best_config"] = row["config"] if ok else None
+                       "bf16_GB_per_s": base["GB_per_s"], "bf16_weight_bytes": base["weight_bytes"], "sweep": [],
+                       "load_diag": []}
+                full = resolve_config(M, N, K, fmt, None, _sms())
+                err = c.check(fmt, None)
+                r = c.quant(fmt, None)
+                row.update({"rel_rmse_vs_ref": err, "config": full, "us": r["us"], "GB_per_s": r["GB_per_s"],
+                            "speedup": base["us"] / r["us"], "weight_bytes": r["weight_bytes"]})
+                log(f"{N}x{K} M={M} {fmt} heuristic {_short(full)}: {r['us']:.1f} us ({r['GB_per_s']:.0f} GB/s) vs "
+                    f"bf16 {base['us']:.1f} us ({base['GB_per_s']:.0f} GB/s) -> {row['speedup']:.2f}x  err {err:.1e}"
+                    f"{'  BROKEN' if err > CHECK_TOL else ''}")
+                ok = err <= CHECK_TOL
+                row["best_us"] = r["us"] if ok else float("inf")
+                row["best_config"] = full if ok else None
+                if M == 1 and full["KERNEL"] in ("gemv", "gemv32"):
+                    row["load_diag"].append(_diag(c, fmt, full["KERNEL"], full, r["us"], probes, log))
+                    cfg32 = dict({k: full[k] for k in _TILE if k in full}, KERNEL="gemv32")
+                    full32 = resolve_config(M, N, K, fmt, cfg32, _sms())
+                    try:
+                        err32 = c.check(fmt, cfg32)
+                        row["gemv32_rel_rmse_vs_ref"], row["gemv32_config"] = err32, full32
+                        if err32 <= CHECK_TOL:
+                            us32 = c.quant(fmt, cfg32)["us"]
+                            row.update(gemv32_us=us32, gemv32_speedup=base["us"] / us32)
+                            row["load_diag"].append(_diag(c, fmt, "gemv32", full32, us32, probes, log))
+                            if us32 < row["best_us"]:
+                                row["best_us"], row["best_config"] = us32, full32
+                        log(f"{N}x{K} M=1 {fmt} gemv32 on that tile: "
+                            + (f"{row['gemv32_us']:.1f} us -> {row['gemv32_speedup']:.2f}x" if "gemv32_us" in row
+                               else f"BROKEN err {err32:.1e}"))
+                    except Exception as e:  # noqa: BLE001 - keep the row
+                        row["gemv32_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                        log(f"gemv32 {full32} failed: {row['gemv32_error']}")
+                    if probes and "gemv32_us" not in row:  # the word probe on this tile all the same
+                        try:
+                            row["probe32"] = c.probe(fmt, full, True)
+                            log(f"    probe32 on the heuristic's tile: {row['probe32']['load_GB_per_s']:.0f} GB/s")
+                        except Exception as e:  # noqa: BLE001
+                            log(f"    probe32 failed: {type(e).__name__}: {str(e)[:200]}")
+                    for d in row["load_diag"]:
+                        if "probe_load_GB_per_s" in d:
+                            log(f"    {d['kernel']}: codes+scales {d['load_GB_per_s']:.0f} GB/s; {d['probe']} on its "
+                                f"tile {d['probe_load_GB_per_s']:.0f} GB/s ({d['probe_us']:.1f} us)")
                 row["best_speedup"] = base["us"] / row["best_us"]
                 rows.append(row)
             torch.cuda.empty_cache()
     return rows
 
 
-def sweep(rows: list[dict], cases: dict, deadline: float, log) -> None:
+def sweep(rows: list[dict], cases: dict, deadline: float, log, probes: bool = True) -> None:
     """Time the candidates (checked first) until the deadline, candidate by candidate over all rows; keep
-    each row's fastest correct config (the v2 heuristic included)."""
+    each row's fastest correct config (the heuristic included). M = 1 GEMV entries get a load diagnostic."""
     from synodic.kernels.quant_linear.triton_impl import resolve_config
     n = max(len(candidates(r["M"], r["format"])) for r in rows)
     for i in range(n):
@@ -223,6 +411,12 @@ def sweep(rows: list[dict], cases: dict, deadline: float, log) -> None:
                 ent["error"] = f"{type(e).__name__}: {str(e)[:200]}"
                 log(f"config {full} failed: {ent['error']}")
             row["sweep"].append(ent)
+            if "us" in ent and row["M"] == 1 and full["KERNEL"] in ("gemv", "gemv32"):
+                d = _diag(c, row["format"], full["KERNEL"], full, ent["us"], probes, log)
+                row["load_diag"].append(d)
+                ent["load_GB_per_s"] = d["load_GB_per_s"]
+                if "probe_load_GB_per_s" in d:
+                    ent["probe_load_GB_per_s"] = d["probe_load_GB_per_s"]
             if "us" in ent and ent["us"] < row["best_us"]:
                 row["best_us"], row["best_config"] = ent["us"], full
             elif "err" in ent and ent["err"] > CHECK_TOL:
@@ -232,8 +426,11 @@ def sweep(rows: list[dict], cases: dict, deadline: float, log) -> None:
 
 
 def smoke(log) -> None:
-    """CPU (TRITON_INTERPRET=1): the heuristic, v1 and every sweep candidate vs the reference on tiny shapes."""
+    """CPU (TRITON_INTERPRET=1): the heuristic and every sweep candidate vs the reference on tiny shapes, and the
+    load probes of every M = 1 GEMV tile vs their numpy XOR."""
     import os
+
+    from synodic.kernels.quant_linear.triton_impl import resolve_config
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("--smoke runs the Triton interpreter: set TRITON_INTERPRET=1")
     gen = torch.Generator().manual_seed(0)
@@ -242,13 +439,21 @@ def smoke(log) -> None:
         c = Case(N, K, M, gen, device="cpu")
         c.x = c.x.float()  # the interpreter runs fp32 dots; fp32 activations make the check tight
         for fmt in FORMATS:
-            for cfg in [None, dict(KERNEL="v1")] + candidates(M, fmt):
+            for cfg in [None] + candidates(M, fmt):
                 err = c.check(fmt, cfg)
                 bad += err > 1e-4
                 log(f"smoke {N}x{K} M={M} {fmt} {cfg}: err {err:.1e}{'  BROKEN' if err > 1e-4 else ''}")
+                full = resolve_config(M, N, K, fmt, cfg)
+                if M == 1 and full["KERNEL"] in ("gemv", "gemv32"):
+                    q = c.qs(fmt)[0]
+                    for words in (False, True):
+                        same = torch.equal(probe(q, full, words), probe_ref(q, full, words))
+                        bad += not same
+                        log(f"smoke {N}x{K} {fmt} probe{32 if words else 8} {_short(full)}: "
+                            f"{'ok' if same else 'WRONG'}")
     if bad:
-        raise SystemExit(f"smoke: {bad} broken configs")
-    log("smoke: all configs match the reference")
+        raise SystemExit(f"smoke: {bad} broken configs / probes")
+    log("smoke: all configs match the reference, all probes their XOR")
 
 
 def bench_dualquant(log, iters: int = 15, fmt: str = "mxfp4") -> dict:
@@ -310,16 +515,32 @@ def _short(cfg) -> str:
 
 
 def _table(rows) -> str:
-    cols = ["N x K", "M", "format", "bf16 us", "bf16 GB/s", "q MB", "v1 us", "v1 x", "v2 us", "v2 GB/s", "v2 x",
-            "best us", "best GB/s", "best x", "best config", "err"]
+    cols = ["N x K", "M", "format", "bf16 us", "bf16 GB/s", "q MB", "heur us", "heur GB/s", "heur x", "gemv32 us",
+            "gemv32 x", "best us", "best GB/s", "best x", "best config", "err"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         best_gbs = (r["weight_bytes"] + (r["M"] * r["K"] + r["M"] * r["N"]) * 2) / r["best_us"] / 1e3
+        g32 = ("-", "-") if "gemv32_us" not in r else (f"{r['gemv32_us']:.1f}", f"{r['gemv32_speedup']:.2f}x")
         lines.append("| " + " | ".join([
             f"{r['N']}x{r['K']}", str(r["M"]), r["format"], f"{r['bf16_us']:.1f}", f"{r['bf16_GB_per_s']:.0f}",
-            f"{r['weight_bytes'] / 1e6:.2f}", f"{r['v1_us']:.1f}", f"{r['v1_speedup']:.2f}x", f"{r['us']:.1f}",
-            f"{r['GB_per_s']:.0f}", f"{r['speedup']:.2f}x", f"{r['best_us']:.1f}", f"{best_gbs:.0f}",
-            f"{r['best_speedup']:.2f}x", _short(r["best_config"]), f"{r['rel_rmse_vs_ref']:.1e}"]) + " |")
+            f"{r['weight_bytes'] / 1e6:.2f}", f"{r['us']:.1f}", f"{r['GB_per_s']:.0f}", f"{r['speedup']:.2f}x", *g32,
+            f"{r['best_us']:.1f}", f"{best_gbs:.0f}", f"{r['best_speedup']:.2f}x", _short(r["best_config"]),
+            f"{r['rel_rmse_vs_ref']:.1e}"]) + " |")
+    return "\n".join(lines)
+
+
+def _diag_table(rows) -> str:
+    """M = 1: each timed GEMV tile's code + scale GB/s beside its load probe's (no decode, no x)."""
+    cols = ["N x K", "format", "kernel config", "us", "load GB/s", "probe", "probe us", "probe GB/s", "kernel/probe"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        for d in r.get("load_diag", []):
+            p = "probe_load_GB_per_s" in d
+            lines.append("| " + " | ".join([
+                f"{r['N']}x{r['K']}", r["format"], _short(d["config"]), f"{d['us']:.1f}", f"{d['load_GB_per_s']:.0f}",
+                d.get("probe", "-"), f"{d['probe_us']:.1f}" if p else "-",
+                f"{d['probe_load_GB_per_s']:.0f}" if p else "-",
+                f"{d['probe_us'] / d['us']:.2f}" if p else "-"]) + " |")
     return "\n".join(lines)
 
 
@@ -337,6 +558,7 @@ def main(argv=None) -> None:
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES), help="NxK list, e.g. 4096x14336")
     ap.add_argument("--ms", default=",".join(map(str, MS)), help="activation row counts, e.g. 1,32")
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--no-probe", action="store_true", help="skip the M = 1 load probes")
     ap.add_argument("--smoke", action="store_true", help="CPU check of every config (needs TRITON_INTERPRET=1)")
     a = ap.parse_args(argv)
     start = time.monotonic()
@@ -347,7 +569,6 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_quant needs a CUDA GPU (or --smoke with TRITON_INTERPRET=1)")
     shapes, ms, formats = _pairs(a.shapes), [int(m) for m in a.ms.split(",")], a.formats.split(",")
-    import triton
     doc = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(0), "capability": list(torch.cuda.get_device_capability(0)),
            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
@@ -355,8 +576,10 @@ def main(argv=None) -> None:
            "mode": "W4A16 (mxfp4, nvfp4) / W8A16 (mxfp8_e4m3) weight-only, DualQuant layout (x * s fused), "
                    "bf16 activations",
            "notes": ["times per call inside a CUDA graph; weights rotated over > 4x L2 so each call reads HBM",
-                     "v1_*: the previous kernels under their heuristic; us/speedup: the v2 heuristic; best_*: "
-                     "the fastest correct config of the sweep (v2 heuristic included)",
+                     "us/speedup: the run-time heuristic; gemv32_*: the int32-word GEMV on the heuristic's tile "
+                     "(M = 1); best_*: the fastest correct config of the sweep (both included)",
+                     "load_diag (M = 1): per timed GEMV tile, code + scale bytes / kernel time, and the load probe "
+                     "on that tile (probe8: gemv's byte tiles; probe32: gemv32's int32 words; XOR only)",
                      "Hopper has no FP4 tensor cores: W4A4 would be emulated (fake-quantized activations), "
                      "so only weight-only decode speed is measured"]}
 
@@ -365,7 +588,7 @@ def main(argv=None) -> None:
             json.dump(doc, f, indent=2)
 
     cases: dict = {}
-    doc["gemv"] = bench_gemv(log, shapes, ms, formats, cases)
+    doc["gemv"] = bench_gemv(log, shapes, ms, formats, cases, probes=not a.no_probe)
     save()
     if not a.skip_dualquant:
         try:
@@ -375,12 +598,15 @@ def main(argv=None) -> None:
             log(f"DualQuant failed: {doc['dualquant']['error']}")
         save()
     if not a.no_sweep and time.monotonic() < start + a.budget:
-        sweep(doc["gemv"], cases, start + a.budget, log)
+        sweep(doc["gemv"], cases, start + a.budget, log, probes=not a.no_probe)
         save()
     doc["elapsed_s"] = time.monotonic() - start
     save()
     print()
     print(_table(doc["gemv"]))
+    if any(r.get("load_diag") for r in doc["gemv"]):
+        print("\nM = 1 load diagnostics (GB/s of code + scale bytes; kernel/probe = probe us / kernel us):\n")
+        print(_diag_table(doc["gemv"]))
     dq = doc.get("dualquant", {})
     if "wall_s" in dq:
         print(f"\nDualQuant MXFP4 x{dq['iters']} over {dq['linears']} linears of nemotron_h_8b "

@@ -12,13 +12,12 @@ W8A16) or 'mxfp4' (activations fake-quantized in-kernel to MXFP4, 'floor' scale 
 The weights are dequantized in registers, so decode reads ~4.25 bits (MXFP4) / 4.5 bits (NVFP4) per
 weight instead of 16. Backends: "auto" (Triton on CUDA tensors, reference otherwise) | "triton" | "ref".
 
-Measured on an H200 (bench_quant.py, 2026-11-29, bf16 activations, weights read from HBM), the v1 kernels:
-the GEMV (M = 1) ran at 0.9-1.07x the speed of bf16 F.linear for MXFP4 and 0.8-0.87x for NVFP4 at
-4096x4096 .. 14336x4096 — bound by in-register decoding, not by the 3.6x fewer bytes; the M = 32 GEMM
-path 5-7x slower than bf16. QuantLinear therefore runs the kernel only for single-row inputs. The v2
-kernels (default; tl.dot for every M, cheaper decode, in-kernel split-K) are not yet timed on the GPU.
-On bf16 activations the v2 dot path rounds x * s to bf16 before the MMA (rel. error ~1e-3 vs the fp32
-reference; fp32 activations run an IEEE fp32 dot).
+Kernels (triton_impl): "dot" (tl.dot, any M), "gemv" and "gemv32" (CUDA-core GEMVs for one row, from code
+bytes / int32 code words); the default config takes gemv for M = 1 and dot above. Measured on an H200
+(bench_quant.py, 2026-11-30, bf16 activations, weights read from HBM, 4096x14336 and 14336x4096): M = 1 "gemv"
+1.19-1.26x the bf16 F.linear for MXFP4, 0.90-0.97x NVFP4, 0.82-0.87x MXFP8; M = 32 "dot" 0.41-0.63x.
+QuantLinear therefore runs the kernel only for single-row inputs. On bf16 activations the dot path rounds
+x * s to bf16 before the MMA (rel. error ~1e-3 vs the fp32 reference; fp32 activations run an IEEE fp32 dot).
 """
 from __future__ import annotations
 
@@ -56,9 +55,9 @@ def _check(x, q, s, bias, act_quant) -> None:
 def quant_linear(x: torch.Tensor, q, s: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
                  act_quant: str | None = None, backend: str = "auto", config: dict | None = None) -> torch.Tensor:
     """x [..., K] (bf16 / fp16 / fp32) -> y [..., N] in x.dtype. `config` overrides the Triton launch
-    config (KERNEL dot | gemv | v1, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, and for v2 BLOCK_M, SEM
-    (in-kernel split-K reduction), TWO_MUL (exact decode for any block scale); see
-    triton_impl.resolve_config; for MXFP8, FP8_CVT=True decodes with the hardware fp8 conversion)."""
+    config (KERNEL dot | gemv | gemv32, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, SEM (in-kernel split-K
+    reduction), and for dot BLOCK_M, TWO_MUL (exact decode for any block scale); see triton_impl.resolve_config;
+    for MXFP8, FP8_CVT=True decodes with the hardware fp8 conversion in dot / gemv)."""
     _check(x, q, s, bias, act_quant)
     if backend == "auto":
         backend = "triton" if x.is_cuda and q.fmt in KERNEL_FORMATS else "ref"

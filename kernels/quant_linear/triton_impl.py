@@ -1,31 +1,25 @@
 """Triton kernels of `quant_linear`: GEMV (M = 1) and skinny GEMM (M >= 2) straight from packed
 block-quantized weights.
 
-Two generations live here, picked by config KERNEL: "dot" (v2, the default for every M: weight tile as the
-left tl.dot operand, 3-op decode + one multiply per weight, bf16 MMA, in-kernel split-K reduction), "gemv"
-(v2 CUDA-core GEMV for one row) and "v1" (the kernels described next, kept for side-by-side timing in
-bench_quant.py). The v2 design is described above `_qdot_kernel`.
-
-v1:
 Weights stay in the layout `QTensor` stores (no conversion): codes [N, K/2] uint8 for 4-bit formats
 (two per byte, even k in the low nibble), [N, K] for 8-bit; block scales [N, K/B] uint8 (E8M0 for MX,
-E4M3 for NVFP4, whose FP32 per-tensor scale multiplies the accumulator once at the end).
+E4M3 for NVFP4, whose FP32 per-tensor scale multiplies the accumulator once at the end). Activations:
+x times s (fp32), optionally fake-quantized to MXFP4 in-kernel (blocks of 32, 'floor' E8M0 scale, E2M1
+round-half-even — the same values as synodic.quant.fake_quant).
 
-Tiles are [BLOCK_N, G, H]: G = BLOCK_K / B scale blocks of H = B/2 code bytes (4-bit) or B codes
-(8-bit), loaded as such, so each block scale broadcasts over its block without data movement. A
-4-bit byte holds columns k (low nibble) and k+1 (high nibble); x is loaded as its even and odd
-columns to match. Per K tile: x (times s, fp32; optionally fake-quantized to MXFP4 in-kernel: blocks
-of 32, 'floor' E8M0 scale, E2M1 round-half-even — the same values as synodic.quant.fake_quant),
-codes decoded to fp32 by bit manipulation (E2M1: the three magnitude bits shifted into an fp32
-(sub)normal, times 2^126 — exact), then
-  * GEMV: products summed within each scale block, times the block scale, accumulated [BLOCK_N, G];
-  * GEMM: decoded weights times their scales, cast to the activation dtype (bf16 / fp16: exact for MX
-    and for NVFP4 without its per-tensor scale; fp32 runs IEEE fp32), tl.dot with fp32 accumulation.
-MXFP8 (E4M3 / E5M2, one code byte per weight, E8M0 scales of 32) takes the same two paths: the byte
-decoded to fp32 (bit fields: sign, exponent, mantissa, subnormals, E4M3 0x7F/0xFF NaN, E5M2 Inf/NaN; or,
-config FP8_CVT=True, bitcast to tl.float8e4nv / tl.float8e5 and the hardware conversion), the block
-scale 2^(e - 127) applied as above, fp32 accumulation (E4M3 / E5M2 values times 2^e are exact in bf16
-within its normal range).
+Three kernels, picked by config KERNEL:
+  * "dot" (any M; the default config's choice for M >= 2; `_qdot_kernel`): the decoded weight tile is the
+    left tl.dot operand, bf16 MMA (fp32 IEEE for fp32 activations), M = 1 padded to a 16-row tile;
+  * "gemv" (CUDA cores, one row; `_qgemv_kernel`): [BLOCK_N, G, H] byte tiles (G = BLOCK_K / B scale
+    blocks of H code bytes), each byte decoded in registers, FMAs with x, block sums times the scale;
+  * "gemv32" (CUDA cores, one row; `_qgemv32_kernel`): the same arithmetic from the code bytes viewed as
+    int32 words (8 nibbles / 4 bytes per word), two codes decoded per few integer ops; see above it.
+Rows > 1 asked of a GEMV kernel take "dot". Decoding is exact bit manipulation (see `_bits_lo`); MXFP8
+(E4M3 / E5M2) may instead use the hardware fp8 conversion (config FP8_CVT=True; "dot" and "gemv").
+SPLIT_K programs share one output tile's K range; the last one to finish sums the fp32 partials in split
+order (`_store_out`: deterministic, no second launch). The launch config is a heuristic (no timing at
+run time, so decode steps stay capturable in CUDA graphs); bench_quant.py sweeps alternatives.
+
 Why not Hopper's FP8 tensor cores (tl.dot on fp8 operands) for 8-bit weights: the GEMV (M = 1) is
 bandwidth-bound — one multiply-add per weight byte read, a tensor core has nothing to do there; and an
 fp8 dot would need (a) the activations quantized to fp8 too (W8A8, not this weight-only W8A16 path)
@@ -33,9 +27,6 @@ with their own scales, (b) the per-(row, 32-block) E8M0 weight scales applied ou
 tl.dot per 32-wide K block, its fp32 partial times the [BLOCK_M, 1] x-scale and the [1, BLOCK_N]
 w-scale before accumulating (or tl.dot_scaled, which Hopper runs only as a bf16 emulation), with
 BLOCK_M >= 16 tiles padded for M < 16. Worth it only for the M >= 16 GEMM path; not built.
-SPLIT_K programs share one output tile's K range; their fp32 partials are summed on the host
-(deterministic, no atomics). The launch config is a heuristic (no timing at run time, so decode
-steps stay capturable in CUDA graphs); bench_quant.py sweeps alternatives.
 """
 from __future__ import annotations
 
@@ -47,15 +38,6 @@ import triton.language as tl
 
 FMT_IDS = {"mxfp4": 0, "nvfp4": 1, "mxfp8_e4m3": 2, "mxfp8_e5m2": 3}
 _MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + MAGIC) - MAGIC rounds |y| < 2^22 half-to-even in fp32
-_TWO126 = tl.constexpr(8.507059173023462e37)  # 2^126
-
-
-@triton.jit
-def _e2m1(c):
-    """int32 E2M1 codes (0..15) -> fp32: bits 2..0 at fp32 bits 24..22 give 2^-126 * |value| (code 1 is
-    the subnormal 2^-127), the sign bit goes to bit 31; times 2^126 is exact."""
-    bits = ((c & 7) << 22) | ((c & 8) << 28)
-    return bits.to(tl.float32, bitcast=True) * _TWO126
 
 
 @triton.jit
@@ -108,13 +90,6 @@ def _mxfp4_from_amax(x, amax):
 
 
 @triton.jit
-def _mxfp4_fake_pair(xe, xo, AXIS: tl.constexpr):
-    """x given as even / odd columns [..., G, 16] of G blocks of 32 (the 16 along AXIS, the last)."""
-    amax = tl.maximum(tl.max(tl.abs(xe), axis=AXIS, keep_dims=True), tl.max(tl.abs(xo), axis=AXIS, keep_dims=True))
-    return _mxfp4_from_amax(xe, amax), _mxfp4_from_amax(xo, amax)
-
-
-@triton.jit
 def _mxfp4_fake(x, AXIS: tl.constexpr):
     """x as [..., G, 32] blocks (the 32 along AXIS, the last)."""
     return _mxfp4_from_amax(x, tl.max(tl.abs(x), axis=AXIS, keep_dims=True))
@@ -122,14 +97,12 @@ def _mxfp4_fake(x, AXIS: tl.constexpr):
 
 @triton.jit
 def _decode(codes, FMT: tl.constexpr, FP8_CVT: tl.constexpr = False):
-    """int32 codes -> fp32 weights. 8-bit codes: bit-field arithmetic (default; exact, the same values as
-    synodic.quant.elements' tables, NaN payloads aside), or with FP8_CVT the byte bitcast to
+    """int32 8-bit codes (FMT 2: E4M3, 3: E5M2) -> fp32 weights: bit-field arithmetic (default; exact, the
+    same values as synodic.quant.elements' tables, NaN payloads aside), or with FP8_CVT the byte bitcast to
     tl.float8e4nv / tl.float8e5 and converted by the hardware (sm_89+; exact there too). The Triton 3.9
     interpreter's fp8 conversion is wrong for the special codes (E4M3 0x7F/0xFF give finite values, E5M2
     Inf/NaN codes too), so only the arithmetic decoder is tested bit for bit on CPU."""
-    if FMT <= 1:
-        return _e2m1(codes)
-    elif FMT == 2:
+    if FMT == 2:
         if FP8_CVT:
             return codes.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
         return _e4m3(codes)
@@ -147,138 +120,7 @@ def _scale(sc, FMT: tl.constexpr):
         return _e8m0(sc)
 
 
-@triton.jit
-def _qgemv_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, N, K, K_PER_SPLIT, stride_wn, stride_sn,
-                  FMT: tl.constexpr, QBLOCK: tl.constexpr, HAS_S: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  ACT_Q: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  FP8_CVT: tl.constexpr):
-    """y[n] = sum_k act(x[k] s[k]) w[n, k] for one row of x."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    PACKED: tl.constexpr = FMT <= 1
-    G: tl.constexpr = BLOCK_K // QBLOCK
-    H: tl.constexpr = QBLOCK // 2 if PACKED else QBLOCK
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mn = offs_n < N
-    rows = offs_n.to(tl.int64)
-    offs_g = tl.arange(0, G)
-    offs_h = tl.arange(0, H)
-    k_lo = pid_k * K_PER_SPLIT
-    g_hi = tl.minimum(k_lo + K_PER_SPLIT, K) // QBLOCK
-    acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
-    for k0 in range(k_lo, k_lo + K_PER_SPLIT, BLOCK_K):
-        g = k0 // QBLOCK + offs_g
-        mg = g < g_hi
-        m3 = mn[:, None, None] & mg[None, :, None]
-        sc = tl.load(sc_ptr + rows[:, None] * stride_sn + g[None, :], mask=mn[:, None] & mg[None, :], other=0)
-        sc = _scale(sc.to(tl.int32), FMT)
-        if PACKED:
-            col = (g * QBLOCK)[:, None] + 2 * offs_h[None, :]  # even columns, [G, H]
-            xm = mg[:, None]
-            xe = tl.load(x_ptr + col, mask=xm, other=0.0).to(tl.float32)
-            xo = tl.load(x_ptr + col + 1, mask=xm, other=0.0).to(tl.float32)
-            if HAS_S:
-                xe = xe * tl.load(s_ptr + col, mask=xm, other=0.0)
-                xo = xo * tl.load(s_ptr + col + 1, mask=xm, other=0.0)
-            if ACT_Q == 1:
-                xe, xo = _mxfp4_fake_pair(xe, xo, 1)
-            byte = tl.load(w_ptr + rows[:, None, None] * stride_wn + (g * H)[None, :, None] + offs_h[None, None, :],
-                           mask=m3, other=0).to(tl.int32)
-            part = tl.sum(_e2m1(byte & 15) * xe[None, :, :] + _e2m1(byte >> 4) * xo[None, :, :], axis=2)
-        else:
-            col = (g * QBLOCK)[:, None] + offs_h[None, :]
-            xm = mg[:, None]
-            xv = tl.load(x_ptr + col, mask=xm, other=0.0).to(tl.float32)
-            if HAS_S:
-                xv = xv * tl.load(s_ptr + col, mask=xm, other=0.0)
-            if ACT_Q == 1:
-                xv = _mxfp4_fake(xv, 1)
-            wcol = (g * QBLOCK)[None, :, None] + offs_h[None, None, :]
-            codes = tl.load(w_ptr + rows[:, None, None] * stride_wn + wcol, mask=m3, other=0).to(tl.int32)
-            part = tl.sum(_decode(codes, FMT, FP8_CVT) * xv[None, :, :], axis=2)
-        acc += tl.where(mn[:, None] & mg[None, :], part * sc, 0.0)
-    out = tl.sum(acc, axis=1)
-    if FMT == 1:
-        out = out * tl.load(p_ptr)
-    if HAS_BIAS:
-        if pid_k == 0:
-            out += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)
-    if PARTIAL:
-        tl.store(y_ptr + pid_k * N + offs_n, out, mask=mn)
-    else:
-        tl.store(y_ptr + offs_n, out.to(y_ptr.dtype.element_ty), mask=mn)
-
-
-@triton.jit
-def _qgemm_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, M, N, K, K_PER_SPLIT, stride_xm, stride_wn,
-                  stride_sn,
-                  FMT: tl.constexpr, QBLOCK: tl.constexpr, HAS_S: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  ACT_Q: tl.constexpr, PARTIAL: tl.constexpr, DOT_LOW: tl.constexpr, DOT_PREC: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8_CVT: tl.constexpr):
-    """y[m, n] = sum_k act(x[m, k] s[k]) w[n, k] for a tile of BLOCK_M rows (tl.dot)."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    PACKED: tl.constexpr = FMT <= 1
-    G: tl.constexpr = BLOCK_K // QBLOCK
-    H: tl.constexpr = QBLOCK // 2 if PACKED else QBLOCK
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mm = offs_m < M
-    mn = offs_n < N
-    rows_m = offs_m.to(tl.int64)
-    rows_n = offs_n.to(tl.int64)
-    offs_g = tl.arange(0, G)
-    offs_h = tl.arange(0, H)
-    k_lo = pid_k * K_PER_SPLIT
-    g_hi = tl.minimum(k_lo + K_PER_SPLIT, K) // QBLOCK
-    wdt: tl.constexpr = x_ptr.dtype.element_ty if DOT_LOW else tl.float32
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_lo + K_PER_SPLIT, BLOCK_K):
-        g = k0 // QBLOCK + offs_g
-        mg = g < g_hi
-        sc = tl.load(sc_ptr + rows_n[:, None] * stride_sn + g[None, :], mask=mn[:, None] & mg[None, :], other=0)
-        sc = _scale(sc.to(tl.int32), FMT)[:, :, None]
-        wm = mn[:, None, None] & mg[None, :, None]
-        xm = mm[:, None, None] & mg[None, :, None]
-        if PACKED:
-            col = (g * QBLOCK)[None, :, None] + 2 * offs_h[None, None, :]  # [1, G, H] even columns
-            xe = tl.load(x_ptr + rows_m[:, None, None] * stride_xm + col, mask=xm, other=0.0).to(tl.float32)
-            xo = tl.load(x_ptr + rows_m[:, None, None] * stride_xm + col + 1, mask=xm, other=0.0).to(tl.float32)
-            if HAS_S:
-                xe = xe * tl.load(s_ptr + col, mask=mg[None, :, None], other=0.0)
-                xo = xo * tl.load(s_ptr + col + 1, mask=mg[None, :, None], other=0.0)
-            if ACT_Q == 1:
-                xe, xo = _mxfp4_fake_pair(xe, xo, 2)
-            byte = tl.load(w_ptr + rows_n[:, None, None] * stride_wn + (g * H)[None, :, None] + offs_h[None, None, :],
-                           mask=wm, other=0).to(tl.int32)
-            w_lo = tl.reshape(_e2m1(byte & 15) * sc, (BLOCK_N, G * H)).to(wdt)
-            w_hi = tl.reshape(_e2m1(byte >> 4) * sc, (BLOCK_N, G * H)).to(wdt)
-            acc = tl.dot(tl.reshape(xe, (BLOCK_M, G * H)).to(wdt), tl.trans(w_lo), acc, input_precision=DOT_PREC)
-            acc = tl.dot(tl.reshape(xo, (BLOCK_M, G * H)).to(wdt), tl.trans(w_hi), acc, input_precision=DOT_PREC)
-        else:
-            col = (g * QBLOCK)[None, :, None] + offs_h[None, None, :]
-            xv = tl.load(x_ptr + rows_m[:, None, None] * stride_xm + col, mask=xm, other=0.0).to(tl.float32)
-            if HAS_S:
-                xv = xv * tl.load(s_ptr + col, mask=mg[None, :, None], other=0.0)
-            if ACT_Q == 1:
-                xv = _mxfp4_fake(xv, 2)
-            codes = tl.load(w_ptr + rows_n[:, None, None] * stride_wn + col, mask=wm, other=0).to(tl.int32)
-            w = tl.reshape(_decode(codes, FMT, FP8_CVT) * sc, (BLOCK_N, G * H)).to(wdt)
-            acc = tl.dot(tl.reshape(xv, (BLOCK_M, G * H)).to(wdt), tl.trans(w), acc, input_precision=DOT_PREC)
-    if FMT == 1:
-        acc = acc * tl.load(p_ptr)
-    if HAS_BIAS:
-        if pid_k == 0:
-            acc += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[None, :]
-    out_mask = mm[:, None] & mn[None, :]
-    if PARTIAL:
-        tl.store(y_ptr + pid_k * M * N + rows_m[:, None] * N + offs_n[None, :], acc, mask=out_mask)
-    else:
-        tl.store(y_ptr + rows_m[:, None] * N + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
-
-
-# --- v2 kernels (default): cheaper decode, tensor cores for every M, in-kernel split-K reduction ----------------
+# --- decode, output, kernels -----------------------------------------------------------------------------------
 #
 # Decode without per-weight exponent fix-ups: a code's bits are shifted into an fp32 word whose value is the
 # code's value times 2^-R (R = 126 for E2M1, 120 for E4M3, 112 for E5M2; subnormal codes land on fp32
@@ -433,7 +275,7 @@ def _qdot_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt
 
 
 @triton.jit
-def _qgemv2_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, N, K, K_PER_SPLIT,
+def _qgemv_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, N, K, K_PER_SPLIT,
                    stride_wn, stride_sn,
                    FMT: tl.constexpr, QBLOCK: tl.constexpr, HAS_S: tl.constexpr, HAS_BIAS: tl.constexpr,
                    ACT_Q: tl.constexpr, SPLIT: tl.constexpr, SEM: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -491,14 +333,141 @@ def _qgemv2_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, c
     _store_out(out, y_ptr, part_ptr, cnt_ptr, offs_n, offs_n, mn, pid_k, pid_n, N, SPLIT, SEM)
 
 
+# --- gemv32: the GEMV from int32 code words ---------------------------------------------------------------------
+#
+# The code bytes [N, K/2] (4-bit) or [N, K] (8-bit) are read as int32 words [N, K/8] / [N, K/4] (a view, the
+# stored layout unchanged): E = 8 nibbles or 4 bytes per word, code i of a word at bits i * 32/E, i.e. the word
+# holds k .. k + E - 1 in order. A tile is [BLOCK_N, BLOCK_K / E] words (one 2-D load, contiguous along K),
+# seen as [BLOCK_N, G, WPB] (WPB = B / E words per scale block). Decoding pairs codes i and i + E/2, which sit
+# 16 bits apart: the same two shifts move code i's magnitude and sign into a bf16 bit pattern in the word's low
+# half and code i + E/2's into the high half (`_pair32`: shift, shift, and, and-or), and each half becomes an
+# fp32 (value * 2^-R, exactly the `_bits_lo` / `_bits8` words) with one more op: ~6 integer instructions per
+# two weights once and-or pairs fuse (LOP3), against ~4 per weight plus byte unpacking in the byte GEMV (unchecked
+# in SASS; bench_quant times both, and probes the bare loads). x is loaded as [G, B], times s (and 2^(R - DSH)
+# as in the byte GEMV), split in registers into the E [G, WPB] slices that meet code i of each word. Per word:
+# E FMAs into a [BLOCK_N, G, WPB] accumulator, times the block scale; summed once after the K loop.
+
+_SIGN2 = tl.constexpr(-2147450880)  # 0x80008000: the sign bits of both bf16 halves
+_HI16 = tl.constexpr(-65536)  # 0xFFFF0000
+_E4M3_NAN = tl.constexpr(1.875 * 2.0 ** -112)  # the fp32 word of E4M3 magnitude bits 0x7F (a NaN code)
+_E5M2_TOP = tl.constexpr(2.0 ** -96)  # E5M2 exponent field all ones, mantissa 0, times 2^-112
+
+
+@triton.jit
+def _shl(w, S: tl.constexpr):
+    """w << S, or w >> -S (arithmetic) for S < 0: the callers mask off the sign-filled bits."""
+    if S >= 0:
+        return w << S
+    else:
+        return w >> (-S)
+
+
+@triton.jit
+def _e5m2_special(v):
+    """fp32 E5M2 words (value * 2^-112) whose exponent field is all ones (>= 2^-96 here) -> +-Inf (mantissa 0)
+    or NaN."""
+    a = tl.abs(v)
+    sp = tl.where(a == _E5M2_TOP, tl.where(v < 0, -float("inf"), float("inf")), float("nan"))
+    return tl.where(a >= _E5M2_TOP, sp, v)
+
+
+@triton.jit
+def _pair32(w, J: tl.constexpr, FMT: tl.constexpr):
+    """int32 code words -> (code J, code J + E/2) of each word as fp32 value * 2^-R (R = 126 E2M1, 120 E4M3,
+    112 E5M2; exact, subnormal codes land on fp32 subnormals; E4M3 0x7F/0xFF NaN, E5M2 Inf/NaN kept)."""
+    if FMT <= 1:  # E2M1 nibbles at bits 4J and 4J + 16: magnitude -> bf16 bits 6..8, sign -> 15
+        p = (_shl(w, 6 - 4 * J) & 0x01C001C0) | (_shl(w, 12 - 4 * J) & _SIGN2)
+    elif FMT == 2:  # E4M3 bytes at bits 8J and 8J + 16: magnitude -> bits 4..10
+        p = (_shl(w, 4 - 8 * J) & 0x07F007F0) | (_shl(w, 8 - 8 * J) & _SIGN2)
+    else:  # E5M2: magnitude -> bits 5..11
+        p = (_shl(w, 5 - 8 * J) & 0x0FE00FE0) | (_shl(w, 8 - 8 * J) & _SIGN2)
+    lo = (p << 16).to(tl.float32, bitcast=True)
+    hi = (p & _HI16).to(tl.float32, bitcast=True)
+    if FMT == 2:  # magnitude code 0x7F = 1.875 * 2^-112 here: NaN
+        lo = tl.where(tl.abs(lo) == _E4M3_NAN, float("nan"), lo)
+        hi = tl.where(tl.abs(hi) == _E4M3_NAN, float("nan"), hi)
+    elif FMT == 3:
+        lo = _e5m2_special(lo)
+        hi = _e5m2_special(hi)
+    return lo, hi
+
+
+@triton.jit
+def _qgemv32_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, N, K, K_PER_SPLIT,
+                    stride_wn, stride_sn,
+                    FMT: tl.constexpr, QBLOCK: tl.constexpr, HAS_S: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    ACT_Q: tl.constexpr, SPLIT: tl.constexpr, SEM: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, XMUL: tl.constexpr, OMUL: tl.constexpr):
+    """CUDA-core GEMV for one row from int32 code words (w_ptr: int32, stride_wn in words)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    E: tl.constexpr = 8 if FMT <= 1 else 4  # codes per word
+    G: tl.constexpr = BLOCK_K // QBLOCK
+    WPB: tl.constexpr = QBLOCK // E
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = offs_n < N
+    rows = offs_n.to(tl.int64)
+    offs_g = tl.arange(0, G)
+    offs_w = tl.arange(0, BLOCK_K // E)
+    offs_q = tl.arange(0, QBLOCK)
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    g_hi = k_hi // QBLOCK
+    acc = tl.zeros((BLOCK_N, G, WPB), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        g = k0 // QBLOCK + offs_g
+        mg = g < g_hi
+        sc = tl.load(sc_ptr + rows[:, None] * stride_sn + g[None, :], mask=mn[:, None] & mg[None, :], other=0)
+        sc = _scale(sc.to(tl.int32), FMT)
+        cw = k0 // E + offs_w
+        w = tl.load(w_ptr + rows[:, None] * stride_wn + cw[None, :], mask=mn[:, None] & (cw < k_hi // E)[None, :],
+                    other=0)
+        w = tl.reshape(w, (BLOCK_N, G, WPB))
+        col = (g * QBLOCK)[:, None] + offs_q[None, :]
+        xm = mg[:, None]
+        xv = tl.load(x_ptr + col, mask=xm, other=0.0).to(tl.float32)  # [G, QBLOCK]
+        if HAS_S:
+            xv = xv * tl.load(s_ptr + col, mask=xm, other=0.0)
+        if ACT_Q == 1:
+            xv = _mxfp4_fake(xv, 1)
+        xv = xv * XMUL
+        if FMT <= 1:  # k = 8 word + 4 h + 2 b1 + b0; pair J = 2 b1 + b0 meets x[J] (h = 0) and x[J + 4] (h = 1)
+            xa, xb = tl.split(tl.reshape(xv, (G, WPB, 2, 2, 2)))
+            x0h, x2h = tl.split(xa)
+            x1h, x3h = tl.split(xb)
+            x0, x4 = tl.split(x0h)
+            x1, x5 = tl.split(x1h)
+            x2, x6 = tl.split(x2h)
+            x3, x7 = tl.split(x3h)
+            lo, hi = _pair32(w, 0, FMT)
+            part = lo * x0[None, :, :] + hi * x4[None, :, :]
+            lo, hi = _pair32(w, 1, FMT)
+            part += lo * x1[None, :, :] + hi * x5[None, :, :]
+            lo, hi = _pair32(w, 2, FMT)
+            part += lo * x2[None, :, :] + hi * x6[None, :, :]
+            lo, hi = _pair32(w, 3, FMT)
+            part += lo * x3[None, :, :] + hi * x7[None, :, :]
+        else:  # k = 4 word + 2 h + b0; pair J = b0 meets x[J] and x[J + 2]
+            xa, xb = tl.split(tl.reshape(xv, (G, WPB, 2, 2)))
+            x0, x2 = tl.split(xa)
+            x1, x3 = tl.split(xb)
+            lo, hi = _pair32(w, 0, FMT)
+            part = lo * x0[None, :, :] + hi * x2[None, :, :]
+            lo, hi = _pair32(w, 1, FMT)
+            part += lo * x1[None, :, :] + hi * x3[None, :, :]
+        acc += part * sc[:, :, None]
+    out = tl.sum(tl.sum(acc, axis=2), axis=1) * OMUL
+    if FMT == 1:
+        out = out * tl.load(p_ptr)
+    if HAS_BIAS:
+        if pid_k == 0:
+            out += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)
+    _store_out(out, y_ptr, part_ptr, cnt_ptr, offs_n, offs_n, mn, pid_k, pid_n, N, SPLIT, SEM)
+
+
 # --- launch ----------------------------------------------------------------------------------------------------
 
-KERNELS = ("dot", "gemv", "v1")  # config KERNEL: v2 tl.dot (default, any M) | v2 CUDA-core GEMV (M = 1) | old
-
-
-def block_m_for(M: int) -> int:
-    """v1: 1 (its GEMV kernel) for one row, else a tl.dot tile of 16..64 rows."""
-    return 1 if M == 1 else min(64, max(16, triton.next_power_of_2(M)))
+KERNELS = ("dot", "gemv", "gemv32")  # config KERNEL: tl.dot (default, any M) | CUDA-core GEMV from bytes | words
 
 
 def _auto_split(progs: int, K: int, bk: int, sms: int, per_sm: int, min_iters: int) -> int:
@@ -527,23 +496,8 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132) -> dict:
     return dict(KERNEL="dot", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=4)
 
 
-def v1_config(M: int, N: int, K: int, fmt: str, sms: int = 132) -> dict:
-    """The previous kernels' heuristic (kept for side-by-side timing): the sweep's best of 2026-11-29."""
-    packed = FMT_IDS[fmt] <= 1
-    if block_m_for(M) == 1:
-        bn, bk, warps, stages = 16, 256 if packed else 128, 4, 2
-        progs, split = triton.cdiv(N, bn), 1
-        while progs * split * 2 <= 16 * sms and K // (split * 2) >= bk:
-            split *= 2
-        return dict(KERNEL="v1", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps, num_stages=stages)
-    bk = 128 if packed else 64
-    if N >= 8192:
-        return dict(KERNEL="v1", BLOCK_N=128, BLOCK_K=bk, SPLIT_K=1, num_warps=8, num_stages=3)
-    return dict(KERNEL="v1", BLOCK_N=64, BLOCK_K=bk, SPLIT_K=2 if K >= 4 * bk else 1, num_warps=4, num_stages=3)
-
-
 def _bm(M: int) -> int:
-    """v2 tl.dot: x rows per tile (the MMA's narrow side; M = 1 padded to 16)."""
+    """tl.dot: x rows per tile (the MMA's narrow side; M = 1 padded to 16)."""
     return min(64, max(16, triton.next_power_of_2(M)))
 
 
@@ -554,10 +508,8 @@ def resolve_config(M: int, N: int, K: int, fmt: str, config: dict | None, sms: i
     kern = config.get("KERNEL", "dot")
     if kern not in KERNELS:
         raise ValueError(f"config KERNEL={kern!r}: expected one of {', '.join(KERNELS)}")
-    if kern == "v1":
-        base = v1_config(M, N, K, fmt, sms)
-    elif kern == "gemv":
-        base = dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=256 if FMT_IDS[fmt] <= 1 else 128, SEM=True, num_warps=4,
+    if kern in ("gemv", "gemv32"):
+        base = dict(KERNEL=kern, BLOCK_N=32, BLOCK_K=256 if FMT_IDS[fmt] <= 1 else 128, SEM=True, num_warps=4,
                     num_stages=2)
     else:
         base = default_config(M, N, K, fmt, sms)
@@ -566,7 +518,7 @@ def resolve_config(M: int, N: int, K: int, fmt: str, config: dict | None, sms: i
         if cfg["KERNEL"] == "dot":
             progs = triton.cdiv(N, cfg["BLOCK_N"]) * triton.cdiv(M, cfg.get("BLOCK_M", _bm(M)))
             cfg["SPLIT_K"] = _auto_split(progs, K, cfg["BLOCK_K"], sms, 4, 4)
-        elif cfg["KERNEL"] == "gemv":
+        else:
             cfg["SPLIT_K"] = _auto_split(triton.cdiv(N, cfg["BLOCK_N"]), K, cfg["BLOCK_K"], sms, 16, 1)
     return cfg
 
@@ -604,8 +556,8 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     N = data.shape[0]
     cfg = resolve_config(M, N, K, fmt, config, _sms(x2d.device))
     kern = cfg["KERNEL"]
-    if kern == "gemv" and M != 1:
-        kern = "dot"  # the CUDA-core kernel reads one row; more rows take the tl.dot kernel
+    if kern in ("gemv", "gemv32") and M != 1:
+        kern = "dot"  # the CUDA-core kernels read one row; more rows take the tl.dot kernel
         cfg = resolve_config(M, N, K, fmt, {k: v for k, v in (config or {}).items() if k != "KERNEL"},
                              _sms(x2d.device))
     bn, bk, split = cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
@@ -616,12 +568,12 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     k_per = triton.cdiv(triton.cdiv(K, split), bk) * bk
     split = triton.cdiv(K, k_per)
     cvt = bool(cfg.get("FP8_CVT", False)) and fmt.startswith("mxfp8")
+    if cvt and kern == "gemv32":
+        raise ValueError("config FP8_CVT=True: KERNEL='gemv32' decodes 8-bit codes arithmetically only")
     dummy = data
     common = dict(FMT=FMT_IDS[fmt], QBLOCK=qblock, HAS_S=s is not None, HAS_BIAS=bias is not None,
                   ACT_Q=1 if act_quant == "mxfp4" else 0, BLOCK_N=bn, BLOCK_K=bk, FP8_CVT=cvt,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    if kern == "v1":
-        return _launch_v1(x2d, data, scale, p, s, bias, M, N, K, split, k_per, common)
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     sem = split > 1 and bool(cfg.get("SEM", True))
     y = torch.empty(M, N, dtype=x2d.dtype, device=x2d.device)
@@ -631,10 +583,19 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
         cnt = _counters(x2d.device, triton.cdiv(N, bn)) if sem else None
         sem = cnt is not None
         dsh = _DSH if r else 0
-        _qgemv2_kernel[(triton.cdiv(N, bn), split)](
+        _qgemv_kernel[(triton.cdiv(N, bn), split)](
             x2d, data, scale, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias,
             y, part, dummy if cnt is None else cnt, N, K, k_per, data.stride(0), scale.stride(0),
             SPLIT=split, SEM=sem, XMUL=float(2.0 ** (r - dsh)), OMUL=float(2.0 ** dsh), **common)
+    elif kern == "gemv32":
+        cnt = _counters(x2d.device, triton.cdiv(N, bn)) if sem else None
+        sem = cnt is not None
+        words = code_words(data)
+        _qgemv32_kernel[(triton.cdiv(N, bn), split)](
+            x2d, words, scale, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias,
+            y, part, dummy if cnt is None else cnt, N, K, k_per, words.stride(0), scale.stride(0),
+            SPLIT=split, SEM=sem, XMUL=float(2.0 ** (r - _DSH)), OMUL=float(2.0 ** _DSH),
+            **{k: v for k, v in common.items() if k != "FP8_CVT"})
     else:
         bm = int(cfg.get("BLOCK_M", _bm(M)))
         grid = (triton.cdiv(N, bn), split, triton.cdiv(M, bm))
@@ -657,25 +618,15 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     return y
 
 
-def _launch_v1(x2d, data, scale, p, s, bias, M, N, K, split, k_per, common) -> torch.Tensor:
-    """The previous kernels (kept for side-by-side timing, config KERNEL='v1')."""
-    partial = split > 1
-    y = (torch.empty(split, M, N, dtype=torch.float32, device=x2d.device) if partial
-         else torch.empty(M, N, dtype=x2d.dtype, device=x2d.device))
-    dummy = data
-    args = (x2d, data, scale, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias, y)
-    meta = dict(common, PARTIAL=partial)
-    if block_m_for(M) == 1:
-        _qgemv_kernel[(triton.cdiv(N, common["BLOCK_N"]), split)](*args, N, K, k_per, data.stride(0),
-                                                                   scale.stride(0), **meta)
-    else:
-        # the interpreter's bf16/fp16 tl.dot is wrong (Triton 3.9): fp32 there, exact for these operands
-        low = x2d.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") != "1"
-        bm = block_m_for(M)
-        _qgemm_kernel[(triton.cdiv(M, bm), triton.cdiv(N, common["BLOCK_N"]), split)](
-            *args, M, N, K, k_per, x2d.stride(0), data.stride(0), scale.stride(0), DOT_LOW=low,
-            DOT_PREC="tf32" if low else "ieee", BLOCK_M=bm, **meta)
-    return y.sum(0).to(x2d.dtype) if partial else y
+def code_words(data: torch.Tensor) -> torch.Tensor:
+    """Contiguous code bytes [N, B] (B % 4 == 0) as int32 words [N, B/4], little-endian (byte j of a word at
+    bits 8j): a view, or a copy when the storage offset is not 4-byte aligned."""
+    if data.dtype != torch.uint8 or data.dim() != 2 or data.shape[1] % 4 or not data.is_contiguous():
+        raise ValueError(f"code words: expected contiguous uint8 [N, B] with B % 4 == 0, got {data.dtype} "
+                         f"{tuple(data.shape)}")
+    if data.storage_offset() % 4:
+        data = data.clone()
+    return data.view(torch.int32)
 
 
 _SMS: dict = {}

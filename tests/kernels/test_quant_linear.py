@@ -1,14 +1,14 @@
 """quant_linear: the packed-weight Triton kernels vs the torch reference (dequantize + fp32 matmul) on odd
-small shapes (N, K odd multiples of the block), rows M in {1, 2, 3, 5, 17, 20}, every kernel (v2 tl.dot, v2
-CUDA-core GEMV, v1), split K with in-kernel and host reduction, the fused s multiply and MXFP4 activation
-quantizer, bit-exact decoders; QuantLinear's kernel path vs its torch path."""
+small shapes (N, K odd multiples of the block), rows M in {1, 2, 3, 5, 17, 20}, every kernel (tl.dot, the
+CUDA-core GEMVs from code bytes and from int32 code words), split K with in-kernel and host reduction, the fused s
+multiply and MXFP4 activation quantizer, bit-exact decoders; QuantLinear's kernel path vs its torch path."""
 import pytest
 import torch
 import triton
 import triton.language as tl
 from kernel_errors import rel_rmse
 from synodic.kernels.quant_linear import quant_linear
-from synodic.kernels.quant_linear.triton_impl import FMT_IDS, _bits8, _bits_hi, _bits_lo, _decode, _e8m0, _fold
+from synodic.kernels.quant_linear.triton_impl import FMT_IDS, _bits8, _bits_hi, _bits_lo, _decode, _e8m0, _fold, _pair32
 
 from synodic.quant import QuantLinear, quantize
 
@@ -185,7 +185,7 @@ def test_fp8_quantlinear_kernel_path(fmt, device):
     assert rel_rmse(ql(x), ref(x)) < 1e-5
 
 
-# --- v2 kernels (default tl.dot for any M, CUDA-core GEMV, in-kernel split-K) and the v1 ones kept beside --------
+# --- tl.dot for any M, CUDA-core GEMV, in-kernel split-K ---------------------------------------------------------
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 V2_CASES = [  # fmt, N, K, M, dtype, act_quant, config
@@ -198,8 +198,6 @@ V2_CASES = [  # fmt, N, K, M, dtype, act_quant, config
     ("nvfp4", 33, 160, 2, F16, None, dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2)),  # fp16: two-multiply decode
     ("mxfp4", 40, 96, 3, F32, None, dict(TWO_MUL=True, SPLIT_K=2)),
     ("mxfp8_e5m2", 24, 96, 3, F32, None, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
-    ("mxfp4", 24, 96, 1, F32, None, dict(KERNEL="v1")),
-    ("mxfp4", 24, 96, 17, BF16, None, dict(KERNEL="v1", BLOCK_N=16, BLOCK_K=64)),
 ]
 
 
@@ -265,3 +263,101 @@ def test_v2_decode_bit_exact(fmt, hi, device):
     nan = want.isnan()
     assert (out.isnan() == nan).all()
     assert (out[~nan].view(torch.int32) == want[~nan].view(torch.int32)).all()
+
+
+# --- gemv32: the one-row GEMV from int32 code words -------------------------------------------------------------
+
+W32_CASES = [  # fmt, N, K, dtype, act_quant, with s and bias, config (KERNEL="gemv32" added)
+    ("mxfp4", 37, 160, F32, None, True, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
+    ("mxfp4", 37, 256, BF16, "mxfp4", True, dict(BLOCK_N=32, BLOCK_K=128)),  # split K from the heuristic
+    ("mxfp4", 21, 128, F32, None, False, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=4, SEM=False)),  # host sums
+    ("nvfp4", 41, 112, F32, None, True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
+    ("nvfp4", 41, 96, BF16, "mxfp4", False, dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2)),  # host act quant
+    ("mxfp8_e4m3", 24, 96, F32, "mxfp4", True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
+    ("mxfp8_e5m2", 19, 128, F32, None, False, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
+]
+
+
+@pytest.mark.parametrize("fmt,N,K,dtype,act,with_sb,config", W32_CASES)
+def test_gemv32_matches_ref(fmt, N, K, dtype, act, with_sb, config, device, nan_empty):
+    from synodic.kernels.quant_linear.triton_impl import _CNT
+    w, x, s, b = make(N, K, 1, dtype, device, seed=N * K + 3)
+    s, b = (s, b) if with_sb else (None, None)
+    q = quantize(w, fmt)
+    y_ref = quant_linear(x, q, s, b, act_quant=act, backend="ref")
+    for _ in range(2):  # twice: the split-K counters must be back at zero after a call
+        y = quant_linear(x, q, s, b, act_quant=act, backend="triton", config=dict(config, KERNEL="gemv32"))
+        assert y.shape == (1, N) and y.dtype == dtype and torch.isfinite(y).all()
+        assert rel_rmse(y, y_ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert all((t == 0).all() for t in _CNT.values())
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+def test_gemv32_fp8_special_codes(fmt, device, nan_empty):
+    """Planted zero / max / subnormal codes: elementwise within fp32 reordering of the reference."""
+    q = fp8_weight(fmt, 5, 96, device, seed=9)
+    _, x, s, _ = make(5, 96, 1, torch.float32, device, seed=10)
+    check_close(quant_linear(x, q, s, backend="triton", config=dict(KERNEL="gemv32", BLOCK_N=16, BLOCK_K=32,
+                                                                       SPLIT_K=2)), x, q, s)
+
+
+def test_gemv32_one_hot_rows_exact(device):
+    """One-hot x: y is a column of dequant(q), bit for bit (4-bit: every nibble position of a word)."""
+    from synodic.quant import dequantize
+    w, _, _, _ = make(24, 64, 1, torch.float32, device, seed=12)
+    q = quantize(w, "mxfp4")
+    eye = torch.eye(64, device=device)
+    for k in range(8):
+        y = quant_linear(eye[k:k + 1], q, backend="triton", config=dict(KERNEL="gemv32", BLOCK_N=16, BLOCK_K=64))
+        torch.testing.assert_close(y, dequantize(q)[:, k][None], rtol=0, atol=0)
+
+
+@triton.jit
+def _pair32_kernel(w_ptr, o_ptr, FMT: tl.constexpr, E: tl.constexpr, NW: tl.constexpr):
+    """NW code words -> their E decoded codes each, in k order (word w, code i at o[w * E + i])."""
+    offs = tl.arange(0, NW)
+    w = tl.load(w_ptr + offs)
+    for j in tl.static_range(E // 2):
+        lo, hi = _pair32(w, j, FMT)
+        tl.store(o_ptr + offs * E + j, lo)
+        tl.store(o_ptr + offs * E + j + E // 2, hi)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3", "mxfp8_e5m2"])
+def test_gemv32_decode_bit_exact(fmt, device):
+    """Every code byte at every byte position of a word: gemv32's decode == dequantize() * 2^-R bit for bit,
+    NaN where it is NaN (E4M3 0x7F/0xFF, E5M2 NaN codes; E5M2 +-Inf kept)."""
+    from synodic.kernels.quant_linear.triton_impl import _code_shift, code_words
+
+    from synodic.quant import QTensor, dequantize
+    ar = torch.arange(256)
+    data = ((ar[:, None] + 37 * torch.arange(4)[None, :]) % 256).to(torch.uint8).reshape(32, 32)  # word w: 4 bytes
+    words = code_words(data.to(device)).reshape(-1)
+    e = 8 if fmt == "mxfp4" else 4
+    out = torch.full((256 * e,), 1.0, device=device)
+    _pair32_kernel[(1,)](words, out, FMT=FMT_IDS[fmt], E=e, NW=256)
+    k = 64 if fmt == "mxfp4" else 32
+    q = QTensor(fmt, data.to(device), torch.full((32, k // 32), 127, dtype=torch.uint8, device=device), None, (32, k))
+    want = (dequantize(q).double() * 2.0 ** -_code_shift(fmt, False)).float().reshape(-1)
+    nan = want.isnan()
+    assert (out.isnan() == nan).all()
+    assert (out[~nan].view(torch.int32) == want[~nan].view(torch.int32)).all()
+
+
+def test_gemv32_config_checks(device):
+    """Rows > 1 take the tl.dot kernel; FP8_CVT is refused; a misaligned code buffer is read through a copy."""
+    from synodic.quant import QTensor
+    w, x, s, b = make(24, 96, 3, torch.float32, device, seed=13)
+    q = quantize(w, "mxfp4")
+    ref = quant_linear(x, q, s, b, backend="ref")
+    assert rel_rmse(quant_linear(x, q, s, b, backend="triton", config=dict(KERNEL="gemv32")), ref) < 1e-5
+    with pytest.raises(ValueError, match="FP8_CVT"):
+        quant_linear(x[:1], quantize(w, "mxfp8_e4m3"), backend="triton", config=dict(KERNEL="gemv32", FP8_CVT=True))
+    buf = torch.empty(q.data.numel() + 1, dtype=torch.uint8, device=device)
+    data = buf[1:].view(q.data.shape)
+    data.copy_(q.data)
+    assert data.is_contiguous() and data.storage_offset() == 1
+    q1 = QTensor(q.fmt, data, q.scale, None, q.shape)
+    y = quant_linear(x[:1], q1, s, b, backend="triton", config=dict(KERNEL="gemv32", BLOCK_N=16, BLOCK_K=32))
+    assert rel_rmse(y, ref[:1]) < 1e-5
