@@ -480,20 +480,26 @@ def _auto_split(progs: int, K: int, bk: int, sms: int, per_sm: int, min_iters: i
 
 def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132) -> dict:
     """Launch config (no timing at run time: decode steps stay capturable in CUDA graphs): the winners
-    of the H200 sweep of 2026-11-30 (bench_quant --shapes 4096x14336,14336x4096 --ms 1,32), per format:
-      M = 1, CUDA-core GEMV: MXFP4 [64 x 256] tiles on 8 warps (1.19x / 1.26x bf16), NVFP4 [32 x 256]
-      on 4 warps (0.90x / 0.97x), MXFP8 [32 x 128] on 4 warps (0.82x / 0.87x);
-      M >= 2, tl.dot: 4-bit [64 x 128] on 4 warps, 4 stages (M = 32: 0.58x / 0.41-0.46x bf16), MXFP8
-      [128 x 64] (0.48-0.53x).
-    K is split until ~4 programs per SM (in-kernel deterministic reduction)."""
+    of the H200 sweep of 2026-11-30 ~02:53 UTC (bench_quant --shapes 4096x14336,14336x4096 --ms 1,32), per
+    format, against the bf16 torch linear in the same run:
+      M = 1, int32-word GEMV "gemv32": 4-bit [16 x 512] tiles on 4 warps (MXFP4 1.44x / 1.47x, NVFP4
+      1.42x / 1.42x; the byte GEMV "gemv" was 1.14x / 0.88x), MXFP8 [32 x 128] on 4 warps (1.03x / 1.04x);
+      M >= 2, tl.dot: 4-bit [64 x 128] on 4 warps, 4 stages (M = 32: 0.56-0.62x MXFP4, 0.40-0.46x NVFP4),
+      MXFP8 [128 x 64] with the hardware fp8 conversion (FP8_CVT; 0.64-0.76x, 0.46-0.52x without).
+    The probes of that run (same tiles, loads only) read at 2.5-3.1 TB/s where gemv32 reached ~1.5 TB/s:
+    the decode arithmetic, not the load pattern, limits the GEMV.
+    K is split like the sweep's entries (resolve_config's rule: ~16 GEMV / 4 dot programs per SM)."""
     packed = FMT_IDS[fmt] <= 1
     if M == 1:
-        bn, bk, nw = (64, 256, 8) if fmt == "mxfp4" else ((32, 256, 4) if packed else (32, 128, 4))
+        bn, bk = (16, 512) if packed else (32, 128)
         split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 16, 1)
-        return dict(KERNEL="gemv", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=nw, num_stages=2)
+        return dict(KERNEL="gemv32", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=2)
     bn, bk = (64, 128) if packed else (128, 64)
     split = _auto_split(triton.cdiv(N, bn) * triton.cdiv(M, _bm(M)), K, bk, sms, 4, 4)
-    return dict(KERNEL="dot", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=4)
+    cfg = dict(KERNEL="dot", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=4)
+    if not packed:
+        cfg["FP8_CVT"] = True
+    return cfg
 
 
 def _bm(M: int) -> int:

@@ -24,7 +24,7 @@ MODES = {"w4a16": (4, False), "w8a16": (8, False), "w4a4": (4, True), "w8a8": (8
          "w6a16": (6, False), "w6a6": (6, True)}
 DEFAULT_FORMAT = {4: "mxfp4", 6: "mxfp6_e2m3", 8: "mxfp8_e4m3"}
 BACKENDS = ("auto", "torch", "triton")
-KERNEL_MAX_ROWS = 1  # H200 (bench_quant 2026-11-30): M = 1 GEMV 0.82-1.26x bf16; M = 32 tl.dot path 0.41-0.63x
+KERNEL_MAX_ROWS = 1  # H200 (bench_quant 2026-11-30): M = 1 GEMV 1.03-1.47x bf16; M = 32 tl.dot path 0.40-0.76x
 
 
 def _check(mode: str, fmt: str | None) -> tuple[str, bool]:

@@ -166,11 +166,14 @@ def test_fp8_one_hot_rows_read_weights_exactly(fmt, device, nan_empty):
 
 
 def test_fp8_hardware_conversion_option(device):
-    """config FP8_CVT=True (bitcast to tl.float8e4nv / tl.float8e5): runs, and agrees on finite codes."""
+    """config FP8_CVT=True (bitcast to tl.float8e4nv / tl.float8e5) in the byte GEMV (M = 1) and in the
+    tl.dot kernel (M = 3, its default for MXFP8): runs, and agrees on finite codes."""
     for fmt in ("mxfp8_e4m3", "mxfp8_e5m2"):
         q = fp8_weight(fmt, 5, 64, device, seed=3)
         _, x, s, _ = make(5, 64, 1, torch.float32, device, seed=4)
-        check_close(quant_linear(x, q, s, backend="triton", config=dict(FP8_CVT=True)), x, q, s)
+        check_close(quant_linear(x, q, s, backend="triton", config=dict(KERNEL="gemv", FP8_CVT=True)), x, q, s)
+        _, x3, s3, _ = make(5, 64, 3, torch.float32, device, seed=5)
+        check_close(quant_linear(x3, q, s3, backend="triton"), x3, q, s3)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
