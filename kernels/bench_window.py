@@ -15,7 +15,9 @@ Then per batch it times
   * replay verify (if `synodic.kernels.mamba2_replay` / `gdn_replay` import): `*_replay_flush(min_room=T)`
     + `*_replay_verify` with write_pos = L/2 = 8 in a ring of L = 16 (the flush does not fire), same
     timing; its bytes are an estimate (checkpoint + 8 ring entries read, T entries written, window
-    inputs and outputs).
+    inputs and outputs). The verify is the default impl ("v2", verify_v2.py); the v1 kernel is timed
+    as the extra variant "replay_verify_v1" (verify alone, CUDA graph: `replay_verify_v1_only_us_graph`).
+    `--sweep` times (impl, config) launch configs of both at the given batches (VERIFY_SWEEP).
 and prints the speedup replay/eager (= eager time / replay time, the faster of plain and graph for
 each). Prints a markdown table, writes JSON (rewritten after every row, so a cut-short run keeps
 what it measured). `--tiny` runs the checks and one call of every timed op at tiny shapes (also on
@@ -36,10 +38,15 @@ import torch
 from .bench_ssm_decode import HBM_GBPS, ROTATE_BYTES, _esize, _git_commit, rel_rmse
 
 MAMBA = dict(H=128, P=64, N=128, G=8)
-VERIFY_SWEEP = {"mamba2": [(32, 1, 4, None), (16, 1, 4, None), (16, 1, 2, None), (64, 1, 4, None), (32, 2, 4, None),
-                           (32, 1, 8, None)],
-                "gdn": [(16, 2, 4, None), (16, 1, 4, None), (32, 1, 4, None), (16, 2, 2, None), (8, 1, 2, None),
-                        (32, 2, 8, None)]}
+# (impl, config): v2 = (BLOCK, num_warps[, gram[, maxnreg]]) (gram: group / key-head dot products in a
+# prologue kernel); v1 = (BLOCK, heads per program, num_warps, maxnreg)
+VERIFY_SWEEP = {"mamba2": [("v2", (64, 2, True)), ("v2", (64, 4, True)), ("v2", (32, 2, True)), ("v2", (16, 2, True)),
+                           ("v2", (64, 4, True, 128)), ("v2", (64, 2, False)), ("v2", (32, 2, False)),
+                           ("v2", (16, 2, False)),
+                           ("v1", (64, 1, 4, None)), ("v1", (32, 1, 4, None)), ("v1", (16, 1, 2, None))],
+                "gdn": [("v2", (64, 2, True)), ("v2", (32, 2, True)), ("v2", (16, 1, True)), ("v2", (16, 2, True)),
+                        ("v2", (64, 4, True)), ("v2", (128, 8, True)), ("v2", (16, 2, False)), ("v2", (32, 2, False)),
+                        ("v1", (16, 2, 2, None)), ("v1", (16, 2, 4, None)), ("v1", (16, 1, 4, None))]}
 GDN = dict(HV=32, Hk=16, K=128, V=128)
 TINY_MAMBA = dict(H=6, P=8, N=16, G=3)
 TINY_GDN = dict(HV=4, Hk=2, K=16, V=8)
@@ -197,10 +204,12 @@ class Replay:
                 self.mod.mamba2_replay_flush(**c, A=self.prm["A"], slot_ids=s["slot_ids"], L=L, min_room=self.T,
                                              backend=backend)
             return self.mod.mamba2_replay_verify(**c, **s, **self.prm, L=L, backend=backend,
-                                                 config=getattr(self, "config", None))
+                                                 config=getattr(self, "config", None),
+                                                 impl=getattr(self, "impl", "auto"))
         if self.with_flush:
             self.mod.gdn_replay_flush(**c, slot_ids=s["slot_ids"], L=L, min_room=self.T, backend=backend)
-        return self.mod.gdn_replay_verify(**c, **s, L=L, backend=backend, config=getattr(self, "config", None))
+        return self.mod.gdn_replay_verify(**c, **s, L=L, backend=backend, config=getattr(self, "config", None),
+                                          impl=getattr(self, "impl", "auto"))
 
     def bytes_est(self):
         b, T, wp, e = self.batch, self.T, WRITE_POS, _esize(MODEL_DTYPE)
@@ -284,6 +293,14 @@ def check(cls, shape, T, device):
             y_rp = rp.call(0, "triton" if device == "cuda" else "ref")
             res["rel_rmse_replay_vs_window"] = rel_rmse(y_rp, y)
             ok = ok and res["rel_rmse_replay_vs_window"] < 1e-2
+            if device == "cuda":  # v2 with the prologue (a batch of 3 picks one launch) and v1, same window
+                rp.config = (64, 2, True)
+                res["rel_rmse_replay_gram_vs_window"] = rel_rmse(rp.call(0, "triton"), y)
+                rp.config, rp.impl = None, "v1"
+                res["rel_rmse_replay_v1_vs_window"] = rel_rmse(rp.call(0, "triton"), y)
+                rp.impl = "auto"
+                ok = (ok and res["rel_rmse_replay_v1_vs_window"] < 1e-2
+                      and res["rel_rmse_replay_gram_vs_window"] < 1e-2)
         except Exception as exc:  # noqa: BLE001 - recorded, not fatal: the replay API is not ours
             res["replay_check_error"] = f"{type(exc).__name__}: {exc}"
     res["ok"] = ok
@@ -326,6 +343,7 @@ def main(argv=None):
         res["checks"].append(c)
         print(f"check {c['kernel']:20s} rel_rmse out {c['rel_rmse_out']:.2e} state {c['rel_rmse_state']:.2e} "
               f"replay-vs-window {c.get('rel_rmse_replay_vs_window', float('nan')):.2e} "
+              f"(v1 {c.get('rel_rmse_replay_v1_vs_window', float('nan')):.2e}) "
               f"{c.get('replay_check_error', '')} -> {'OK' if c['ok'] else 'FAIL'}", flush=True)
 
     gen = torch.Generator(device=device).manual_seed(1)
@@ -363,19 +381,31 @@ def main(argv=None):
             if rp is not None:
                 try:
                     row["replay_us"], row["replay_us_graph"] = time_plain(rp, rot), time_graph(rp, rot)
-                    row["replay_verify_only_us_graph"] = time_graph(rv, rot)
-                    if batch in sweep_batches:  # verify launch configs (block, heads/program, warps, maxnreg)
+                    row["replay_verify_only_us_graph"] = time_graph(rv, rot)  # default impl (v2)
+                    rv.impl = "v1"  # variant "replay_verify_v1"
+                    row["replay_verify_v1_only_us_graph"] = time_graph(rv, rot)
+                    rv.impl = "auto"
+                    row["verify_v2_speedup_over_v1"] = (row["replay_verify_v1_only_us_graph"]
+                                                        / row["replay_verify_only_us_graph"])
+                    if batch in sweep_batches:  # verify launch configs: (impl, config)
                         row["verify_sweep"] = []
-                        for cfg in VERIFY_SWEEP[cls.name]:
-                            rv.config = cfg
-                            row["verify_sweep"].append(dict(config=cfg, us_graph=time_graph(rv, rot)))
-                        rv.config = None
+                        for impl, cfg in VERIFY_SWEEP[cls.name]:
+                            rv.impl, rv.config = impl, cfg
+                            try:
+                                us = time_graph(rv, rot)
+                            except Exception as exc:  # noqa: BLE001 - e.g. out of resources: skip the config
+                                us = None
+                                print(f"  sweep {impl} {cfg}: {type(exc).__name__}: {exc}", flush=True)
+                            row["verify_sweep"].append(dict(impl=impl, config=cfg, us_graph=us))
+                        rv.impl, rv.config = "auto", None
                     rbest = min(row["replay_us"], row["replay_us_graph"])
                     row["replay_bytes_est"] = rp.bytes_est()
                     row["replay_gbps_est"] = row["replay_bytes_est"] / (rbest * 1e3)
                     row["speedup_replay_over_eager"] = best / rbest
                     row["replay_write_pos_ok"] = bool((rp.cache["write_pos"] == WRITE_POS).all())
-                    msg += f" | replay {rbest:.1f} µs -> speedup {row['speedup_replay_over_eager']:.2f}x"
+                    msg += (f" | replay {rbest:.1f} µs -> speedup {row['speedup_replay_over_eager']:.2f}x"
+                            f" | verify v2 {row['replay_verify_only_us_graph']:.1f} µs,"
+                            f" v1 {row['replay_verify_v1_only_us_graph']:.1f} µs")
                 except Exception as exc:  # noqa: BLE001
                     row["replay_error"] = f"{type(exc).__name__}: {exc}"
                     msg += f" | replay error {row['replay_error']}"
@@ -390,14 +420,16 @@ def main(argv=None):
 
 def _write(res, path, quiet=False):
     lines = ["| kernel | batch | T | block, warps | µs | µs CUDA graph | bytes moved | GB/s | % of 4245 GB/s "
-             "| replay flush+verify µs (graph) | replay verify µs (graph) | speedup replay/eager |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| replay flush+verify µs (graph) | replay verify µs (graph) | replay verify v1 µs (graph) "
+             "| speedup replay/eager |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         if "us" not in r:
             continue
         rep = (f"{min(r['replay_us'], r['replay_us_graph']):.1f} ({r['replay_us_graph']:.1f}) "
-               f"| {r['replay_verify_only_us_graph']:.1f} | {r['speedup_replay_over_eager']:.2f}x"
-               if "speedup_replay_over_eager" in r else "- | - | -")
+               f"| {r['replay_verify_only_us_graph']:.1f} | {r['replay_verify_v1_only_us_graph']:.1f} "
+               f"| {r['speedup_replay_over_eager']:.2f}x"
+               if "speedup_replay_over_eager" in r else "- | - | - | -")
         lines.append(f"| {r['kernel']} | {r['batch']} | {r['T']} | {r['block']}, {r['num_warps']} "
                      f"| {r['us']:.1f} | {r['us_graph']:.1f} | {r['bytes'] / 2**20:.2f} MiB "
                      f"| {r['gbps']:.0f} | {r['pct_hbm']:.1f} | {rep} |")

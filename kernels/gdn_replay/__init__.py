@@ -109,12 +109,19 @@ def gdn_replay_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
 
 def gdn_replay_verify(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, *, L: int,
                       scale=None, use_qk_l2norm: bool = True, ckpt_scale=None, ckpt_lo=None,
-                      ckpt_lo_scale=None, backend: str = "auto", config=None) -> torch.Tensor:
+                      ckpt_lo_scale=None, backend: str = "auto", config=None, impl: str = "auto") -> torch.Tensor:
     """Outputs of a speculative window: q/k [b,T,Hk,K], v [b,T,HV,V], g/beta [b,T,HV] ->
     o [b,T,HV,V]. The window's corrections are solved by forward substitution
     ((I + A) U = R, A_sr = beta_s e^{G_s-G_r} k_s.k_r); no intermediate state is formed. Writes
     (u, k, g) of the window at ring[write_pos : write_pos+T] (caller guarantees write_pos + T <= L);
-    write_pos and the checkpoint are untouched. Follow with ``replay_commit``."""
+    write_pos and the checkpoint are untouched. Follow with ``replay_commit``.
+    ``impl`` (Triton): "v2" = the eager-shaped kernels of ``verify_v2`` (one value head per program,
+    state tile read once, ring loaded without waiting for the cursor, key-head dot products in a
+    prologue kernel at larger batches; config = (BLOCK_V, num_warps[, gram[, maxnreg]])), "v1" = the
+    ``triton_impl`` kernel (config = (BLOCK_V, heads per program, num_warps[, maxnreg])); "auto" = v2."""
+    impls = ("auto", "v1", "v2")
+    if impl not in impls:
+        raise ValueError(f"impl: expected one of {impls}, got {impl!r}")
     _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
     T = v.shape[1]
     if T > L:
@@ -123,9 +130,14 @@ def gdn_replay_verify(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
         return gdn_replay_verify_ref(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, L=L,
                                      scale=scale, use_qk_l2norm=use_qk_l2norm, ckpt_scale=ckpt_scale,
                                      ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale)
-    from .triton_impl import MODE_VERIFY, launch
     q, k, v = _inner(q), _inner(k), _inner(v)
     o = torch.empty_like(v)
+    if impl != "v1":
+        from .verify_v2 import launch_verify_v2
+        return launch_verify_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, L=L,
+                                scale=scale, use_qk_l2norm=use_qk_l2norm, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
+                                ckpt_lo_scale=ckpt_lo_scale, config=config)
+    from .triton_impl import MODE_VERIFY, launch
     launch(MODE_VERIFY, ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, L=L, T=T,
            scale=scale, use_qk_l2norm=use_qk_l2norm, route_state=False, ckpt_scale=ckpt_scale,
            ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale, advance=False, config=config)

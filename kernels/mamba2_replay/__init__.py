@@ -54,6 +54,15 @@ def _inner(t):
     return t if t is None or t.stride(-1) == 1 else t.contiguous()
 
 
+VERIFY_IMPLS = ("auto", "v1", "v2")
+
+
+def _verify_impl(impl: str) -> str:
+    if impl not in VERIFY_IMPLS:
+        raise ValueError(f"impl: expected one of {VERIFY_IMPLS}, got {impl!r}")
+    return "v2" if impl == "auto" else impl
+
+
 def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
                          z=None, *, L: int, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None,
                          advance: bool = True, backend: str = "auto", config=None,
@@ -95,11 +104,16 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
 
 def mamba2_replay_verify(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
                          z=None, *, L: int, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None,
-                         backend: str = "auto", config=None) -> torch.Tensor:
+                         backend: str = "auto", config=None, impl: str = "auto") -> torch.Tensor:
     """Outputs of a speculative window: x [b,T,H,P], dt [b,T,H], B/C [b,T,G,N], z [b,T,H,P] ->
     y [b,T,H,P], from (ckpt or ckpt_lo, ring[:write_pos], window). Writes the window's entries at
     ring[write_pos : write_pos+T] (caller guarantees write_pos + T <= L); write_pos and the
-    checkpoint are not touched. Follow with ``replay_commit``."""
+    checkpoint are not touched. Follow with ``replay_commit``.
+    ``impl`` (Triton): "v2" = the eager-shaped kernels of ``verify_v2`` (one head per program, state
+    tile read once, ring loaded without waiting for the cursor, group-level B.C products in a prologue
+    kernel at larger batches; config = (BLOCK_P, num_warps[, gram[, maxnreg]])), "v1" = the
+    ``triton_impl`` kernel (config = (BLOCK_P, heads per program, num_warps[, maxnreg])); "auto" = v2."""
+    impl = _verify_impl(impl)
     _check_cache(ckpt, ring_x, ring_dt, ring_B, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
     T = x.shape[1]
     if T > L:
@@ -108,9 +122,14 @@ def mamba2_replay_verify(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
         return mamba2_replay_verify_ref(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias,
                                         slot_ids, z, L=L, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
                                         ckpt_lo_scale=ckpt_lo_scale)
-    from .triton_impl import MODE_VERIFY, launch
     x, B, C, z = _inner(x), _inner(B), _inner(C), _inner(z)
     y = torch.empty_like(x)
+    if impl == "v2":
+        from .verify_v2 import launch_verify_v2
+        return launch_verify_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z,
+                                y, L=L, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale,
+                                config=config)
+    from .triton_impl import MODE_VERIFY, launch
     launch(MODE_VERIFY, ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y,
            L=L, T=T, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale, advance=False,
            config=config)

@@ -1,0 +1,230 @@
+"""ReplaySSM speculative verify, impl="v2" (Mamba-2 and GDN, eager-shaped Triton kernels) vs the torch
+reference (and v1 on a few cases).
+
+Odd shapes (odd head counts, P / V / N / K not powers of two, partial last tiles), T in {1, 3, 4}, one
+launch with rows at cursor 0, mid-ring and wp + T == L, a padding row (slot -1), an unused slot,
+NaN-poisoned ring entries past the cursor (must never reach an output), fp32 / dual bf16 / dual fp8 /
+single fp8 checkpoints, fp32 and bf16 model tensors. Checked: y, the ring entries written at
+[wp, wp + T), everything else (other ring entries, checkpoints, write_pos) bit-untouched.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_errors import rel_max as rel
+from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_verify
+from synodic.kernels.gdn_replay.verify_v2 import launch_verify_v2 as gdn_launch_v2
+from synodic.kernels.mamba2_replay import mamba2_replay_alloc, mamba2_replay_verify
+from synodic.kernels.mamba2_replay.common import dequantize, quantize_rows_fp8, store_state
+from synodic.kernels.mamba2_replay.verify_v2 import launch_verify_v2 as mamba_launch_v2
+
+L = 6
+SLOTS = 4
+MODES = {  # name: (ckpt dtype, low-precision copy dtype)
+    "fp32": (torch.float32, None),
+    "dual_bf16": (torch.float32, torch.bfloat16),
+    "dual_fp8": (torch.float32, torch.float8_e4m3fn),
+    "single_fp8": (torch.float8_e4m3fn, None),
+}
+
+
+def cursors(T):
+    """write_pos per slot: 0, mid-ring, (slot 2 unused), wp + T == L."""
+    return torch.tensor([0, (L - T) // 2, 1, L - T], dtype=torch.int32)
+
+
+SLOT_IDS = torch.tensor([3, -1, 0, 1], dtype=torch.int32)  # slot 2 untouched, one padding row
+
+
+def fill_state(c, gen, shape, mode, amp):
+    ck, lo = MODES[mode]
+    S = torch.randn(*shape, generator=gen) * amp
+    if ck == torch.float8_e4m3fn:
+        q, sc = quantize_rows_fp8(S)
+        c["ckpt"].copy_(q)
+        c["ckpt_scale"].copy_(sc)
+        S = dequantize(q, sc)
+    else:
+        c["ckpt"].copy_(S)
+    if lo is not None:
+        store_state(c["ckpt_lo"], c.get("ckpt_lo_scale"), S)
+
+
+def poison_ring(c, names, T, gen):
+    """Ring entries < wp: random history; >= wp: NaN (stale entries must never be read)."""
+    wp = cursors(T)
+    for name, lo, hi in names:
+        t = c[name]
+        t.copy_((torch.rand(t.shape, generator=gen) * (hi - lo) + lo).to(t.dtype))
+        for s in range(SLOTS):
+            t[s, :, int(wp[s]):] = float("nan")
+    c["write_pos"].copy_(wp)
+
+
+def same(a, b):
+    return torch.equal(a.float().nan_to_num(7.0), b.float().nan_to_num(7.0))
+
+
+def check_ring_and_untouched(c, c_ref, c0, ring_tols, T):
+    wp = cursors(T)
+    for key in c:
+        if key in ring_tols:
+            continue
+        assert torch.equal(c[key], c0[key]), key  # checkpoints, scales, write_pos: never written
+    for key, tol in ring_tols.items():
+        for s in range(SLOTS):
+            w = int(wp[s])
+            live = s in SLOT_IDS.tolist()
+            hi = w + T if live else w
+            # entries outside [wp, wp+T) (and all of an unused slot) bit-untouched
+            assert same(c[key][s, :, :w], c0[key][s, :, :w]), (key, s)
+            assert same(c[key][s, :, hi:], c0[key][s, :, hi:]), (key, s)
+            if live:
+                torch.testing.assert_close(c[key][s, :, w:hi].float(), c_ref[key][s, :, w:hi].float(),
+                                           rtol=tol, atol=tol)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Mamba-2
+# ---------------------------------------------------------------------------------------------------------
+MAMBA_CASES = [  # (H, G, P, N, T, mode, model dtype, config (BLOCK_P, warps, gram) or None, z, direct launch)
+    (3, 1, 5, 7, 3, "fp32", torch.float32, (4, 2, True), True, True),        # two P-tiles, the second partial
+    (9, 3, 6, 12, 4, "dual_bf16", torch.float32, (8, 2, True), False, False),  # 3 groups x 3 heads, N = 12
+    (5, 5, 5, 10, 1, "dual_fp8", torch.float32, None, True, True),           # G = H, T = 1, one launch
+    (3, 1, 12, 16, 4, "single_fp8", torch.bfloat16, (8, 4, False), True, False),  # bf16 ring / activations / y
+]
+
+
+def mamba_problem(H, G, P, N, T, mode, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    ck, lo = MODES[mode]
+    c = mamba2_replay_alloc(SLOTS, H, P, N, G, L, dtype=dtype, ckpt_dtype=ck, lo_dtype=lo)
+    fill_state(c, gen, (SLOTS, H, P, N), mode, 0.5)
+    poison_ring(c, [("ring_x", -2.0, 2.0), ("ring_dt", 0.0, 0.6), ("ring_B", -2.0, 2.0)], T, gen)
+    b = len(SLOT_IDS)
+    kw = dict(x=torch.randn(b, T, H, P, generator=gen).to(dtype), dt=torch.randn(b, T, H, generator=gen),
+              A=-(torch.rand(H, generator=gen) + 0.3), B=torch.randn(b, T, G, N, generator=gen).to(dtype),
+              C=torch.randn(b, T, G, N, generator=gen).to(dtype), D=torch.randn(H, generator=gen),
+              dt_bias=torch.randn(H, generator=gen) * 0.5, slot_ids=SLOT_IDS.clone(),
+              z=torch.randn(b, T, H, P, generator=gen).to(dtype))
+    return c, kw
+
+
+@pytest.mark.parametrize("H,G,P,N,T,mode,dtype,config,use_z,direct", MAMBA_CASES)
+def test_mamba2_verify_v2_matches_ref(H, G, P, N, T, mode, dtype, config, use_z, direct, device):
+    c, kw = mamba_problem(H, G, P, N, T, mode, dtype, seed=H * 100 + N + T)
+    if not use_z:
+        kw["z"] = None
+    c = {k: v.to(device) for k, v in c.items()}
+    kw = {k: (v.to(device) if v is not None else None) for k, v in kw.items()}
+    c0 = {k: v.clone() for k, v in c.items()}
+    c_ref = {k: v.clone() for k, v in c.items()}
+    if direct:  # straight into the launcher with a NaN-poisoned output: every element must be written
+        y = torch.full_like(kw["x"], float("nan"))
+        keys = ("x", "dt", "A", "B", "C", "D", "dt_bias", "slot_ids", "z")
+        mamba_launch_v2(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], *(kw[k] for k in keys), y,
+                        L=L, ckpt_scale=c.get("ckpt_scale"), ckpt_lo=c.get("ckpt_lo"),
+                        ckpt_lo_scale=c.get("ckpt_lo_scale"), config=config)
+    else:
+        y = mamba2_replay_verify(**c, **kw, L=L, backend="triton", impl="v2", config=config)
+    y_ref = mamba2_replay_verify(**c_ref, **kw, L=L, backend="ref")
+    assert y.dtype == dtype and not torch.isnan(y).any()
+    assert torch.all(y[kw["slot_ids"] < 0] == 0)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16 y: one-ulp flips
+    assert rel(y, y_ref) <= tol, rel(y, y_ref)
+    check_ring_and_untouched(c, c_ref, c0, {"ring_x": 0.0, "ring_dt": 1e-6, "ring_B": 0.0}, T)
+
+
+@pytest.mark.parametrize("gram", [False, True])
+def test_mamba2_verify_v2_matches_v1(gram, device):
+    H, G, P, N, T = 6, 2, 5, 7, 3
+    c, kw = mamba_problem(H, G, P, N, T, "fp32", torch.float32, seed=7)
+    c = {k: v.to(device) for k, v in c.items()}
+    kw = {k: v.to(device) for k, v in kw.items()}
+    c1 = {k: v.clone() for k, v in c.items()}
+    y2 = mamba2_replay_verify(**c, **kw, L=L, backend="triton", config=(8, 2, gram))  # auto = v2
+    y1 = mamba2_replay_verify(**c1, **kw, L=L, backend="triton", impl="v1")
+    assert rel(y2, y1) <= 1e-5
+    for k in c:
+        torch.testing.assert_close(c[k].float().nan_to_num(7.0), c1[k].float().nan_to_num(7.0), rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Gated DeltaNet
+# ---------------------------------------------------------------------------------------------------------
+GDN_CASES = [  # (HV, Hk, V, K, T, mode, model dtype, config (BLOCK_V, warps, gram) or None, l2norm/scale, direct)
+    (3, 1, 5, 7, 3, "fp32", torch.float32, (4, 1, True), (True, None), True),   # two V-tiles, the second partial
+    (9, 3, 6, 12, 4, "dual_bf16", torch.float32, (8, 2, True), (True, None), False),  # 3 value heads per key head
+    (3, 3, 5, 10, 1, "dual_fp8", torch.float32, (8, 2, True), (False, 0.3), True),  # HV = Hk, T = 1, no l2norm
+    (5, 1, 12, 16, 4, "single_fp8", torch.bfloat16, None, (True, None), False),  # bf16 ring / activations, 1 launch
+]
+
+
+def gdn_problem(HV, Hk, V, K, T, mode, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    ck, lo = MODES[mode]
+    c = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, dtype=dtype, ckpt_dtype=ck, lo_dtype=lo)
+    fill_state(c, gen, (SLOTS, HV, V, K), mode, 0.3)
+    poison_ring(c, [("ring_u", -0.5, 0.5), ("ring_k", -0.5, 0.5), ("ring_g", -0.5, 0.0)], T, gen)
+    b = len(SLOT_IDS)
+    kw = dict(q=torch.randn(b, T, Hk, K, generator=gen).to(dtype), k=torch.randn(b, T, Hk, K, generator=gen).to(dtype),
+              v=torch.randn(b, T, HV, V, generator=gen).to(dtype), g=-torch.rand(b, T, HV, generator=gen) * 0.5,
+              beta=torch.rand(b, T, HV, generator=gen), slot_ids=SLOT_IDS.clone())
+    return c, kw
+
+
+@pytest.mark.parametrize("HV,Hk,V,K,T,mode,dtype,config,qk,direct", GDN_CASES)
+def test_gdn_verify_v2_matches_ref(HV, Hk, V, K, T, mode, dtype, config, qk, direct, device):
+    c, kw = gdn_problem(HV, Hk, V, K, T, mode, dtype, seed=HV * 100 + K + T)
+    c = {k: v.to(device) for k, v in c.items()}
+    kw = {k: v.to(device) for k, v in kw.items()}
+    use_l2, scale = qk
+    c0 = {k: v.clone() for k, v in c.items()}
+    c_ref = {k: v.clone() for k, v in c.items()}
+    if direct:  # straight into the launcher with a NaN-poisoned output: every element must be written
+        o = torch.full_like(kw["v"], float("nan"))
+        keys = ("q", "k", "v", "g", "beta", "slot_ids")
+        gdn_launch_v2(c["ckpt"], c["ring_u"], c["ring_k"], c["ring_g"], c["write_pos"], *(kw[k] for k in keys), o,
+                      L=L, scale=scale, use_qk_l2norm=use_l2, ckpt_scale=c.get("ckpt_scale"),
+                      ckpt_lo=c.get("ckpt_lo"), ckpt_lo_scale=c.get("ckpt_lo_scale"), config=config)
+    else:
+        o = gdn_replay_verify(**c, **kw, L=L, scale=scale, use_qk_l2norm=use_l2, backend="triton", impl="v2",
+                              config=config)
+    o_ref = gdn_replay_verify(**c_ref, **kw, L=L, scale=scale, use_qk_l2norm=use_l2, backend="ref")
+    assert o.dtype == dtype and not torch.isnan(o).any()
+    assert torch.all(o[kw["slot_ids"] < 0] == 0)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert rel(o, o_ref) <= tol, rel(o, o_ref)
+    ring_tol = 1e-5 if dtype == torch.float32 else 2**-7  # bf16 u / k: a last-bit fp32 difference may flip an ulp
+    check_ring_and_untouched(c, c_ref, c0, {"ring_u": ring_tol, "ring_k": ring_tol, "ring_g": 0.0}, T)
+
+
+@pytest.mark.parametrize("gram,l2", [(False, False), (True, True)])
+def test_gdn_verify_v2_matches_v1(gram, l2, device):
+    HV, Hk, V, K, T = 4, 2, 5, 7, 3
+    c, kw = gdn_problem(HV, Hk, V, K, T, "fp32", torch.float32, seed=8)
+    c = {k: v.to(device) for k, v in c.items()}
+    kw = {k: v.to(device) for k, v in kw.items()}
+    c1 = {k: v.clone() for k, v in c.items()}
+    o2 = gdn_replay_verify(**c, **kw, L=L, use_qk_l2norm=l2, backend="triton", config=(8, 1, gram))  # auto = v2
+    o1 = gdn_replay_verify(**c1, **kw, L=L, use_qk_l2norm=l2, backend="triton", impl="v1")
+    assert rel(o2, o1) <= 1e-5
+    for k in c:
+        torch.testing.assert_close(c[k].float().nan_to_num(7.0), c1[k].float().nan_to_num(7.0), rtol=1e-5, atol=1e-6)
+
+
+def test_verify_impl_and_config_errors(device):
+    c, kw = mamba_problem(3, 1, 5, 7, 1, "fp32", torch.float32, seed=1)
+    c, kw = ({k: v.to(device) for k, v in d.items()} for d in (c, kw))
+    with pytest.raises(ValueError, match=r"impl.*'auto', 'v1', 'v2'.*'v3'"):
+        mamba2_replay_verify(**c, **kw, L=L, backend="ref", impl="v3")
+    with pytest.raises(ValueError, match="BLOCK_P, num_warps"):
+        mamba2_replay_verify(**c, **kw, L=L, backend="triton", impl="v2", config=(8, 1, 4, None, 0))
+    c, kw = gdn_problem(3, 1, 5, 7, 1, "fp32", torch.float32, seed=1)
+    c, kw = ({k: v.to(device) for k, v in d.items()} for d in (c, kw))
+    with pytest.raises(ValueError, match=r"impl.*'auto', 'v1', 'v2'.*'fast'"):
+        gdn_replay_verify(**c, **kw, L=L, backend="ref", impl="fast")
+    with pytest.raises(ValueError, match="BLOCK_V, num_warps"):
+        gdn_replay_verify(**c, **kw, L=L, backend="triton", config=(8,))
+    with pytest.raises(ValueError, match="gram a bool"):  # a v1 config handed to v2
+        gdn_replay_verify(**c, **kw, L=L, backend="triton", config=(16, 2, 2, None))
