@@ -260,18 +260,15 @@ def _gdn_replay_verify_v2_kernel(
 
 
 def pick_config(ckpt, ckpt_lo, V: int, rows: int, T: int) -> tuple[int, int, bool]:
-    """(BLOCK_V, num_warps, gram) for `rows` = batch x value heads. Not yet measured on the GPU.
-    The decode sweeps (H200, HV=32 K=V=128) favoured many state elements per thread (1 warp, BV
-    16-32). The verify does more per state byte (2T dots over the tile plus the key-head products),
-    and the compiled code (sm_90, T=4, bf16 activations; ptxas resource usage / SASS counts) says:
-    with the prologue, [64, 128] on 2 warps: 253 registers, no spills, ~3.6k instructions per
-    thread (~230 warp-instructions per KiB of state, vs ~360 for (32, 2) or (16, 1)); without the
-    prologue every program repeats the key-head work (~1.6x the instructions, (16, 1) spills). So
-    the prologue (gram) and (64, 2) at >= 1024 rows; below, (16, 2) in one launch (234 registers,
-    no spills). Sweep candidates: (32, 2), (16, 1), (64, 4), (128, 8)."""
+    """(BLOCK_V, num_warps, gram) for `rows` = batch x value heads. H200 sweep (bench_window --sweep 256,
+    2026-11-30 ~03:05 UTC, HV=32 Hk=16 K=V=128, T=4, verify alone, CUDA graphs): with the per-key-head
+    prologue (gram) (16, 1 warp) 877 us, (16, 2) 951, (32, 2) 982, (64, 4) 1114, (64, 2) 1423, (128, 8) 1777;
+    without it (32, 2) 1226, (16, 2) 1535; v1 (16, 2 heads, 2 warps) 1540. The eager window kernel took
+    817 us: verify is compute-bound (2T reductions over the tile per window), not byte-bound.
+    So (16, 1, prologue) at >= 1024 rows; below, (16, 2) in one launch."""
     cap = next_pow2(V)
     if rows >= 1024:
-        return min(64, cap), 2, True
+        return min(16, cap), 1, True
     return min(16, cap), 2, False
 
 

@@ -221,14 +221,12 @@ def _mamba2_replay_verify_v2_kernel(
 
 
 def pick_config(ckpt, ckpt_lo, P: int, rows: int, T: int) -> tuple[int, int, bool]:
-    """(BLOCK_P, num_warps, gram) for `rows` = batch x heads. Not yet measured on the GPU; the rule
-    follows the decode v2 sweep (a read-only step needs many bytes in flight per thread; H200,
-    H=128 P=64 N=128: [64, N] on 2 warps best once batch x heads >= 1024, [16, N] (fp32) / [32, N]
-    (low-precision copy) on 2 warps below) and the compiled code (sm_90, T=4, bf16 activations,
-    ptxas resource usage / SASS counts): [64, 128] on 2 warps with the prologue uses 224 registers,
-    no spills, ~2.5k instructions per thread; without it 255 registers + spills and ~3.3k. So the
-    prologue (gram) at >= 1024 rows, where the redundancy it removes is H/G x P/BLOCK_P = 16x;
-    below, one launch. Alternatives for the sweep: (64, 4) (156 registers), (32, 2)."""
+    """(BLOCK_P, num_warps, gram) for `rows` = batch x heads. H200 sweep (bench_window --sweep 256,
+    2026-11-30 ~03:05 UTC, H=128 P=64 N=128 G=8, T=4, verify alone, CUDA graphs): with the per-group
+    prologue (gram) (64, 2 warps) 896 us, (32, 2) 999, (16, 2) 1081, (64, 4, maxnreg 128) 1109,
+    (64, 4) 1207; without it (16, 2) 1216, (32, 2) 1247, (64, 2) 1275; v1 (64, 1 head, 4 warps) 1593.
+    The eager window kernel took 1388 us (1.39x with the flush check). So the prologue and (64, 2) at
+    >= 1024 rows; below, one launch with [16, N] (fp32) / [32, N] (low-precision copy) on 2 warps."""
     cap = next_pow2(P)
     if rows >= 1024:
         return min(64, cap), 2, True
