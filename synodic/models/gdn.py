@@ -2,11 +2,12 @@
 L2-normalised q, k; α = exp(g), g = −exp(A_log)·softplus(a + dt_bias); β = sigmoid(b); delta rule;
 gated RMSNorm per head; out_proj. Decode goes through the run's SSM state backend."""
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from synodic.kernels.gdn_gating import gdn_gating
+
 from .config import HybridConfig
-from .norm import GatedRMSNorm
+from .norm import GatedRMSNorm, fused_backend
 from .scan import causal_conv, gdn_chunked
 
 
@@ -41,8 +42,8 @@ class GatedDeltaNetMixer(nn.Module):
     def forward(self, hidden: torch.Tensor, ctx=None) -> torch.Tensor:
         qkv, z = torch.split(self.in_proj_qkvz(hidden), [self.conv_dim, self.value_dim], dim=-1)
         b, a = self.in_proj_ba(hidden).chunk(2, dim=-1)
-        g = -torch.exp(self.A_log.float()) * F.softplus(a.float() + self.dt_bias.float())
-        beta = torch.sigmoid(b.float())
+        # g = −exp(A_log)·softplus(a + dt_bias), β = sigmoid(b), fp32: one fused kernel
+        g, beta = gdn_gating(a, b, self.A_log, self.dt_bias, backend=fused_backend(a, self.A_log, self.dt_bias))
         w = self.conv1d.weight[:, 0]
         if ctx is not None and ctx.mode == "decode":
             qkv = ctx.ssm.conv_step(self.ssm_index, qkv[:, 0], w, self.conv1d.bias)

@@ -1,7 +1,15 @@
-"""RMSNorm and the gated RMSNorm of Mamba-2 / GDN outputs."""
+"""RMSNorm and the gated RMSNorm of Mamba-2 / GDN outputs (fused kernels of synodic.kernels.rmsnorm:
+Triton on CUDA, the torch reference on the CPU and whenever autograd records)."""
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from synodic.kernels.rmsnorm import gated_rmsnorm, rmsnorm
+
+
+def fused_backend(*ts: torch.Tensor) -> str:
+    """Kernel backend of the models' fused ops, which have no backward: the torch reference whenever
+    autograd records through one of `ts`, else auto (Triton on CUDA)."""
+    return "ref" if torch.is_grad_enabled() and any(t.requires_grad for t in ts) else "auto"
 
 
 class RMSNorm(nn.Module):
@@ -11,9 +19,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        return rmsnorm(x, self.weight, self.eps, backend=fused_backend(x, self.weight))
 
 
 class GatedRMSNorm(RMSNorm):
@@ -24,8 +30,4 @@ class GatedRMSNorm(RMSNorm):
         self.group_size = group_size or dim
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        h = y.float() * F.silu(z.float())
-        shape = h.shape
-        h = h.reshape(*shape[:-1], -1, self.group_size)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h.reshape(shape) * self.weight.float()).to(y.dtype)
+        return gated_rmsnorm(y, z, self.weight, self.eps, self.group_size, backend=fused_backend(y, z, self.weight))

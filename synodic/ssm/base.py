@@ -5,12 +5,14 @@ Slots: rows 0..max_slots-1 belong to requests; row max_slots is scratch for padd
 """
 import torch
 import torch.nn.functional as F
+from synodic.kernels.conv1d_update import conv1d_update
 
 
 class StateBackendBase:
     def __init__(self, model, max_slots: int, device):
         self.max_slots = max_slots
         self.device = torch.device(device)
+        self.kernel = "auto"  # kernel backend (subclasses set theirs from the config)
         self.layers = model.ssm_layers
         dtype = next(model.parameters()).dtype
         self.conv = [torch.zeros(max_slots + 1, m.conv_dim, m.conv1d.weight.shape[-1] - 1,
@@ -26,11 +28,9 @@ class StateBackendBase:
         self._conv_rows = rows
 
     def conv_step(self, i: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """One causal-conv step (+SiLU) for layer i: x [B, C] → y [B, C]; the window shifts in place."""
-        rows = self._conv_rows
-        full = torch.cat([self.conv[i][rows], x[..., None].to(self.conv[i].dtype)], dim=-1)
-        self.conv[i].index_copy_(0, rows, full[..., 1:])
-        return F.silu((full * weight).sum(-1) + bias).to(x.dtype)
+        """One causal-conv step (+SiLU) for layer i: x [B, C] → y [B, C]; the window shifts in place
+        (one fused kernel; padding rows touch no state and give y = 0)."""
+        return conv1d_update(x, self.conv[i], weight, bias, self.slot_ids, backend=self.kernel)
 
     def conv_window(self, i: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """Causal conv over a verify window x [B, T, C] from the committed conv state, without
