@@ -284,7 +284,9 @@ def launch_verify_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     if b == 0 or T == 0:
         return o
     default = pick_config(ckpt, ckpt_lo, V, b * HV, T)
-    bv, nw, gram, maxnreg = _parse_config(config, default, "BLOCK_V") if config else (*default, None)
+    bv, nw, gram, maxnreg, dot = _parse_config(config, default, "BLOCK_V") if config else (*default, None, False)
+    if dot:
+        raise ValueError("config: dot=True (the window's state products as one tl.dot) exists for Mamba-2 only")
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     TP, LP, BK = max(2, next_pow2(T)), max(16, next_pow2(L)), next_pow2(K)
     RW = 2 * BK + 2 * LP + 4 * TP

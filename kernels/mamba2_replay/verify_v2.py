@@ -90,7 +90,7 @@ def _mamba2_replay_verify_v2_kernel(
     H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
     T: tl.constexpr, TP: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, NC: tl.constexpr,
     GRAM: tl.constexpr, HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
-    ROUND_RX: tl.constexpr, ROUND_RB: tl.constexpr, ROUND_OUT: tl.constexpr,
+    ROUND_RX: tl.constexpr, ROUND_RB: tl.constexpr, ROUND_OUT: tl.constexpr, DOT: tl.constexpr, TD: tl.constexpr,
 ):
     NUM_PT: tl.constexpr = (P + BP - 1) // BP
     HPG: tl.constexpr = H // G
@@ -127,7 +127,16 @@ def _mamba2_replay_verify_v2_kernel(
     else:
         rx_mask = rl[:, None] & pm[None, :]
         wx_mask = tm[:, None] & pm[None, :]
-    st_off = offs_p[None, :, None] * N + n3                                   # [NA, BP, NC]
+    if DOT:  # plain [BP, BN] tile: the T state products S0 . C_s are one tl.dot
+        st_off = offs_p[:, None] * N + offs_n[None, :]
+        if BN == N:
+            tile_mask = pm[:, None]
+        else:
+            tile_mask = pm[:, None] & nm[None, :]
+        sc_b = offs_p[:, None]
+    else:
+        st_off = offs_p[None, :, None] * N + n3                               # [NA, BP, NC]
+        sc_b = offs_p[None, :, None]
     sh = slot * H + h                             # (slot, head)
     sg = slot * G + g                             # (slot, group)
 
@@ -135,11 +144,16 @@ def _mamba2_replay_verify_v2_kernel(
     if HAS_LO:
         S0 = tl.load(lo_ptr + sh * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
         if LO_FP8:
-            S0 = S0 * tl.load(los_ptr + sh * P + offs_p, mask=pm, other=0.0)[None, :, None]
+            S0 = S0 * tl.load(los_ptr + sh * P + sc_b, mask=pm[:, None] if DOT else pm[None, :, None], other=0.0)
     else:
         S0 = tl.load(ck_ptr + sh * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
         if CK_FP8:
-            S0 = S0 * tl.load(cks_ptr + sh * P + offs_p, mask=pm, other=0.0)[None, :, None]
+            S0 = S0 * tl.load(cks_ptr + sh * P + sc_b, mask=pm[:, None] if DOT else pm[None, :, None], other=0.0)
+    if DOT:  # [BP, TD] = S0 [BP, BN] x C_window^T [BN, TD] (tokens >= T zero), 3-pass tf32 (~fp32 accuracy)
+        offs_td = tl.arange(0, TD)
+        Cw = tl.load(C_ptr + row * sC_b + g * sC_g + offs_td[None, :] * sC_t + offs_n[:, None],
+                     mask=(offs_td[None, :] < T) & nm[:, None], other=0.0).to(tl.float32)
+        SC = tl.dot(S0, Cw, input_precision="tf32x3")
     # ---- 2) the whole ring, no cursor dependency ----
     rx_base = rx_ptr + sh * L * P
     rdt_base = rdt_ptr + sh * L
@@ -179,7 +193,11 @@ def _mamba2_replay_verify_v2_kernel(
         xs_raw = tl.load(x_ptr + row * sx_b + s * sx_t + h * sx_h + offs_p, mask=pm, other=0.0)
         xs = xs_raw.to(tl.float32)
         C_base = C_ptr + row * sC_b + s * sC_t + g * sC_g
-        C3 = tl.load(C_base + n2, mask=n2 < N, other=0.0).to(tl.float32)[:, None, :]   # [NA, 1, NC]
+        if DOT:
+            SCs = tl.sum(tl.where(offs_td[None, :] == s, SC, 0.0), axis=1)                # [BP]
+        else:
+            C3 = tl.load(C_base + n2, mask=n2 < N, other=0.0).to(tl.float32)[:, None, :]   # [NA, 1, NC]
+            SCs = tl.sum(tl.sum(S0 * C3, axis=0), axis=1)
         vs = tl.load(dt_ptr + row * sdt_b + s * sdt_t + h * sdt_h).to(tl.float32)
         dts = tl.where(valid, _softplus(vs + bias_h), 0.0)
         run += dts
@@ -195,7 +213,7 @@ def _mamba2_replay_verify_v2_kernel(
         # weights dt e^{c_s - c} (B . C_s): ring j < wp, window r <= s (where: r > s exponents grow)
         wr = tl.where(lm, dtr * tl.exp(cs - A_h * cum_r) * BCr, 0.0)
         ww = tl.where(offs_t <= s, dtw * tl.exp(A_h * (run - cum_w)) * BCw, 0.0)
-        yv = (tl.exp(cs) * tl.sum(tl.sum(S0 * C3, axis=0), axis=1)
+        yv = (tl.exp(cs) * SCs
               + tl.sum(wr[:, None] * xr, axis=0) + tl.sum(ww[:, None] * xw, axis=0) + D_h * xs)
         if HAS_Z:
             zs = tl.load(z_ptr + row * sz_b + s * sz_t + h * sz_h + offs_p, mask=pm, other=0.0).to(tl.float32)
@@ -234,17 +252,18 @@ def pick_config(ckpt, ckpt_lo, P: int, rows: int, T: int) -> tuple[int, int, boo
 
 
 def _parse_config(config, default, block_name):
-    """config = (BLOCK, num_warps[, gram[, maxnreg]]); missing entries from the default."""
+    """config = (BLOCK, num_warps[, gram[, maxnreg[, dot]]]); missing entries from the default."""
     cfg = tuple(config)
-    if not 2 <= len(cfg) <= 4:
-        raise ValueError(f"config: impl='v2' takes ({block_name}, num_warps[, gram[, maxnreg]]), got {cfg!r}")
+    if not 2 <= len(cfg) <= 5:
+        raise ValueError(f"config: impl='v2' takes ({block_name}, num_warps[, gram[, maxnreg[, dot]]]), got {cfg!r}")
     if len(cfg) > 2 and not isinstance(cfg[2], bool):  # e.g. a v1 config (BLOCK, heads, warps, maxnreg)
         raise ValueError(f"config: impl='v2' takes ({block_name}, num_warps[, gram[, maxnreg]]) with gram a bool, "
                          f"got {cfg!r}")
     block, nw = int(cfg[0]), int(cfg[1])
     gram = cfg[2] if len(cfg) > 2 else default[2]
     maxnreg = cfg[3] if len(cfg) > 3 else None
-    return block, nw, gram, maxnreg
+    dot = bool(cfg[4]) if len(cfg) > 4 else False
+    return block, nw, gram, maxnreg, dot
 
 
 def launch_verify_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
@@ -259,7 +278,9 @@ def launch_verify_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     if b == 0 or T == 0:
         return y
     default = pick_config(ckpt, ckpt_lo, P, b * H, T)
-    bp, nw, gram, maxnreg = _parse_config(config, default, "BLOCK_P") if config else (*default, None)
+    bp, nw, gram, maxnreg, dot = _parse_config(config, default, "BLOCK_P") if config else (*default, None, False)
+    if dot and (bp < 16 or next_pow2(N) < 16):
+        raise ValueError(f"config: dot=True needs BLOCK_P >= 16 and N >= 16 (tl.dot tiles), got BLOCK_P={bp}, N={N}")
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     TP, LP, BN = max(2, next_pow2(T)), max(16, next_pow2(L)), next_pow2(N)
     round_rb = interp and ring_B.dtype == torch.bfloat16 and B.dtype != torch.bfloat16
@@ -286,7 +307,7 @@ def launch_verify_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
         H=H, G=G, P=P, N=N, L=L, T=T, TP=TP, LP=LP, BP=bp, BN=BN, NC=min(NCHUNK, BN), GRAM=bool(gram),
         HAS_Z=z is not None, CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
         ROUND_RX=interp and ring_x.dtype == torch.bfloat16 and x.dtype != torch.bfloat16,
-        ROUND_RB=round_rb, ROUND_OUT=interp and y.dtype == torch.bfloat16,
+        ROUND_RB=round_rb, ROUND_OUT=interp and y.dtype == torch.bfloat16, DOT=bool(dot), TD=max(16, TP),
         num_warps=nw, **extra,
     )
     return y

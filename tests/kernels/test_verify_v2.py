@@ -92,6 +92,9 @@ MAMBA_CASES = [  # (H, G, P, N, T, mode, model dtype, config (BLOCK_P, warps, gr
     (9, 3, 6, 12, 4, "dual_bf16", torch.float32, (8, 2, True), False, False),  # 3 groups x 3 heads, N = 12
     (5, 5, 5, 10, 1, "dual_fp8", torch.float32, None, True, True),           # G = H, T = 1, one launch
     (3, 1, 12, 16, 4, "single_fp8", torch.bfloat16, (8, 4, False), True, False),  # bf16 ring / activations / y
+    # dot=True: the T state products as one tf32x3 tl.dot over a [BLOCK_P, N] tile (P, N not powers of two)
+    (3, 1, 20, 24, 3, "fp32", torch.float32, (16, 2, True, None, True), True, True),
+    (3, 3, 16, 16, 4, "dual_fp8", torch.float32, (16, 4, False, None, True), False, False),
 ]
 
 
@@ -228,3 +231,5 @@ def test_verify_impl_and_config_errors(device):
         gdn_replay_verify(**c, **kw, L=L, backend="triton", config=(8,))
     with pytest.raises(ValueError, match="gram a bool"):  # a v1 config handed to v2
         gdn_replay_verify(**c, **kw, L=L, backend="triton", config=(16, 2, 2, None))
+    with pytest.raises(ValueError, match="Mamba-2 only"):
+        gdn_replay_verify(**c, **kw, L=L, backend="triton", config=(16, 2, True, None, True))
