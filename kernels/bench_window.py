@@ -306,6 +306,35 @@ def check(cls, shape, T, device):
     return res
 
 
+ADMIT_BUDGET = 64 * 2**30  # SSM-state memory budget of the admission comparison (bytes, all layers)
+ADMIT_LAYERS = 24          # SSM layers of the nemotron_h_8b / qwen35_gdn_4b presets
+
+
+def admission(kind, shape, T, L=RING_L, budget=ADMIT_BUDGET, layers=ADMIT_LAYERS):
+    """Requests a fixed SSM-state budget admits while speculating with windows of T tokens: the eager
+    baseline holds 1 + drafts = T full fp32 states per request and layer; replay one fp32 checkpoint
+    plus its ring (+ a bf16 copy in dual precision). Bytes exact to the allocators' layouts."""
+    def nbytes(c):
+        return sum(t.numel() * t.element_size() for t in c.values())
+    if kind == "mamba2":
+        from synodic.kernels.mamba2_replay import mamba2_replay_alloc
+        H, P, N, G = (shape[k] for k in "HPNG")
+        state = H * P * N * _esize(STATE_DTYPE)
+        replay = nbytes(mamba2_replay_alloc(1, H, P, N, G, L, dtype=MODEL_DTYPE, device="meta"))
+        dual = nbytes(mamba2_replay_alloc(1, H, P, N, G, L, dtype=MODEL_DTYPE, lo_dtype=torch.bfloat16,
+                                          device="meta"))
+    else:
+        from synodic.kernels.gdn_replay import gdn_replay_alloc
+        HV, Hk, K, V = (shape[k] for k in ("HV", "Hk", "K", "V"))
+        state = HV * V * K * _esize(STATE_DTYPE)
+        replay = nbytes(gdn_replay_alloc(1, HV, V, K, Hk, L, dtype=MODEL_DTYPE, device="meta"))
+        dual = nbytes(gdn_replay_alloc(1, HV, V, K, Hk, L, dtype=MODEL_DTYPE, lo_dtype=torch.bfloat16,
+                                       device="meta"))
+    per = {"eager_spec": T * state, "replay_fp32": replay, "replay_dual_bf16": dual}
+    return dict(budget_bytes=budget, layers=layers, T=T, bytes_per_request_layer=per,
+                admitted={k: budget // (layers * v) for k, v in per.items()})
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench_window.json")
@@ -345,6 +374,10 @@ def main(argv=None):
               f"(v1 {c.get('rel_rmse_replay_v1_vs_window', float('nan')):.2e}) "
               f"{c.get('replay_check_error', '')} -> {'OK' if c['ok'] else 'FAIL'}", flush=True)
 
+    res["admission"] = {cls.name: admission(cls.name, shape, T) for cls, shape in problems}
+    for name, a in res["admission"].items():
+        print(f"admission {name}: {a['budget_bytes'] / 2**30:.0f} GiB of SSM state, {a['layers']} layers, T={T}: "
+              + ", ".join(f"{k} {v}" for k, v in a["admitted"].items()), flush=True)
     gen = torch.Generator(device=device).manual_seed(1)
     for cls, shape in problems:
         for batch in batches:
