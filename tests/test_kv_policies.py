@@ -148,6 +148,40 @@ def test_resident_topk_matches_float64_rederivation():
         j += NL
 
 
+@pytest.mark.parametrize("nkv", [1, 2])
+@pytest.mark.parametrize("kind", ["resident", "hisparse", "adaptive"])
+def test_prefill_matches_float64_sparse_reference(monkeypatch, kind, nkv):
+    """Prefill (masked dense attention, chunked over queries) = per query, a float64 softmax over exactly
+    the positions the indexer selects (every position up to the query's own while it is < top_k)."""
+    from synodic.kv.topk import TopKPolicy
+    T, K = 37, 6
+    model = FakeModel()
+    for m in model.attention_layers:
+        m.nkv = nkv
+    monkeypatch.setattr(TopKPolicy, "PREFILL_SCORE_BYTES", 4 * NQ * T * 5)     # 5 queries per chunk
+    small = dict(top_k=K, block_size=4)
+    cfg = {"resident": ResidentKV(num_blocks=32, **small),
+           "hisparse": HiSparseKV(num_blocks=32, hot_buffer=12, host_num_blocks=32, index_num_blocks=32, **small),
+           "adaptive": AdaptiveKV(num_blocks=32, hot_buffer=12, host_num_blocks=32, index_num_blocks=32,
+                                  **small)}[kind]
+    pol = cfg.build(SimpleNamespace(model=model, device=torch.device("cpu"), max_slots=2, max_seq_len=64))
+    g = torch.Generator().manual_seed(11)
+    q, k, v = torch.randn(T, NQ, HD, generator=g), torch.randn(T, nkv, HD, generator=g), torch.randn(T, nkv, HD,
+                                                                                                    generator=g)
+    k[::5] *= 3.0
+    pol.blocks.grow(0, T + 1)
+    got = pol.prefill_attend(0, 0, 0, q, k, v)
+    sel = pol.indexer.prefill_select(q, k, K)                                  # every query's selection
+    for p in range(T):
+        keys = sel[p][sel[p] >= 0].long()
+        if p < K:
+            assert sorted(keys.tolist()) == list(range(p + 1)), p
+        qq = q[p].double().view(nkv, NQ // nkv, HD)
+        s = torch.einsum("grd,tgd->grt", qq, k[keys].double()) / math.sqrt(HD)
+        want = torch.einsum("grt,tgd->grd", s.softmax(-1), v[keys].double()).reshape(NQ, HD)
+        assert torch.allclose(got[p].double(), want, atol=1e-5), p
+
+
 def slot_of_run(rid):
     """Slots the scripted scheduler hands out (free list popped from slot 0 up, reused as requests finish)."""
     free = list(range(S - 1, -1, -1))

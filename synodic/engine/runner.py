@@ -12,10 +12,15 @@ class ModelRunner:
         self.device = torch.device(device)
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         n = max_slots
-        self.ids = torch.zeros(n, 1, dtype=torch.long, device=device)
-        self.pos = torch.zeros(n, dtype=torch.long, device=device)
-        self.slots = torch.full((n,), -1, dtype=torch.long, device=device)  # -1 = padding row
-        self.rows = torch.full((n,), n, dtype=torch.long, device=device)    # padding → scratch row n
+        # ids, positions, slots, rows: views of one buffer, so a step's inputs reach the device in one copy
+        # (a copy from pageable host memory synchronises the stream)
+        self.inputs = torch.zeros(4, n, dtype=torch.long, device=device)
+        self.ids = self.inputs[0].view(n, 1)
+        self.pos = self.inputs[1]
+        self.slots = self.inputs[2]
+        self.rows = self.inputs[3]
+        self.slots.fill_(-1)  # -1 = padding row
+        self.rows.fill_(n)    # padding → scratch row n
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
 
@@ -50,10 +55,8 @@ class ModelRunner:
         b = len(slots)
         bucket = self._bucket(b)
         pad = bucket - b
-        self.ids[:bucket, 0] = torch.tensor(tokens + [0] * pad)
-        self.pos[:bucket] = torch.tensor(positions + [0] * pad)
-        self.slots[:bucket] = torch.tensor(slots + [-1] * pad)
-        self.rows[:bucket] = torch.tensor(slots + [self.max_slots] * pad)
+        self.inputs[:, :bucket] = torch.tensor([tokens + [0] * pad, positions + [0] * pad, slots + [-1] * pad,
+                                                slots + [self.max_slots] * pad])
         view = self.kv.view_blocks_for(max_len) if self.kv is not None else 0
         self._bind(bucket, view)
         if not self.use_graphs:
@@ -62,8 +65,7 @@ class ModelRunner:
         if key not in self.graphs:
             self.graphs[key] = self._capture(bucket, view)
             # capture ran with every row as padding; restore this step's rows
-            self.slots[:bucket] = torch.tensor(slots + [-1] * pad)
-            self.rows[:bucket] = torch.tensor(slots + [self.max_slots] * pad)
+            self.inputs[2:, :bucket] = torch.tensor([slots + [-1] * pad, slots + [self.max_slots] * pad])
             self._bind(bucket, view)
         graph, out = self.graphs[key]
         graph.replay()
@@ -75,10 +77,10 @@ class ModelRunner:
         """A window of T tokens per row (row i: windows[i] at positions[i]..+T-1 in slot slots[i]);
         returns logits [B, T, V]. Nothing is committed until `commit`."""
         b, T = len(slots), len(windows[0])
-        ids = torch.tensor(windows, dtype=torch.long, device=self.device)
-        self.pos[:b] = torch.tensor(positions)
-        self.slots[:b] = torch.tensor(slots)
-        self.rows[:b] = torch.tensor(slots)
+        flat = torch.tensor([*positions, *slots, *slots, *(t for w in windows for t in w)], dtype=torch.long,
+                            device=self.device)  # one host → device copy
+        self.inputs[1:, :b] = flat[:3 * b].view(3, b)
+        ids = flat[3 * b:].view(b, T)
         self._bind(b, self.kv.view_blocks_for(max_len) if self.kv is not None else 0)
         if self.ssm is not None:
             self.ssm.begin_window(T)

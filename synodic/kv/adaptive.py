@@ -82,6 +82,7 @@ class AdaptivePolicy(HotBufferPolicy):
         self.last_sel = torch.full((self.NL, S1, self.top_k), -1, dtype=torch.int32, device=device)
         self.step = 0
         self.step_t = torch.zeros((), dtype=torch.long, device=device)
+        self._sels: list[tuple[int, torch.Tensor]] = []  # (layer, selection) of this step, recorded at its end
         self.pages: dict[int, list[int]] = {}   # slot → device page per logical page (-1 demoted)
         self.nres: dict[int, int] = {}          # slot → resident logical pages
         self.hot: dict[int, list[int]] = {}     # slot → hot-buffer pages (hot-buffer mode)
@@ -114,6 +115,7 @@ class AdaptivePolicy(HotBufferPolicy):
         self.host.blocks.grow(slot, tokens)
         n = -(-tokens // self.bs)
         if slot not in self.pages:
+            self._flush_stamps()
             self.pages[slot], self.nres[slot] = [], 0
             self.page_stamp[slot] = self.step
             if len(self.free) + self._reclaimable() >= n:
@@ -135,7 +137,8 @@ class AdaptivePolicy(HotBufferPolicy):
         self.res_table[slot, start:start + add] = torch.tensor(new, dtype=torch.int32)
 
     def release(self, slot: int) -> None:
-        self.host.wait_all()
+        self.quiesce_host()
+        self._flush_stamps()
         if slot in self.hot:
             self._leave_hot(slot)
         self.free.extend(p for p in reversed(self.pages.pop(slot, [])) if p >= 0)
@@ -153,7 +156,8 @@ class AdaptivePolicy(HotBufferPolicy):
         first demotion takes enough pages to pay for its hot buffer)."""
         if len(self.free) >= need:
             return
-        stamps = self.page_stamp.cpu()
+        self._flush_stamps()
+        stamps = self.page_stamp.tolist()  # one device read; the candidate scan below is plain Python
         while len(self.free) < need:
             cands = []
             for s in self.pages:
@@ -161,9 +165,10 @@ class AdaptivePolicy(HotBufferPolicy):
                 if d <= 0 or (s not in self.hot and d <= self.HPA):
                     continue
                 n = len(self.pages[s])
+                st = stamps[s]
                 lps = [lp for lp in range(n - min(self.tail, n)) if self.pages[s][lp] >= 0]
-                lps.sort(key=lambda lp: (int(stamps[s, lp]), lp))
-                cands.append(((int(stamps[s, lps[0]]), s not in self.hot, -d), s, lps))
+                lps.sort(key=lambda lp: (st[lp], lp))
+                cands.append(((st[lps[0]], s not in self.hot, -d), s, lps))
             if not cands:
                 raise RuntimeError("kv=adaptive: out of device pages although can_grow allowed the request")
             cands.sort(key=lambda c: c[0])
@@ -172,7 +177,7 @@ class AdaptivePolicy(HotBufferPolicy):
             if s in self.hot:
                 limit = cands[1][0][0] if len(cands) > 1 else None
                 count = 1
-                while count < min(len(lps), short) and (limit is None or int(stamps[s, lps[count]]) <= limit):
+                while count < min(len(lps), short) and (limit is None or stamps[s][lps[count]] <= limit):
                     count += 1
             else:
                 count = min(len(lps), self.HPA + max(1, short))
@@ -190,7 +195,7 @@ class AdaptivePolicy(HotBufferPolicy):
         self.hot_table[slot] = self.P
 
     def _demote(self, slot: int, lps: list[int]) -> None:
-        self.host.wait_all()
+        self.quiesce_host()
         early = slot not in self.hot and len(self.free) >= self.HPA
         if early:
             self._enter_hot(slot)
@@ -209,25 +214,25 @@ class AdaptivePolicy(HotBufferPolicy):
             self._install(slot, self.host.table, [self.host.layer(i) for i in range(self.NL)], "install_rows_host")
 
     def _install(self, slot: int, src_table, src, counter: str) -> None:
-        rows = torch.tensor([slot], dtype=torch.long, device=self.device)
+        rows = torch.full((1,), slot, dtype=torch.long, device=self.device)
         pos = torch.full((1,), -1, dtype=torch.long, device=self.device)
-        for i in range(self.NL):
-            _, n = self._resolve(i, self.last_sel[i, slot][None], rows, pos, self.res_table, False,
-                                 src_table=src_table, src=src[i])
-            self._moved[counter] += int(n.sum())
+        n = [self._resolve(i, self.last_sel[i, slot][None], rows, pos, self.res_table, False, src_table=src_table,
+                           src=src[i])[1] for i in range(self.NL)]
+        self._moved[counter] += int(torch.cat(n).sum())  # one device read for every layer
 
     # -- promotion ----------------------------------------------------------------------------
     def _promote(self) -> None:
         budget = self.cfg.promote_pages_per_step
         floor = math.ceil(self.cfg.promote_free_fraction * self.P)
+        self._flush_stamps()
         while budget > 0 and self.hot:
             slot = min(self.hot, key=lambda s: (len(self.pages[s]) - self.nres[s], s))
             demoted = [lp for lp, p in enumerate(self.pages[slot]) if p < 0]
             if demoted and len(self.free) - 1 < floor:
                 return
-            self.host.wait_all()
-            stamps = self.page_stamp[slot].cpu()
-            demoted.sort(key=lambda lp: (-int(stamps[lp]), lp))
+            self.quiesce_host()
+            stamps = self.page_stamp[slot].tolist()
+            demoted.sort(key=lambda lp: (-stamps[lp], lp))
             take = []
             for lp in demoted[:budget]:
                 if len(self.free) - 1 < floor:
@@ -258,27 +263,50 @@ class AdaptivePolicy(HotBufferPolicy):
 
     # -- step ---------------------------------------------------------------------------------
     def bind(self, rows, positions, view_blocks):
+        self._flush_stamps()
         super().bind(rows, positions, view_blocks)
         self.step += 1
         self.step_t.fill_(self.step)
         self._promote()
 
-    def place_newest(self, i, kv, pos):
-        self.host.wait_backup(i)
-        dst = self._rows_of(self.res_table, self.rows, pos)   # the tail page: always resident
+    def place_newest(self, i, kv, pos, t=0):
+        dst = self._per_step(("newest", t), lambda: self._rows_of(self.res_table, self.rows, pos))  # a tail page
         self.kv[i].view(-1, self.W)[dst] = kv
-        self.host.backup(i, self.kv[i].view(-1, self.W), dst, self.host.rows(self.rows, pos), join=i == self.NL - 1)
+        self._backup(i, kv, t)
 
     def resolve(self, i, sel, pos):
-        ids, n_miss = self._resolve(i, sel, self.rows, pos, self.res_table, False)
-        self._fetched[i] += (n_miss * (self.rows != self.S)).sum()
-        self.last_sel[i][self.rows] = sel
-        col = torch.where(sel >= 0, sel.long() // self.bs, self.max_pages)
-        self.page_stamp[self.rows[:, None], col] = self.step_t
+        if not self.hot:
+            # no request in hot-buffer mode, so every page of every request is resident: the three-way resolve
+            # is the page lookup (the kernel would touch no hot-buffer state and fetch nothing); skip its launches
+            ids = self._paged_ids(self.res_table, sel)
+        else:
+            ids, n_miss = self._resolve(i, sel, self.rows, pos, self.res_table, False)
+            self._count_misses(i, n_miss)
+        self._sels.append((i, sel))
+        if i == self.NL - 1:
+            self._flush_stamps()
         return ids
 
+    def _flush_stamps(self) -> None:
+        """Record this step's selections: each layer's last one in last_sel, and the step in the stamp of
+        every page any of them (every layer, every window query) touched — a few scatters per step instead of
+        some per layer. Called after the last layer and before anything reads or rewrites stamps or last_sel
+        (demotion, promotion, admission, release, the next bind)."""
+        if not self._sels:
+            return
+        sels, self._sels = self._sels, []
+        latest = dict(sels)
+        if len(latest) == self.NL:
+            self.last_sel[:, self.rows] = torch.stack([latest[i] for i in range(self.NL)])
+        else:
+            for i, sel in latest.items():
+                self.last_sel[i][self.rows] = sel
+        sel = torch.cat([s for _, s in sels], 1) if len(sels) > 1 else sels[0][1]
+        col = torch.where(sel >= 0, sel.long() // self.bs, self.max_pages)
+        self.page_stamp[self.rows[:, None], col] = self.step_t
+
     def place_prefill(self, i, slot, kv, sel_last):
-        self.host.wait_all()
+        self.quiesce_host()
         T = kv.shape[0]
         pos = torch.arange(T, device=kv.device)
         rs = torch.full_like(pos, slot)

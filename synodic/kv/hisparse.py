@@ -48,7 +48,7 @@ class HiSparseBlocks:
         self.host.grow(slot, tokens)
 
     def release(self, slot: int) -> None:
-        self.p.host.wait_all()
+        self.p.quiesce_host()
         self.p.reset_hot(slot)
         for pool in (self.dev, self.idx, self.host):
             pool.release(slot)
@@ -68,23 +68,28 @@ class HiSparsePolicy(HotBufferPolicy):
         raise NotImplementedError("kv=hisparse: speculative verify windows need a draft zone in the hot buffer "
                                   "(not built yet); use kv=adaptive or kv=resident with top_k")
 
-    def place_newest(self, i, kv, pos):
-        self.host.wait_backup(i)                     # the slot's previous row reached the host
-        s = torch.where(pos < self.B, pos, self.B)
-        dst = self._rows_of(self.hot_table, self.rows, s)
+    def _newest_at(self, pos):
+        """Where the newest rows go, the same in every layer: (device row, flat hot_pos entry, position as
+        int32, reverse-map row, its value)."""
+        short = pos < self.B
+        s = torch.where(short, pos, self.B)
+        return (self._rows_of(self.hot_table, self.rows, s), self.rows * (self.B + 1) + s, pos.int(),
+                self._rows_of(self.idx_blocks.table, self.rows, pos), torch.where(short, pos, -1).int())
+
+    def place_newest(self, i, kv, pos, t=0):
+        dst, hot, p32, irow, slot = self._per_step(("newest", t), lambda: self._newest_at(pos))
         self.kv[i].view(-1, self.W)[dst] = kv
-        self.hot_pos[i][self.rows, s] = pos.int()
-        irow = self._rows_of(self.idx_blocks.table, self.rows, pos)
-        self.slot_of[i].view(-1)[irow] = torch.where(pos < self.B, pos, -1).int()
-        self.host.backup(i, self.kv[i].view(-1, self.W), dst, self.host.rows(self.rows, pos), join=i == self.NL - 1)
+        self.hot_pos[i].view(-1)[hot] = p32
+        self.slot_of[i].view(-1)[irow] = slot
+        self._backup(i, kv, t)
 
     def resolve(self, i, sel, pos):
         ids, n_miss = self._resolve(i, sel, self.rows, pos, None, True)
-        self._fetched[i] += (n_miss * (self.rows != self.S)).sum()
+        self._count_misses(i, n_miss)
         return ids
 
     def place_prefill(self, i, slot, kv, sel_last):
-        self.host.wait_all()
+        self.quiesce_host()
         T = kv.shape[0]
         pos = torch.arange(T, device=kv.device)
         rs = torch.full_like(pos, slot)

@@ -6,11 +6,13 @@ request, one layer) sit in a few contiguous pages. Sized by its own page count, 
 device memory; pinned on a GPU run (read by the resolve kernel through unified addressing), plain
 memory on a CPU run. Page tables live on the compute device (the resolve kernel reads them).
 
-Write-through backup: every new token's row is copied device → host as soon as it is written. On a
-GPU the copy runs on a side stream after the write, and records one event per layer; before the
-device slot it came from is written again (the next step's newest token in the same layer) the
-compute stream waits on that event, and the last layer's event joins the compute stream so a
-captured step has no dangling fork. On a CPU run the copy is synchronous.
+Write-through backup: the new tokens' rows of every layer are copied device → host once per step, after
+the last layer has placed its row (one launch per step, not one per layer). The copy reads its own
+stacked copy of the rows, never the device slots, so slots can be rewritten at once. On a GPU it runs on
+a side stream and records an event; the compute stream waits on that event before anything reads or
+rewrites host rows or frees pages (`wait_all`: the next step's bind, demotion, promotion, prefill,
+release); inside a CUDA-graph capture it joins the compute stream at once, so a captured step has no
+dangling fork. On a CPU run the copy is synchronous.
 """
 from __future__ import annotations
 
@@ -29,11 +31,11 @@ class HostKVPool:
         pin = self.device.type == "cuda"
         self.data = torch.zeros(num_layers, num_pages + 1, block_size, row_width, dtype=dtype, pin_memory=pin)
         self.blocks = BlockManager(num_pages, block_size, max_slots, max_blocks_per_seq, device)
-        self.num_layers = num_layers
+        self.layer_rows = (num_pages + 1) * block_size   # flat rows of one layer
+        self.pending = False
         if pin:
             self.stream = torch.cuda.Stream(device=self.device)
-            self.events = [torch.cuda.Event() for _ in range(num_layers)]
-            self.pending = [False] * num_layers
+            self.event = torch.cuda.Event()
 
     @property
     def table(self) -> torch.Tensor:
@@ -54,42 +56,35 @@ class HostKVPool:
         return self.data.numel() * self.data.element_size()
 
     # -- writes -------------------------------------------------------------------------------
-    def wait_backup(self, i: int) -> None:
-        """Compute stream waits for layer i's last backup (call before reusing the slot it read).
-        Inside a graph capture nothing is waited on: a captured step joins its own backups at its end,
+    def wait_all(self) -> None:
+        """Compute stream waits for the pending backup (before host rows are read or rewritten, or pages
+        freed). Inside a graph capture nothing is waited on: a captured step joined its backup already,
         and the runner orders capture after the eager warm-up (waiting on an event recorded outside the
         capture would break capture isolation)."""
-        if self.device.type != "cuda" or not self.pending[i]:
+        if not self.pending:
             return
-        self.pending[i] = False
+        self.pending = False
         if not torch.cuda.is_current_stream_capturing():
-            torch.cuda.current_stream(self.device).wait_event(self.events[i])
+            torch.cuda.current_stream(self.device).wait_event(self.event)
 
-    def wait_all(self) -> None:
-        """Compute stream waits for every pending backup (before pages are freed, reused or refilled
-        between steps: demotion, promotion, prefill, release)."""
-        for i in range(self.num_layers):
-            self.wait_backup(i)
-
-    def backup(self, i: int, dev_flat: torch.Tensor, dev_rows: torch.Tensor, host_rows: torch.Tensor,
-               join: bool = False) -> None:
-        """host[i][host_rows] = dev_flat[dev_rows] (write-through of the newest rows)."""
-        dst = self.data[i].view(-1, self.W)
+    def backup(self, flat_rows: torch.Tensor, rows: torch.Tensor, src_rows: torch.Tensor) -> None:
+        """host[flat_rows[m]] = rows[src_rows[m]]: flat rows over every layer (layer * layer_rows + row),
+        rows [M, W] the step's stacked newest rows (write-through)."""
+        dst = self.data.view(-1, self.W)
         if self.device.type != "cuda":
-            copy_rows(dst, host_rows, dev_flat, dev_rows)
+            copy_rows(dst, flat_rows, rows, src_rows)
             return
         cur = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(cur)
         with torch.cuda.stream(self.stream):
-            copy_rows(dst, host_rows, dev_flat, dev_rows)
-            self.events[i].record(self.stream)
-        capturing = torch.cuda.is_current_stream_capturing()
-        if not capturing:  # graph-pool memory outlives the graph anyway
-            for t in (dev_rows, host_rows):
-                t.record_stream(self.stream)
-        self.pending[i] = not (capturing or join)
-        if join:
-            cur.wait_event(self.events[i])
+            copy_rows(dst, flat_rows, rows, src_rows)
+            self.event.record(self.stream)
+        if torch.cuda.is_current_stream_capturing():
+            cur.wait_event(self.event)               # no dangling fork in a captured step
+            return
+        for t in (flat_rows, rows, src_rows):        # the compute stream's allocator must not reuse them yet
+            t.record_stream(self.stream)
+        self.pending = True
 
     def write(self, i: int, host_rows: torch.Tensor, rows: torch.Tensor) -> None:
         """host[i][host_rows] = rows [M, W] (prefill; on the compute stream)."""

@@ -35,6 +35,7 @@ class HotBufferPolicy(TopKPolicy):
         self.hot_pos = torch.full((self.NL, S1, self.B + 1), -1, dtype=torch.int32, device=device)
         self.lru = torch.arange(self.B, dtype=torch.int32, device=device).repeat(self.NL, S1, 1)
         self.slot_of = torch.full((self.NL, cfg.index_num_blocks + 1, self.bs), -1, dtype=torch.int32, device=device)
+        self._backup_q: list[tuple[int, int, torch.Tensor]] = []   # (layer, window offset, rows) of this step
         self.scratch = None
         if self.device.type == "cuda":
             from synodic.kernels.kv_resolve.triton_impl import ResolveScratch
@@ -43,6 +44,48 @@ class HotBufferPolicy(TopKPolicy):
 
     def index_table(self):
         return self.idx_blocks.table
+
+    # -- write-through backup: queued per layer, copied once per step -------------------------------
+    def bind(self, rows, positions, view_blocks):
+        self.quiesce_host()   # last step's rows reach the host before this step's misses read it
+        super().bind(rows, positions, view_blocks)
+
+    def quiesce_host(self) -> None:
+        """Backups queued and finished (compute stream ordered after them): before host rows are read or
+        rewritten, or pages freed."""
+        self._flush_backup()
+        self.host.wait_all()
+
+    def _backup(self, i: int, kv: torch.Tensor, t: int = 0) -> None:
+        """Queue layer i's newest rows kv [N, W] (bound rows at positions + t) for this step's backup. kv is
+        the rows' own tensor, which nothing rewrites, so the device slot may be reused before the copy."""
+        self._backup_q.append((i, t, kv))
+
+    def _host_rows(self, t: int = 0) -> torch.Tensor:
+        return self._per_step(("host_rows", t), lambda: self.host.rows(self.rows, self._pos(t)))
+
+    def _step(self, i, q, iq, pos):
+        if i == self.NL - 1:  # every layer has placed its rows
+            self._flush_backup()
+        return super()._step(i, q, iq, pos)
+
+    def _flush_backup(self) -> None:
+        """One host copy of every queued row: entries in (layer, offset) order, as attend / attend_window
+        queue them over a whole step; a partial step (an aborted forward) is copied entry by entry."""
+        q, self._backup_q = self._backup_q, []
+        if not q:
+            return
+        T = 1 + max(t for _, t, _ in q)
+        L = self.host.layer_rows
+        if len(q) == self.NL * T and all((i, t) == divmod(j, T) for j, (i, t, _) in enumerate(q)):
+            flat = self._per_step(("backup_rows", T), lambda: (
+                torch.arange(self.NL, device=self.device)[:, None, None] * L
+                + torch.stack([self._host_rows(t) for t in range(T)])[None]).flatten())
+        else:
+            flat = torch.cat([self._host_rows(t) + i * L for i, t, _ in q])
+        rows = torch.cat([kv for _, _, kv in q])
+        self.host.backup(flat, rows, self._per_step(("backup_src", rows.shape[0]),
+                                                    lambda: torch.arange(rows.shape[0], device=self.device)))
 
     def dev_kv(self, i):
         return self.kv[i]

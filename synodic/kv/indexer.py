@@ -69,8 +69,11 @@ class KeyIndexer:
 
     def write(self, i: int, rows: torch.Tensor, k: torch.Tensor) -> None:
         """rows [M] flat rows (page * bs + offset) ← keys k [M, nkv, hd] (learned: k_I [M, d_I])."""
+        self.write_at(i, rows // self.bs, rows % self.bs, k)
+
+    def write_at(self, i: int, page: torch.Tensor, off: torch.Tensor, k: torch.Tensor) -> None:
+        """Keys k [M, ...] into (page [M], offset [M]) of layer i's cache."""
         kq, scale = self.quantize(k)
-        page, off = rows // self.bs, rows % self.bs
         self.keys[i][page, off] = kq
         if scale is not None:
             self.scales[i][page, off] = scale
@@ -104,16 +107,19 @@ class KeyIndexer:
         rank = torch.arange(top_k, device=scores.device)
         return torch.where(rank[None, :] <= pos[:, None], order, -1).to(torch.int32)
 
-    def prefill_select(self, q: torch.Tensor, k: torch.Tensor, top_k: int, chunk: int = 256) -> torch.Tensor:
-        """Causal top-k of every prompt query over the prompt's own (quantised) keys: [T, top_k] int32."""
+    def prefill_select(self, q: torch.Tensor, k: torch.Tensor, top_k: int, chunk: int = 256,
+                       start: int = 0) -> torch.Tensor:
+        """Causal top-k of prompt queries start..T-1 over the prompt's own (quantised) keys: [T - start, top_k]
+        int32. A chunk of queries scores (and sorts) only the keys it can see, positions < the chunk's end."""
         T = q.shape[0]
         kq, scale = self.quantize(k)
         kd = self.dequantize(kq, scale)                            # [T, nkv, hd]
         qs = self._qsum(q, k.shape[1])
-        out = []
-        for c in range(0, T, chunk):
-            s = torch.einsum("ngd,tgd->nt", qs[c:c + chunk], kd)
-            out.append(self.select(s, torch.arange(c, min(T, c + chunk), device=q.device), top_k))
+        out = [torch.empty(0, top_k, dtype=torch.int32, device=q.device)]
+        for c in range(start, T, chunk):
+            e = min(T, c + chunk)
+            s = torch.einsum("ngd,tgd->nt", qs[c:e], kd[:e])
+            out.append(self.select(s, torch.arange(c, e, device=q.device), top_k))
         return torch.cat(out)
 
 
@@ -134,7 +140,7 @@ class LearnedIndexer(KeyIndexer):
                einsum: bool | None = None) -> torch.Tensor:
         """q [N, H, d], w [N, H], cached keys [N or 1, T, d] (+ scale [N or 1, T]) → scores [N, T] (fp32).
         Decode and prefill both call this, so equal inputs give equal bits. einsum (default: on CUDA)
-        computes the dots as a batched matmul, in row blocks that bound the [N, T, H] intermediate."""
+        computes the dots as a (batched) matmul, in row blocks that bound the [N, H, T] intermediate."""
         if q.is_cuda if einsum is None else einsum:
             N, T, H = q.shape[0], keys.shape[1], q.shape[1]
             step = max(1, LearnedIndexer.CUDA_ELEMS // (T * H))
@@ -143,10 +149,14 @@ class LearnedIndexer(KeyIndexer):
                     q[c:c + step], w[c:c + step], keys if keys.shape[0] == 1 else keys[c:c + step],
                     scale if scale is None or scale.shape[0] == 1 else scale[c:c + step], einsum)
                     for c in range(0, N, step)])
-            dots = torch.einsum("nhd,ntd->nth", q.float(), keys.float().expand(N, -1, -1))
+            if keys.shape[0] == 1:  # one key set for every row (prefill): one GEMM, the keys never copied per row
+                dots = (q.float().reshape(N * H, -1) @ keys[0].float().T).view(N, H, T)
+            else:
+                dots = torch.bmm(q.float(), keys.float().transpose(1, 2))    # [N, H, T]
+            s = (dots.relu() * w.float()[:, :, None]).sum(1)
         else:
             dots = (q.float()[:, None] * keys.float()[:, :, None]).sum(-1)   # [N, T, H]: rows never mix
-        s = (dots.relu() * w.float()[:, None]).sum(-1)
+            s = (dots.relu() * w.float()[:, None]).sum(-1)
         return s if scale is None else s * scale
 
     def decode_scores(self, i: int, query, pages: torch.Tensor) -> torch.Tensor:
@@ -156,16 +166,18 @@ class LearnedIndexer(KeyIndexer):
         scale = self.scales[i][pages].flatten(1, 2) if self.scales is not None else None
         return self.scores(q, w, keys, scale)
 
-    def prefill_select(self, query, k: torch.Tensor, top_k: int, chunk: int = 256) -> torch.Tensor:
-        """Causal top-k of every prompt query (q_I [T, H, d], w [T, H]) over the prompt's quantised k_I [T, d]."""
+    def prefill_select(self, query, k: torch.Tensor, top_k: int, chunk: int = 256, start: int = 0) -> torch.Tensor:
+        """Causal top-k of prompt queries start..T-1 (q_I [T, H, d], w [T, H]) over the prompt's quantised k_I
+        [T, d]: [T - start, top_k] int32. A chunk of queries scores only the keys before the chunk's end."""
         q, w = query
         T = q.shape[0]
         kq, scale = self.quantize(k)
         keys, scale = kq[None], (scale[None] if scale is not None else None)
         per_row = T * self.n_heads * (1 if q.is_cuda else self.head_dim)
         chunk = max(1, min(chunk, (self.CUDA_ELEMS if q.is_cuda else self.CPU_ELEMS) // max(1, per_row)))
-        out = []
-        for c in range(0, T, chunk):
-            s = self.scores(q[c:c + chunk], w[c:c + chunk], keys, scale)
-            out.append(self.select(s, torch.arange(c, min(T, c + chunk), device=q.device), top_k))
+        out = [torch.empty(0, top_k, dtype=torch.int32, device=q.device)]
+        for c in range(start, T, chunk):
+            e = min(T, c + chunk)
+            s = self.scores(q[c:e], w[c:e], keys[:, :e], None if scale is None else scale[:, :e])
+            out.append(self.select(s, torch.arange(c, e, device=q.device), top_k))
         return torch.cat(out)

@@ -11,7 +11,8 @@ Only placement differs between policies; the indexer, the selection and the atte
 same code on the same values in the same order, so the outputs are bitwise identical.
 
 Prefill is sparse too (every prompt query attends to its own top-k of the prompt, DSA-style), so a
-request recomputed after preemption sees the same attention it saw while decoding.
+request recomputed after preemption attends to the same positions it saw while decoding (prefill runs
+it as masked dense attention in the model dtype, so the values agree to that dtype's rounding).
 
 The indexer is the training-free `KeyIndexer` (index key = the model's k, index query = the model's q)
 or, when the model's attention layers carry a learned indexer and `kv.indexer` is auto / learned, a
@@ -33,7 +34,6 @@ from .indexer import KeyIndexer, LearnedIndexer
 
 class TopKPolicy:
     uses_host = False
-    PREFILL_CHUNK = 256
 
     def __init__(self, model, max_slots: int, device, cfg, max_seq_len: int, index_pages: int):
         self.layers = model.attention_layers
@@ -64,6 +64,8 @@ class TopKPolicy:
         self.positions = self.rows
         self.view_blocks = 1
         self._fetched = torch.zeros(self.NL, dtype=torch.long, device=device)  # host-fetched rows, per layer
+        self._fetch_pending = False        # a resolve since the last ledger read may have fetched (else: no read)
+        self._memo: dict = {}              # per-step index math, see bind
         self.stats: dict[str, int] = defaultdict(int)                           # cumulative, for reports
         self.stats_layers = {"selected": [0] * self.NL, "fetched": [0] * self.NL}
 
@@ -76,8 +78,9 @@ class TopKPolicy:
         """[pages + 1, bs, W] device rows of layer i."""
         raise NotImplementedError
 
-    def place_newest(self, i: int, kv: torch.Tensor, pos: torch.Tensor) -> None:
-        """Store rows kv [N, W] of positions pos [N] of the bound batch rows (device + host)."""
+    def place_newest(self, i: int, kv: torch.Tensor, pos: torch.Tensor, t: int = 0) -> None:
+        """Store rows kv [N, W] of positions pos [N] (= positions + t, window offset t) of the bound batch rows
+        (device + host)."""
         raise NotImplementedError
 
     def resolve(self, i: int, sel: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -93,9 +96,29 @@ class TopKPolicy:
 
     # -- engine-facing --------------------------------------------------------------------------
     def bind(self, rows: torch.Tensor, positions: torch.Tensor, view_blocks: int) -> None:
+        """Rows and positions of the next step. Page tables change only between steps (the engine grows,
+        releases, demotes and promotes before bind), so index math that depends on rows, positions and tables
+        alone is computed by the first layer of the step and reused by the others (`_per_step`)."""
         self.rows = rows
         self.positions = positions
         self.view_blocks = view_blocks
+        self._memo = {}
+
+    def _per_step(self, key, fn):
+        out = self._memo.get(key)
+        if out is None:
+            out = self._memo[key] = fn()
+        return out
+
+    def _pos(self, t: int = 0) -> torch.Tensor:
+        """int64 positions of window offset t."""
+        return self._per_step(("pos", t), lambda: self.positions.long() + t if t else self.positions.long())
+
+    def _count_misses(self, i: int, n_miss: torch.Tensor) -> None:
+        """Add layer i's host-fetched rows (padding rows excluded) to the device counter the ledger reads."""
+        real = self._per_step("real", lambda: (self.rows != self.S).int())
+        self._fetched[i].add_((n_miss * real).sum())
+        self._fetch_pending = True
 
     def view_blocks_for(self, max_len: int) -> int:
         need = max(1, -(-max_len // self.bs))
@@ -106,6 +129,13 @@ class TopKPolicy:
 
     def _rows_of(self, table: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return table[slots, pos // self.bs].long() * self.bs + pos % self.bs
+
+    def _paged_ids(self, table: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+        """Top-k positions [N, K] (int32) of the bound rows → their rows in the pages `table` (int32) maps them
+        to, -1 kept: row = p + (table[r, p // bs] - p // bs) · bs, the bracket computed once per step."""
+        shift = self._per_step(("shift", id(table)), lambda: (table[self.rows] - torch.arange(
+            table.shape[1], device=table.device, dtype=table.dtype)) * self.bs)
+        return torch.where(sel >= 0, sel + shift.gather(1, (sel.clamp_min(0) // self.bs).long()), -1)
 
     def _kv_row(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return torch.cat([k, v], dim=-2).to(self.dtype).flatten(-2)
@@ -125,18 +155,24 @@ class TopKPolicy:
         return (index.q, index.w), index.k
 
     def _step(self, i: int, q: torch.Tensor, iq, pos: torch.Tensor) -> torch.Tensor:
-        itab = self.index_table()
-        pages = itab[self.rows, : self.view_blocks].long()
+        pages = self._per_step("pages", lambda: self.index_table()[self.rows, : self.view_blocks].long())
         sel = KeyIndexer.select(self.indexer.decode_scores(i, iq, pages), pos, self.top_k)
         return self._attend_rows(i, q, self.resolve(i, sel, pos))
+
+    def _index_write(self, i: int, k: torch.Tensor, t: int = 0) -> None:
+        """Index keys of the bound rows at positions + t."""
+        def at():
+            pos = self._pos(t)
+            return self.index_table()[self.rows, pos // self.bs].long(), pos % self.bs
+        self.indexer.write_at(i, *self._per_step(("index_at", t), at), k)
 
     def attend(self, i: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, index=None) -> torch.Tensor:
         """q [B, nq, hd], k_new/v_new [B, nkv, hd] of the token at self.positions → o [B, nq, hd];
         index: the learned indexer's (q_I [B, H_I, d_I], w [B, H_I], k_I [B, d_I]) when learned_index."""
-        pos = self.positions.long()
+        pos = self._pos()
         iq, ik = self._index_qk(q, k_new, index)
         self.place_newest(i, self._kv_row(k_new, v_new), pos)
-        self.indexer.write(i, self._rows_of(self.index_table(), self.rows, pos), ik)
+        self._index_write(i, ik)
         return self._step(i, q, iq, pos)
 
     def attend_window(self, i: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
@@ -149,13 +185,12 @@ class TopKPolicy:
             return self.attend(i, q[:, 0], k_new[:, 0], v_new[:, 0],
                                index=None if index is None else index.at(slice(None), 0))[:, None]
         self.check_window(T)
-        base = self.positions.long()
         iqk = [self._index_qk(q[:, t], k_new[:, t], None if index is None else index.at(slice(None), t))
                for t in range(T)]
         for t in range(T):
-            self.place_newest(i, self._kv_row(k_new[:, t], v_new[:, t]), base + t)
-            self.indexer.write(i, self._rows_of(self.index_table(), self.rows, base + t), iqk[t][1])
-        return torch.stack([self._step(i, q[:, t], iqk[t][0], base + t) for t in range(T)], 1)
+            self.place_newest(i, self._kv_row(k_new[:, t], v_new[:, t]), self._pos(t), t)
+            self._index_write(i, iqk[t][1], t)
+        return torch.stack([self._step(i, q[:, t], iqk[t][0], self._pos(t)) for t in range(T)], 1)
 
     def check_window(self, T: int) -> None:
         pass
@@ -169,6 +204,7 @@ class TopKPolicy:
                                       "prefill (start=0)")
         if self.learned_index and index_k is None:
             raise ValueError(f"kv={self.cfg.kind} scores with the model's learned indexer: expected index_k= (k_I)")
+        self._memo = {}  # a prefill between bind and the step would change what the step computed
         T = k.shape[0]
         pos = torch.arange(T, device=k.device)
         self.indexer.write(i, self._rows_of(self.index_table(), torch.full_like(pos, slot), pos),
@@ -178,14 +214,50 @@ class TopKPolicy:
     def prefill_attend(self, i: int, slot: int, start: int, q: torch.Tensor, k: torch.Tensor,
                        v: torch.Tensor, index=None) -> torch.Tensor:
         """Sparse prefill: q [T, nq, hd], k/v [T, nkv, hd] → o [T, nq, hd]; stores the prompt's rows.
-        index: the learned indexer's (q_I [T, H_I, d_I], w [T, H_I], k_I [T, d_I]) when learned_index."""
+        index: the learned indexer's (q_I [T, H_I, d_I], w [T, H_I], k_I [T, d_I]) when learned_index.
+
+        Every query attends exactly to its selected positions (softmax over those only), computed as dense
+        attention under a boolean mask of the selection, chunked over queries: re-gathering top_k rows per
+        query (the decode kernel's shape) moves top_k · row bytes per query, ~29 GB per layer at 12K
+        tokens. Queries before position top_k select their whole causal prefix, so their mask is causal
+        and their selection is never computed (save the last query's, kept in top-k order for the policy)."""
         iq, ik = self._index_qk(q, k, index)
-        sel = self.indexer.prefill_select(iq, ik, self.top_k)
+        T = q.shape[0]
+        lo = min(self.top_k, T - 1)                     # first query whose selection is computed
+        sel = self.indexer.prefill_select(iq, ik, self.top_k, start=lo)       # rows of queries lo..T-1
         self.write_prefill(i, slot, start, k, v, sel[-1], index_k=ik)
-        kk, vv = k.to(self.dtype), v.to(self.dtype)
-        outs = [sparse_attention(q[c:c + self.PREFILL_CHUNK], kk, vv, sel[c:c + self.PREFILL_CHUNK])
-                for c in range(0, q.shape[0], self.PREFILL_CHUNK)]
-        return torch.cat(outs)
+        return self._masked_prefill(q, k, v, sel, lo)
+
+    PREFILL_SCORE_BYTES = 1 << 30                       # fp32 scores of one query chunk, all heads
+
+    def _masked_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sel: torch.Tensor,
+                        lo: int) -> torch.Tensor:
+        """o [T, nq, hd]: query p attends to keys {t <= p} when p < lo, else to the positions of sel[p - lo]
+        (-1 = none); SDPA in the model dtype, keys shared by each group of nq / nkv heads."""
+        import torch.nn.functional as F
+        T, nq, hd = q.shape
+        dev = q.device
+        qh = q.to(self.dtype).transpose(0, 1)[None]              # [1, nq, T, hd]
+        kh, vh = (x.to(self.dtype).transpose(0, 1)[None] for x in (k, v))   # [1, nkv, T, hd]
+        if self.nkv == 1:    # broadcast the one KV head: a stride-0 view, no copy
+            kh, vh = kh.expand(1, nq, T, hd), vh.expand(1, nq, T, hd)
+        elif self.nkv != nq:
+            kh, vh = kh.repeat_interleave(nq // self.nkv, 1), vh.repeat_interleave(nq // self.nkv, 1)
+        chunk = max(1, min(T, self.PREFILL_SCORE_BYTES // (4 * nq * T)))
+        out = torch.empty(T, nq, hd, dtype=self.dtype, device=dev)
+        t = torch.arange(T, device=dev)
+        for c in range(0, T, chunk):
+            e = min(T, c + chunk)                               # keys < e are all this chunk can see
+            mask = t[None, :e] <= t[c:e, None]                  # causal
+            if e > lo:  # queries with a computed selection: exactly their selected keys
+                a = max(c, lo)
+                s = sel[a - lo:e - lo].long()
+                m = torch.zeros(e - a, e + 1, dtype=torch.bool, device=dev)
+                m.scatter_(1, torch.where(s >= 0, s, e), True)  # -1 → the dropped column e
+                mask[a - c:] = m[:, :e]
+            o = F.scaled_dot_product_attention(qh[:, :, c:e], kh[:, :, :e], vh[:, :, :e], attn_mask=mask[None, None])
+            out[c:e] = o[0].transpose(0, 1)
+        return out.to(q.dtype)
 
     # -- ledger -------------------------------------------------------------------------------
     def row_bytes(self) -> int:
@@ -205,8 +277,12 @@ class TopKPolicy:
         hot buffers, indexer keys); kv_running: requests in the step; per layer: fetched rows, miss rate.
         Host-fetch counters are read from the device here (after the step's sampling sync)."""
         sel = sum(min(self.top_k, n) for n in lengths)
-        fetched = self._fetched.tolist()
-        self._fetched.zero_()
+        if self._fetch_pending:  # a device read (a host sync): only after steps whose resolve could fetch
+            fetched = self._fetched.tolist()
+            self._fetched.zero_()
+            self._fetch_pending = False
+        else:
+            fetched = [0] * self.NL
         rb = self.row_bytes()
         held = self.device_bytes_held()
         index_read = sum(lengths) * self.NL * self.indexer.row_bytes()
@@ -253,13 +329,12 @@ class ResidentTopKPolicy(TopKPolicy):
     def dev_kv(self, i):
         return self.kv[i]
 
-    def place_newest(self, i, kv, pos):
-        self.kv[i].view(-1, self.W)[self._rows_of(self.blocks.table, self.rows, pos)] = kv
+    def place_newest(self, i, kv, pos, t=0):
+        dst = self._per_step(("dst", t), lambda: self._rows_of(self.blocks.table, self.rows, pos))
+        self.kv[i].view(-1, self.W)[dst] = kv
 
     def resolve(self, i, sel, pos):
-        p = sel.long().clamp_min(0)
-        rows = self._rows_of(self.blocks.table, self.rows[:, None], p)
-        return torch.where(sel >= 0, rows, -1).to(torch.int32)
+        return self._paged_ids(self.blocks.table, sel)
 
     def place_prefill(self, i, slot, kv, sel_last):
         pos = torch.arange(kv.shape[0], device=kv.device)

@@ -14,12 +14,31 @@ from .config import HybridConfig
 from .norm import RMSNorm
 
 
-def rope(x: torch.Tensor, pos: torch.Tensor, theta: float, rot_dim: int) -> torch.Tensor:
-    """Rotate-half RoPE on the first rot_dim dims. x [..., T, heads, D], pos broadcastable to [..., T]."""
+def rope_cs(pos: torch.Tensor, theta: float, rot_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [..., T, 1, rot_dim / 2] of RoPE at positions pos (broadcastable to [..., T])."""
     half = rot_dim // 2
-    inv = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    inv = theta ** (-torch.arange(half, device=pos.device, dtype=torch.float32) / half)
     ang = pos.float()[..., None] * inv  # [..., T, half]
-    cos, sin = ang.cos()[..., None, :], ang.sin()[..., None, :]
+    return ang.cos()[..., None, :], ang.sin()[..., None, :]
+
+
+def step_rope(ctx, pos: torch.Tensor, theta: float, rot_dim: int):
+    """rope_cs of a decode / verify step's positions, computed by the first layer and reused by the others
+    (ctx.rope: the step's cache; None outside a step)."""
+    cache = getattr(ctx, "rope", None)
+    if cache is None:
+        return None
+    key = (theta, rot_dim)
+    if key not in cache:
+        cache[key] = rope_cs(pos, theta, rot_dim)
+    return cache[key]
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float, rot_dim: int, cs=None) -> torch.Tensor:
+    """Rotate-half RoPE on the first rot_dim dims. x [..., T, heads, D], pos broadcastable to [..., T];
+    cs: rope_cs(pos, theta, rot_dim) when already computed."""
+    cos, sin = rope_cs(pos, theta, rot_dim) if cs is None else cs
+    half = rot_dim // 2
     xr, rest = x[..., :rot_dim].float(), x[..., rot_dim:]
     x1, x2 = xr[..., :half], xr[..., half:]
     out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
@@ -46,25 +65,31 @@ class Attention(nn.Module):
             from .indexer import LightningIndexer
             self.indexer = LightningIndexer(cfg)
 
-    def _qkv(self, h, pos):
+    def _qkv(self, h, pos, ctx=None):
         q = self.q_proj(h).unflatten(-1, (self.nq, self.hd))
         k = self.k_proj(h).unflatten(-1, (self.nkv, self.hd))
         v = self.v_proj(h).unflatten(-1, (self.nkv, self.hd))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        return rope(q, pos, self.theta, self.rot), rope(k, pos, self.theta, self.rot), v
+        cs = step_rope(ctx, pos, self.theta, self.rot) if self.rot else None
+        return rope(q, pos, self.theta, self.rot, cs), rope(k, pos, self.theta, self.rot, cs), v
+
+    def _index(self, h, pos, ctx):
+        ix = self.indexer
+        return ix(h, pos, step_rope(ctx, pos, ix.theta, ix.rot) if ix.rot else None)
 
     def forward(self, hidden: torch.Tensor, ctx=None) -> torch.Tensor:
         b, T, _ = hidden.shape
         learned = ctx is not None and getattr(ctx.kv, "learned_index", False)
         if ctx is not None and ctx.mode == "decode":
-            q, k, v = self._qkv(hidden, ctx.positions[:, None])
-            kw = {"index": self.indexer(hidden, ctx.positions[:, None]).at(slice(None), 0)} if learned else {}
+            pos = ctx.positions[:, None]
+            q, k, v = self._qkv(hidden, pos, ctx)
+            kw = {"index": self._index(hidden, pos, ctx).at(slice(None), 0)} if learned else {}
             o = ctx.kv.attend(self.attn_index, q[:, 0], k[:, 0], v[:, 0], **kw)[:, None]
         elif ctx is not None and ctx.mode == "verify":
             pos = ctx.positions[:, None] + torch.arange(T, device=hidden.device)
-            q, k, v = self._qkv(hidden, pos)
-            kw = {"index": self.indexer(hidden, pos)} if learned else {}
+            q, k, v = self._qkv(hidden, pos, ctx)
+            kw = {"index": self._index(hidden, pos, ctx)} if learned else {}
             o = ctx.kv.attend_window(self.attn_index, q, k, v, **kw)
         else:
             start = 0 if ctx is None else ctx.start

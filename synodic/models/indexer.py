@@ -59,14 +59,15 @@ class LightningIndexer(nn.Module):
         self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)
         self.weights_proj = nn.Linear(cfg.hidden_size, self.n_heads, bias=False)
 
-    def forward(self, h: torch.Tensor, pos: torch.Tensor) -> IndexerOut:
-        """h [..., T, hidden], pos broadcastable to [..., T] → IndexerOut over [..., T]."""
+    def forward(self, h: torch.Tensor, pos: torch.Tensor, cs=None) -> IndexerOut:
+        """h [..., T, hidden], pos broadcastable to [..., T] → IndexerOut over [..., T]; cs: rope_cs of pos
+        when already computed (a decode step shares it across layers)."""
         q = self.wq(h).unflatten(-1, (self.n_heads, self.head_dim))
         k = self.k_norm(self.wk(h))
         w = self.weights_proj(h) * self.w_scale
         if self.rot:
-            q = rope(q, pos, self.theta, self.rot)
-            k = rope(k[..., None, :], pos, self.theta, self.rot)[..., 0, :]
+            q = rope(q, pos, self.theta, self.rot, cs)
+            k = rope(k[..., None, :], pos, self.theta, self.rot, cs)[..., 0, :]
         return IndexerOut(q, w, k)
 
     @staticmethod

@@ -1,5 +1,5 @@
 """The hybrid decoder LM: embedding → layers of pre-norm residual blocks → norm → LM head."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -36,6 +36,7 @@ class DecodeContext:
     kv: object
     positions: torch.Tensor
     mode: str = "decode"
+    rope: dict = field(default_factory=dict)  # the step's RoPE cos/sin, shared by its layers
 
 
 @dataclass
@@ -46,6 +47,7 @@ class VerifyContext:
     kv: object
     positions: torch.Tensor
     mode: str = "verify"
+    rope: dict = field(default_factory=dict)  # the step's RoPE cos/sin, shared by its layers
 
 
 class Block(nn.Module):
