@@ -340,6 +340,7 @@ def main(argv=None):
     ap.add_argument("--out", default="bench_window.json")
     ap.add_argument("--batches", default="1,32,128,256")
     ap.add_argument("--T", type=int, default=4, help="window size 1 + drafts")
+    ap.add_argument("--kinds", default="mamba2,gdn", help="layer kinds to time (checks and admission cover both)")
     ap.add_argument("--sweep", default="", help="batches at which to time the replay verify launch configs")
     ap.add_argument("--tiny", action="store_true",
                     help="tiny shapes: checks + one call of every timed op, no timing (also on CPU)")
@@ -379,7 +380,12 @@ def main(argv=None):
         print(f"admission {name}: {a['budget_bytes'] / 2**30:.0f} GiB of SSM state, {a['layers']} layers, T={T}: "
               + ", ".join(f"{k} {v}" for k, v in a["admitted"].items()), flush=True)
     gen = torch.Generator(device=device).manual_seed(1)
+    kinds = [k for k in args.kinds.split(",") if k]
+    if set(kinds) - {"mamba2", "gdn"}:
+        ap.error(f"--kinds {args.kinds!r}: expected a comma list of mamba2, gdn")
     for cls, shape in problems:
+        if cls.name not in kinds:
+            continue
         for batch in batches:
             # slot sets rotated so the state one graph replay touches exceeds the L2 several times
             rot = 1 if not cuda else max(1, math.ceil(ROTATE_BYTES / (batch * T * cls.slot_bytes(shape))))

@@ -238,17 +238,21 @@ def _mamba2_replay_verify_v2_kernel(
                      mask=offs_n < tl.where(b_writer, N, 0))
 
 
-def pick_config(ckpt, ckpt_lo, P: int, rows: int, T: int) -> tuple[int, int, bool]:
-    """(BLOCK_P, num_warps, gram) for `rows` = batch x heads. H200 sweep (bench_window --sweep 256,
+def pick_config(ckpt, ckpt_lo, P: int, rows: int, T: int) -> tuple[int, int, bool, bool]:
+    """(BLOCK_P, num_warps, gram, dot) for `rows` = batch x heads. H200 sweep (bench_window --sweep 256,
     2026-11-30 ~03:05 UTC, H=128 P=64 N=128 G=8, T=4, verify alone, CUDA graphs): with the per-group
     prologue (gram) (64, 2 warps) 896 us, (32, 2) 999, (16, 2) 1081, (64, 4, maxnreg 128) 1109,
     (64, 4) 1207; without it (16, 2) 1216, (32, 2) 1247, (64, 2) 1275; v1 (64, 1 head, 4 warps) 1593.
-    The eager window kernel took 1388 us (1.39x with the flush check). So the prologue and (64, 2) at
-    >= 1024 rows; below, one launch with [16, N] (fp32) / [32, N] (low-precision copy) on 2 warps."""
+    The eager window kernel took 1388 us (1.39x with the flush check). Then (~03:27 UTC, code `e7529d3`)
+    the window's T state products as one tf32x3 tl.dot (dot=True): (64, 2, prologue, dot) 571 us,
+    (32, 2, ..) 636, (64, 4, ..) 789, (32, 4, ..) 1016, (64, 8, ..) 2135 — vs 885 us for (64, 2, prologue)
+    in that run. So prologue + dot on [64, N] tiles, 2 warps, at >= 1024 rows (tl.dot needs BLOCK_P and
+    N >= 16); below, one launch with [16, N] (fp32) / [32, N] (low-precision copy) on 2 warps."""
     cap = next_pow2(P)
     if rows >= 1024:
-        return min(64, cap), 2, True
-    return min(32 if ckpt_lo is not None else 16, cap), 2, False
+        bp = min(64, cap)
+        return bp, 2, True, bp >= 16 and next_pow2(ckpt.shape[-1]) >= 16
+    return min(32 if ckpt_lo is not None else 16, cap), 2, False, False
 
 
 def _parse_config(config, default, block_name):
@@ -278,7 +282,8 @@ def launch_verify_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     if b == 0 or T == 0:
         return y
     default = pick_config(ckpt, ckpt_lo, P, b * H, T)
-    bp, nw, gram, maxnreg, dot = _parse_config(config, default, "BLOCK_P") if config else (*default, None, False)
+    bp, nw, gram, maxnreg, dot = (_parse_config(config, default, "BLOCK_P") if config
+                                  else (default[0], default[1], default[2], None, default[3]))
     if dot and (bp < 16 or next_pow2(N) < 16):
         raise ValueError(f"config: dot=True needs BLOCK_P >= 16 and N >= 16 (tl.dot tiles), got BLOCK_P={bp}, N={N}")
     interp = os.environ.get("TRITON_INTERPRET") == "1"

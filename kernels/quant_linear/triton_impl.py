@@ -41,13 +41,20 @@ _MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + MAGIC) - MAGIC rounds |y| 
 
 
 @triton.jit
+def _with_sign(mag, c):
+    # the code's sign bit set with an integer OR: -0 stays -0 (on the GPU a select of -mag / mag
+    # compiled to +0 for code 0x80)
+    return (mag.to(tl.int32, bitcast=True) | ((c & 0x80) << 24)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _e4m3(c):
     """int32 E4M3fn codes (0..255) -> fp32."""
     e = (c >> 3) & 15
     m = c & 7
     mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True))
     mag = tl.where((e == 15) & (m == 7), float("nan"), mag)
-    return tl.where((c & 0x80) != 0, -mag, mag)
+    return _with_sign(mag, c)
 
 
 @triton.jit
@@ -58,7 +65,7 @@ def _e5m2(c):
     mag = tl.where(e == 0, m.to(tl.float32) * 0.0000152587890625,
                    (((e + 112) << 23) | (m << 21)).to(tl.float32, bitcast=True))
     mag = tl.where(e == 31, tl.where(m == 0, float("inf"), float("nan")), mag)
-    return tl.where((c & 0x80) != 0, -mag, mag)
+    return _with_sign(mag, c)
 
 
 @triton.jit
