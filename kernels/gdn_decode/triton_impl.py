@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._tl import _round_bf16
+from .._tl import _head_tile, _round_bf16, _slot_of, _tile_mask
 
 
 @triton.jit
@@ -31,16 +31,8 @@ def _gdn_decode_kernel(
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, USE_L2NORM: tl.constexpr,
     ROUND_STATE: tl.constexpr, ROUND_OUT: tl.constexpr,
 ):
-    NUM_VT: tl.constexpr = (V + BLOCK_V - 1) // BLOCK_V
-    pid = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    h = pid // NUM_VT
-    vt = pid % NUM_VT
-    hk = h // HV_PER_HK
-
-    slot = tl.load(slot_ptr + b).to(tl.int64)
-    valid = slot >= 0
-    slot = tl.maximum(slot, 0)
+    b, h, vt, hk = _head_tile(V, BLOCK_V, HV_PER_HK)
+    slot, valid = _slot_of(slot_ptr, b)
 
     offs_v = vt * BLOCK_V + tl.arange(0, BLOCK_V)
     offs_k = tl.arange(0, BLOCK_K)
@@ -49,10 +41,7 @@ def _gdn_decode_kernel(
     # state rows: none for a padding row (its o row is still written, with zeros)
     s_mask_v = offs_v < tl.where(valid, V, 0)
     s_ptrs = state_ptr + slot * s_slot + h * s_h + offs_v[:, None] * s_v + offs_k[None, :] * s_k
-    if BLOCK_K == K:
-        s_mask = s_mask_v[:, None]
-    else:
-        s_mask = s_mask_v[:, None] & mask_k[None, :]
+    s_mask = _tile_mask(s_mask_v, mask_k, K, BLOCK_K)
     S = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
 
     q = tl.load(q_ptr + b * q_b + hk * q_h + offs_k * q_k, mask=mask_k, other=0.0).to(tl.float32)

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._tl import _round_bf16
+from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _tile_mask
 from ..mamba2_replay.common import is_fp8
 from ..mamba2_replay.triton_impl import _serial_fold
 from ..mamba2_replay.triton_v2 import _store_tile
@@ -44,36 +44,15 @@ def _gdn_replay_decode_v2_kernel(
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
     ROUND_OUT: tl.constexpr,
 ):
-    NUM_VT: tl.constexpr = (V + BV - 1) // BV
     REP: tl.constexpr = HV // Hk
-    pid = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    hv = pid // NUM_VT
-    vt = pid % NUM_VT
-    hk = hv // REP
+    row, hv, vt, hk = _head_tile(V, BV, REP)
+    slot, valid = _slot_of(sid_ptr, row)
 
-    slot = tl.load(sid_ptr + row).to(tl.int64)
-    valid = slot >= 0
-    slot = tl.maximum(slot, 0)
-
-    # masks from scalar limits (0 on a padding row: it reads and writes no cache); the K axis is
-    # masked only when K is not a power of two, so the tile loads stay vectorised
-    offs_v = vt * BV + tl.arange(0, BV)
-    offs_k = tl.arange(0, BK)
-    offs_l = tl.arange(0, LP)
-    vm = offs_v < tl.where(valid, V, 0)
-    km = offs_k < K
-    rl = offs_l < tl.where(valid, L, 0)          # every ring entry: independent of the cursor
-    if BK == K:
-        tile_mask = vm[:, None]
-        rk_mask = rl[:, None]
-    else:
-        tile_mask = vm[:, None] & km[None, :]
-        rk_mask = rl[:, None] & km[None, :]
-    if V % BV == 0:  # the ring u tile [LP, BV]: row mask only, so its loads vectorise too
-        ru_mask = rl[:, None]
-    else:
-        ru_mask = rl[:, None] & vm[None, :]
+    # masks from scalar limits; the K axis is masked only when K is not a power of two
+    offs_v, offs_k, offs_l, vm, km, rl = _limit_masks(vt, valid, V, BV, K, BK, L, LP)
+    tile_mask = _tile_mask(vm, km, K, BK)
+    rk_mask = _tile_mask(rl, km, K, BK)
+    ru_mask = _ring_mask(rl, vm, V, BV)           # the ring u tile [LP, BV]
     st_off = offs_v[:, None] * K + offs_k[None, :]
     sh = slot * HV + hv                            # (slot, value head)
     skh = slot * Hk + hk                           # (slot, key head)

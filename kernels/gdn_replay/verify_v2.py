@@ -35,7 +35,7 @@ import os
 import triton
 import triton.language as tl
 
-from .._tl import _round_bf16
+from .._tl import _head_tile, _ring_mask, _round_bf16, _slot_of
 from ..mamba2_replay.common import is_fp8, next_pow2
 from ..mamba2_replay.verify_v2 import _parse_config
 
@@ -54,9 +54,7 @@ def _gdn_verify_keys_kernel(
     normalised k at ring[wp : wp+T]."""
     hk = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    slot = tl.load(sid_ptr + row).to(tl.int64)
-    valid = slot >= 0
-    slot = tl.maximum(slot, 0)
+    slot, valid = _slot_of(sid_ptr, row)
     offs_l = tl.arange(0, LP)
     offs_t = tl.arange(0, TP)
     offs_k = tl.arange(0, BK)
@@ -107,18 +105,10 @@ def _gdn_replay_verify_v2_kernel(
     RW: tl.constexpr, GRAM: tl.constexpr, USE_L2: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr,
     LO_FP8: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr, ROUND_OUT: tl.constexpr,
 ):
-    NUM_VT: tl.constexpr = (V + BV - 1) // BV
     REP: tl.constexpr = HV // Hk
     KA: tl.constexpr = BK // KC
-    pid = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    hv = pid // NUM_VT
-    vt = pid % NUM_VT
-    hk = hv // REP
-
-    slot = tl.load(sid_ptr + row).to(tl.int64)
-    valid = slot >= 0
-    slot = tl.maximum(slot, 0)
+    row, hv, vt, hk = _head_tile(V, BV, REP)
+    slot, valid = _slot_of(sid_ptr, row)
 
     # masks from scalar limits (0 on a padding row: it reads and writes no cache); K is masked only
     # when it is not a power of two
@@ -136,10 +126,7 @@ def _gdn_replay_verify_v2_kernel(
         tile_mask = vm[None, :, None]
     else:
         tile_mask = vm[None, :, None] & (k3 < K)
-    if V % BV == 0:
-        ru_mask = rl[:, None]
-    else:
-        ru_mask = rl[:, None] & vm[None, :]
+    ru_mask = _ring_mask(rl, vm, V, BV)
     st_off = offs_v[None, :, None] * K + k3                                   # [KA, BV, KC]
     sh = slot * HV + hv                           # (slot, value head)
     rk_base = rk_ptr + (slot * Hk + hk) * L * K   # (slot, key head)

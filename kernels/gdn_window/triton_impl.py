@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._tl import _round_bf16
+from .._tl import _head_tile, _round_bf16, _slot_of, _tile_mask
 from ..gdn_decode.triton_impl import default_config
 
 
@@ -36,16 +36,8 @@ def _gdn_window_kernel(
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, USE_L2NORM: tl.constexpr,
     CARRY_CAST: tl.constexpr, ROUND_STATE: tl.constexpr, ROUND_OUT: tl.constexpr,
 ):
-    NUM_VT: tl.constexpr = (V + BLOCK_V - 1) // BLOCK_V
-    pid = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    h = pid // NUM_VT
-    vt = pid % NUM_VT
-    hk = h // HV_PER_HK
-
-    src = tl.load(src_ptr + b).to(tl.int64)
-    valid = src >= 0
-    src = tl.maximum(src, 0)
+    b, h, vt, hk = _head_tile(V, BLOCK_V, HV_PER_HK)
+    src, valid = _slot_of(src_ptr, b)
 
     offs_v = vt * BLOCK_V + tl.arange(0, BLOCK_V)
     offs_k = tl.arange(0, BLOCK_K)
@@ -54,10 +46,7 @@ def _gdn_window_kernel(
     tile = h * s_h + offs_v[:, None] * s_v + offs_k[None, :] * s_k
     # state rows: none for a padding row (its o rows are still written, with zeros)
     s_mask_v = offs_v < tl.where(valid, V, 0)
-    if BLOCK_K == K:
-        s_mask = s_mask_v[:, None]
-    else:
-        s_mask = s_mask_v[:, None] & mask_k[None, :]
+    s_mask = _tile_mask(s_mask_v, mask_k, K, BLOCK_K)
     S = tl.load(state_ptr + src * s_slot + tile, mask=s_mask, other=0.0).to(tl.float32)
 
     for t in tl.static_range(T):

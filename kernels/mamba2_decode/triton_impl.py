@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._tl import _round_bf16, _softplus
+from .._tl import _head_tile, _round_bf16, _slot_of, _softplus, _tile_mask
 
 
 @triton.jit
@@ -30,16 +30,8 @@ def _mamba2_decode_kernel(
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_Z: tl.constexpr,
     ROUND_STATE: tl.constexpr, ROUND_OUT: tl.constexpr,
 ):
-    NUM_PT: tl.constexpr = (P + BLOCK_P - 1) // BLOCK_P
-    pid = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    h = pid // NUM_PT
-    pt = pid % NUM_PT
-    g = h // HEADS_PER_GROUP
-
-    slot = tl.load(slot_ptr + b).to(tl.int64)
-    valid = slot >= 0
-    slot = tl.maximum(slot, 0)
+    b, h, pt, g = _head_tile(P, BLOCK_P, HEADS_PER_GROUP)
+    slot, valid = _slot_of(slot_ptr, b)
 
     offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
@@ -48,10 +40,7 @@ def _mamba2_decode_kernel(
     # state rows: none for a padding row (its y row is still written, with zeros)
     s_mask_p = offs_p < tl.where(valid, P, 0)
     s_ptrs = state_ptr + slot * s_slot + h * s_h + offs_p[:, None] * s_p + offs_n[None, :] * s_n
-    if BLOCK_N == N:
-        s_mask = s_mask_p[:, None]
-    else:
-        s_mask = s_mask_p[:, None] & mask_n[None, :]
+    s_mask = _tile_mask(s_mask_p, mask_n, N, BLOCK_N)
     S = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
 
     x = tl.load(x_ptr + b * x_b + h * x_h + offs_p * x_p, mask=mask_p, other=0.0).to(tl.float32)

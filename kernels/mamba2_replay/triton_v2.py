@@ -27,7 +27,7 @@ import os
 import triton
 import triton.language as tl
 
-from .._tl import _round_bf16, _softplus
+from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _softplus, _tile_mask
 from .common import is_fp8
 
 
@@ -75,36 +75,15 @@ def _mamba2_replay_decode_v2_kernel(
     HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
 ):
-    NUM_PT: tl.constexpr = (P + BP - 1) // BP
     HPG: tl.constexpr = H // G
-    pid = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    h = pid // NUM_PT
-    pt = pid % NUM_PT
-    g = h // HPG
+    row, h, pt, g = _head_tile(P, BP, HPG)
+    slot, valid = _slot_of(sid_ptr, row)
 
-    slot = tl.load(sid_ptr + row).to(tl.int64)
-    valid = slot >= 0
-    slot = tl.maximum(slot, 0)
-
-    # row masks from scalar limits (0 on a padding row: it reads and writes no cache); the N axis
-    # is masked only when N is not a power of two, so the tile loads stay vectorised (as in eager)
-    offs_p = pt * BP + tl.arange(0, BP)
-    offs_n = tl.arange(0, BN)
-    offs_l = tl.arange(0, LP)
-    pm = offs_p < tl.where(valid, P, 0)
-    nm = offs_n < N
-    rl = offs_l < tl.where(valid, L, 0)          # every ring entry: independent of the cursor
-    if BN == N:
-        tile_mask = pm[:, None]
-        rB_mask = rl[:, None]
-    else:
-        tile_mask = pm[:, None] & nm[None, :]
-        rB_mask = rl[:, None] & nm[None, :]
-    if P % BP == 0:  # the ring x tile [LP, BP]: row mask only, so its loads vectorise too
-        rx_mask = rl[:, None]
-    else:
-        rx_mask = rl[:, None] & pm[None, :]
+    # row masks from scalar limits; the N axis is masked only when N is not a power of two (as in eager)
+    offs_p, offs_n, offs_l, pm, nm, rl = _limit_masks(pt, valid, P, BP, N, BN, L, LP)
+    tile_mask = _tile_mask(pm, nm, N, BN)
+    rB_mask = _tile_mask(rl, nm, N, BN)
+    rx_mask = _ring_mask(rl, pm, P, BP)           # the ring x tile [LP, BP]
     st_off = offs_p[:, None] * N + offs_n[None, :]
     sh = slot * H + h                             # (slot, head)
     sg = slot * G + g                             # (slot, group)

@@ -33,7 +33,7 @@ import os
 import triton
 import triton.language as tl
 
-from .._tl import _round_bf16, _softplus
+from .._tl import _head_tile, _ring_mask, _round_bf16, _slot_of, _softplus, _tile_mask
 from .common import is_fp8, next_pow2
 
 NCHUNK = 16  # N-chunk width NC of the state-tile split (64 bytes of fp32 per row per warp load)
@@ -50,9 +50,7 @@ def _mamba2_verify_gram_kernel(
     window r < TP (0 past T)], and the window's B at ring[wp : wp+T]."""
     g = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    slot = tl.load(sid_ptr + row).to(tl.int64)
-    valid = slot >= 0
-    slot = tl.maximum(slot, 0)
+    slot, valid = _slot_of(sid_ptr, row)
     offs_l = tl.arange(0, LP)
     offs_t = tl.arange(0, TP)
     offs_n = tl.arange(0, BN)
@@ -92,18 +90,10 @@ def _mamba2_replay_verify_v2_kernel(
     GRAM: tl.constexpr, HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_RX: tl.constexpr, ROUND_RB: tl.constexpr, ROUND_OUT: tl.constexpr, DOT: tl.constexpr, TD: tl.constexpr,
 ):
-    NUM_PT: tl.constexpr = (P + BP - 1) // BP
     HPG: tl.constexpr = H // G
     NA: tl.constexpr = BN // NC
-    pid = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    h = pid // NUM_PT
-    pt = pid % NUM_PT
-    g = h // HPG
-
-    slot = tl.load(sid_ptr + row).to(tl.int64)
-    valid = slot >= 0
-    slot = tl.maximum(slot, 0)
+    row, h, pt, g = _head_tile(P, BP, HPG)
+    slot, valid = _slot_of(sid_ptr, row)
 
     # masks come from scalar limits (0 on a padding row: it reads and writes no cache); the N axis
     # is masked only when N is not a power of two, so the tile loads stay vectorised
@@ -121,18 +111,11 @@ def _mamba2_replay_verify_v2_kernel(
         tile_mask = pm[None, :, None]
     else:
         tile_mask = pm[None, :, None] & (n3 < N)
-    if P % BP == 0:
-        rx_mask = rl[:, None]
-        wx_mask = tm[:, None]
-    else:
-        rx_mask = rl[:, None] & pm[None, :]
-        wx_mask = tm[:, None] & pm[None, :]
+    rx_mask = _ring_mask(rl, pm, P, BP)
+    wx_mask = _ring_mask(tm, pm, P, BP)           # the window's x tile [TP, BP]
     if DOT:  # plain [BP, BN] tile: the T state products S0 . C_s are one tl.dot
         st_off = offs_p[:, None] * N + offs_n[None, :]
-        if BN == N:
-            tile_mask = pm[:, None]
-        else:
-            tile_mask = pm[:, None] & nm[None, :]
+        tile_mask = _tile_mask(pm, nm, N, BN)
         sc_b = offs_p[:, None]
     else:
         st_off = offs_p[None, :, None] * N + n3                               # [NA, BP, NC]

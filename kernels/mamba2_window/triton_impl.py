@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._tl import _round_bf16, _softplus
+from .._tl import _head_tile, _round_bf16, _slot_of, _softplus, _tile_mask
 from ..mamba2_decode.triton_impl import default_config
 
 
@@ -34,16 +34,8 @@ def _mamba2_window_kernel(
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_Z: tl.constexpr,
     CARRY_CAST: tl.constexpr, ROUND_STATE: tl.constexpr, ROUND_OUT: tl.constexpr,
 ):
-    NUM_PT: tl.constexpr = (P + BLOCK_P - 1) // BLOCK_P
-    pid = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    h = pid // NUM_PT
-    pt = pid % NUM_PT
-    g = h // HEADS_PER_GROUP
-
-    src = tl.load(src_ptr + b).to(tl.int64)
-    valid = src >= 0
-    src = tl.maximum(src, 0)
+    b, h, pt, g = _head_tile(P, BLOCK_P, HEADS_PER_GROUP)
+    src, valid = _slot_of(src_ptr, b)
 
     offs_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
@@ -52,10 +44,7 @@ def _mamba2_window_kernel(
     tile = h * s_h + offs_p[:, None] * s_p + offs_n[None, :] * s_n
     # state rows: none for a padding row (its y rows are still written, with zeros)
     s_mask_p = offs_p < tl.where(valid, P, 0)
-    if BLOCK_N == N:
-        s_mask = s_mask_p[:, None]
-    else:
-        s_mask = s_mask_p[:, None] & mask_n[None, :]
+    s_mask = _tile_mask(s_mask_p, mask_n, N, BLOCK_N)
     S = tl.load(state_ptr + src * s_slot + tile, mask=s_mask, other=0.0).to(tl.float32)
 
     A = tl.load(A_ptr + h).to(tl.float32)

@@ -12,20 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_errors import rel_max as rel
+from replay_fixtures import MODES, fill_state
 from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_verify
 from synodic.kernels.gdn_replay.verify_v2 import launch_verify_v2 as gdn_launch_v2
 from synodic.kernels.mamba2_replay import mamba2_replay_alloc, mamba2_replay_verify
-from synodic.kernels.mamba2_replay.common import dequantize, quantize_rows_fp8, store_state
 from synodic.kernels.mamba2_replay.verify_v2 import launch_verify_v2 as mamba_launch_v2
 
 L = 6
 SLOTS = 4
-MODES = {  # name: (ckpt dtype, low-precision copy dtype)
-    "fp32": (torch.float32, None),
-    "dual_bf16": (torch.float32, torch.bfloat16),
-    "dual_fp8": (torch.float32, torch.float8_e4m3fn),
-    "single_fp8": (torch.float8_e4m3fn, None),
-}
 
 
 def cursors(T):
@@ -34,20 +28,6 @@ def cursors(T):
 
 
 SLOT_IDS = torch.tensor([3, -1, 0, 1], dtype=torch.int32)  # slot 2 untouched, one padding row
-
-
-def fill_state(c, gen, shape, mode, amp):
-    ck, lo = MODES[mode]
-    S = torch.randn(*shape, generator=gen) * amp
-    if ck == torch.float8_e4m3fn:
-        q, sc = quantize_rows_fp8(S)
-        c["ckpt"].copy_(q)
-        c["ckpt_scale"].copy_(sc)
-        S = dequantize(q, sc)
-    else:
-        c["ckpt"].copy_(S)
-    if lo is not None:
-        store_state(c["ckpt_lo"], c.get("ckpt_lo_scale"), S)
 
 
 def poison_ring(c, names, T, gen):
