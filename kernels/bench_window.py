@@ -45,7 +45,9 @@ MAMBA = dict(H=128, P=64, N=128, G=8)
 VERIFY_SWEEP = {"mamba2": [("v2", (64, 2, True)), ("v2", (32, 2, True)), ("v2", (64, 2, True, None, True)),
                            ("v2", (64, 4, True, None, True)), ("v2", (32, 2, True, None, True)),
                            ("v2", (64, 8, True, None, True)), ("v2", (32, 4, True, None, True))],
-                "gdn": [("v2", (16, 1, True)), ("v2", (16, 2, True)), ("v2", (32, 1, True)), ("v2", (8, 1, True))]}
+                "gdn": [("v2", (16, 1, True)), ("v2", (16, 2, True)), ("v2", (32, 1, True)), ("v2", (8, 1, True)),
+                        ("v2", (16, 1, True, None, True)), ("v2", (16, 2, True, None, True)),
+                        ("v2", (32, 2, True, None, True)), ("v2", (64, 2, True, None, True))]}
 GDN = dict(HV=32, Hk=16, K=128, V=128)
 TINY_MAMBA = dict(H=6, P=8, N=16, G=3)
 TINY_GDN = dict(HV=4, Hk=2, K=16, V=8)

@@ -104,6 +104,7 @@ def _gdn_replay_verify_v2_kernel(
     T: tl.constexpr, TP: tl.constexpr, LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
     RW: tl.constexpr, GRAM: tl.constexpr, USE_L2: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr,
     LO_FP8: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr, ROUND_OUT: tl.constexpr,
+    DOT: tl.constexpr, TD: tl.constexpr,
 ):
     REP: tl.constexpr = HV // Hk
     KA: tl.constexpr = BK // KC
@@ -127,7 +128,16 @@ def _gdn_replay_verify_v2_kernel(
     else:
         tile_mask = vm[None, :, None] & (k3 < K)
     ru_mask = _ring_mask(rl, vm, V, BV)
-    st_off = offs_v[None, :, None] * K + k3                                   # [KA, BV, KC]
+    if DOT:  # plain [BV, BK] tile: the window's S0 k_s and S0 q_s are two tl.dot (needs GRAM)
+        st_off = offs_v[:, None] * K + offs_k[None, :]
+        if BK == K:
+            tile_mask = vm[:, None]
+        else:
+            tile_mask = vm[:, None] & km[None, :]
+        sc_v = offs_v[:, None]
+    else:
+        st_off = offs_v[None, :, None] * K + k3                               # [KA, BV, KC]
+        sc_v = offs_v[None, :, None]
     sh = slot * HV + hv                           # (slot, value head)
     rk_base = rk_ptr + (slot * Hk + hk) * L * K   # (slot, key head)
 
@@ -135,11 +145,17 @@ def _gdn_replay_verify_v2_kernel(
     if HAS_LO:
         S0 = tl.load(lo_ptr + sh * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
         if LO_FP8:
-            S0 = S0 * tl.load(los_ptr + sh * V + offs_v, mask=vm, other=0.0)[None, :, None]
+            S0 = S0 * tl.load(los_ptr + sh * V + sc_v, mask=vm[:, None] if DOT else vm[None, :, None], other=0.0)
     else:
         S0 = tl.load(ck_ptr + sh * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
         if CK_FP8:
-            S0 = S0 * tl.load(cks_ptr + sh * V + offs_v, mask=vm, other=0.0)[None, :, None]
+            S0 = S0 * tl.load(cks_ptr + sh * V + sc_v, mask=vm[:, None] if DOT else vm[None, :, None], other=0.0)
+    if DOT:  # [BV, TD] = S0 [BV, BK] x [BK, TD] columns k_s / q_s (normalised, from the prologue), tf32x3
+        offs_td = tl.arange(0, TD)
+        kq_cols = kq_ptr + (row * Hk + hk) * T * RW + offs_td[None, :] * RW + offs_k[:, None]
+        cm = (offs_td[None, :] < T) & km[:, None]
+        SKw = tl.dot(S0, tl.load(kq_cols, mask=cm, other=0.0), input_precision="tf32x3")
+        SQw = tl.dot(S0, tl.load(kq_cols + BK, mask=cm, other=0.0), input_precision="tf32x3")
     # ---- 2) the whole ring, no cursor dependency ----
     ru_base = ru_ptr + sh * L * V
     rg_base = rg_ptr + sh * L
@@ -214,10 +230,14 @@ def _gdn_replay_verify_v2_kernel(
         er = tl.exp(Gs - Gam)                                                        # [LP]
         wk_r = tl.where(lm, er * kk_r, 0.0)
         wq_r = tl.where(lm, er * kq_r, 0.0)
-        Sk = ((eGs * rnk) * tl.sum(tl.sum(S0 * ks3[:, None, :], axis=0), axis=1)
-              + tl.sum(wk_r[:, None] * ru, axis=0))
-        Sq = ((eGs * rnq) * tl.sum(tl.sum(S0 * qs3[:, None, :], axis=0), axis=1)
-              + tl.sum(wq_r[:, None] * ru, axis=0))
+        if DOT:
+            S0k = tl.sum(tl.where(offs_td[None, :] == s, SKw, 0.0), axis=1)
+            S0q = tl.sum(tl.where(offs_td[None, :] == s, SQw, 0.0), axis=1)
+        else:
+            S0k = tl.sum(tl.sum(S0 * ks3[:, None, :], axis=0), axis=1)
+            S0q = tl.sum(tl.sum(S0 * qs3[:, None, :], axis=0), axis=1)
+        Sk = (eGs * rnk) * S0k + tl.sum(wk_r[:, None] * ru, axis=0)
+        Sq = (eGs * rnq) * S0q + tl.sum(wq_r[:, None] * ru, axis=0)
         if s > 0:
             # earlier window tokens r < s (causal: where, the r >= s exponents may grow)
             ew = tl.exp(run - Gw)                                                    # [TP]
@@ -252,7 +272,9 @@ def pick_config(ckpt, ckpt_lo, V: int, rows: int, T: int) -> tuple[int, int, boo
     prologue (gram) (16, 1 warp) 877 us, (16, 2) 951, (32, 2) 982, (64, 4) 1114, (64, 2) 1423, (128, 8) 1777;
     without it (32, 2) 1226, (16, 2) 1535; v1 (16, 2 heads, 2 warps) 1540. The eager window kernel took
     817 us: verify is compute-bound (2T reductions over the tile per window), not byte-bound.
-    So (16, 1, prologue) at >= 1024 rows; below, (16, 2) in one launch."""
+    So (16, 1, prologue) at >= 1024 rows; below, (16, 2) in one launch. config dot=True (S0 k_s and S0 q_s as
+    two tf32x3 tl.dot, with the prologue; the variant that took Mamba-2's verify from 885 to 571 us) is
+    tested but not yet timed on the GPU, so it is not a default."""
     cap = next_pow2(V)
     if rows >= 1024:
         return min(16, cap), 1, True
@@ -272,8 +294,9 @@ def launch_verify_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
         return o
     default = pick_config(ckpt, ckpt_lo, V, b * HV, T)
     bv, nw, gram, maxnreg, dot = _parse_config(config, default, "BLOCK_V") if config else (*default, None, False)
-    if dot:
-        raise ValueError("config: dot=True (the window's state products as one tl.dot) exists for Mamba-2 only")
+    if dot and not (gram and bv >= 16 and next_pow2(K) >= 16):
+        raise ValueError(f"config: dot=True needs gram=True (the prologue's normalised k / q), BLOCK_V >= 16 and "
+                         f"K >= 16 (tl.dot tiles), got gram={gram}, BLOCK_V={bv}, K={K}")
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     TP, LP, BK = max(2, next_pow2(T)), max(16, next_pow2(L)), next_pow2(K)
     RW = 2 * BK + 2 * LP + 4 * TP
@@ -302,7 +325,7 @@ def launch_verify_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
         GRAM=bool(gram), USE_L2=bool(use_qk_l2norm),
         CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
         ROUND_RU=interp and ring_u.dtype == torch.bfloat16, ROUND_RK=round_rk,
-        ROUND_OUT=interp and o.dtype == torch.bfloat16,
+        ROUND_OUT=interp and o.dtype == torch.bfloat16, DOT=bool(dot), TD=max(16, TP),
         num_warps=nw, **extra,
     )
     return o
