@@ -11,15 +11,14 @@ DualQuant's solve time for a whole 8B model, one process.
    mxfp8_e4m3, whose sweep also tries the hardware fp8 conversion, FP8_CVT=True). Each time is
    per call inside a CUDA graph of many calls that cycle over enough weight copies (> 4x L2) that every
    call reads its weight from HBM. Bytes = weight (codes + scales + s) + x + y. Per row: bf16, the run-time
-   heuristic (`us`), and for M = 1 the int32-word GEMV "gemv32" on the heuristic's tile; then, if the budget
+   heuristic (`us`; the int32-word GEMV "gemv32" for M = 1, tl.dot above); then, if the budget
    allows, the SWEEP candidates (`sweep`, `best_us` with its config). Every config is checked against the
    torch reference before it is timed (a config off by > 2e-2 rel. RMSE is not timed).
    Load probes (M = 1, unless --no-probe): kernels that read the code bytes and block scales in exactly a
    GEMV's tile pattern (grid, BLOCK_N, BLOCK_K, SPLIT_K, warps) and only XOR them into a per-row int32 (no x,
-   no decode): "probe8" loads [BLOCK_N, G, H] uint8 tiles as "gemv" does, "probe32" [BLOCK_N, BLOCK_K/E] int32
-   words (E codes per word) as "gemv32" does. Timed beside the kernel on its tile, as GB/s of codes + scales
-   (`*_load_GB_per_s`): probe near HBM speed and kernel far below -> decode arithmetic limits; probe slow ->
-   the load pattern does (and probe32 vs probe8 says whether wider loads help).
+   no decode): "probe32" loads [BLOCK_N, BLOCK_K/E] int32 words (E codes per word) as "gemv32" does. Timed
+   beside the kernel on its tile, as GB/s of codes + scales (`*_load_GB_per_s`): probe near HBM speed and
+   kernel far below -> decode arithmetic limits; probe slow -> the load pattern does.
 2. DualQuant (MXFP4, 15 iterations) over every linear of the blocks of nemotron_h_8b, random bf16
    weights built on the GPU; wall time, per projection kind, mean relative weight MSE.
 Prints markdown tables last and writes JSON (rewritten after each part, so a cut-short run keeps
@@ -54,13 +53,10 @@ SWEEP = {
            dict(KERNEL="gemv32", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=2),
            dict(KERNEL="gemv32", BLOCK_N=32, BLOCK_K=512, num_warps=4, num_stages=2),
            dict(KERNEL="gemv32", BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=2),
-           dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=2),
-           dict(KERNEL="gemv", BLOCK_N=64, BLOCK_K=256, num_warps=8, num_stages=2),
            dict(KERNEL="gemv32", BLOCK_N=64, BLOCK_K=512, num_warps=8, num_stages=2),
            dict(KERNEL="gemv32", BLOCK_N=16, BLOCK_K=512, num_warps=4, num_stages=2),
            dict(KERNEL="gemv32", BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=2),
            dict(KERNEL="gemv32", BLOCK_N=64, BLOCK_K=128, num_warps=2, num_stages=2),
-           dict(KERNEL="gemv", BLOCK_N=16, BLOCK_K=512, num_warps=4, num_stages=2),
            dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
            dict(KERNEL="dot", BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=3),
            dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3, SEM=False),
@@ -95,40 +91,11 @@ def candidates(M: int, fmt: str) -> list[dict]:
 # --- load probes: a GEMV's weight reads without its arithmetic -------------------------------------------------
 
 @triton.jit
-def _probe8_kernel(w_ptr, sc_ptr, out_ptr, N, K, K_PER_SPLIT, stride_wn, stride_sn, QBLOCK: tl.constexpr,
-                   H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The loads of triton_impl._qgemv_kernel ("gemv": [BLOCK_N, G, H] code-byte tiles, [BLOCK_N, G] scales,
-    same grid and K split), XORed: out[pid_k, n] = XOR of row n's code bytes and scale bytes in the split."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    G: tl.constexpr = BLOCK_K // QBLOCK
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mn = offs_n < N
-    rows = offs_n.to(tl.int64)
-    offs_g = tl.arange(0, G)
-    offs_h = tl.arange(0, H)
-    k_lo = pid_k * K_PER_SPLIT
-    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
-    g_hi = k_hi // QBLOCK
-    acc = tl.zeros((BLOCK_N, G, H), dtype=tl.int32)
-    sacc = tl.zeros((BLOCK_N, G), dtype=tl.int32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        g = k0 // QBLOCK + offs_g
-        mg = g < g_hi
-        sc = tl.load(sc_ptr + rows[:, None] * stride_sn + g[None, :], mask=mn[:, None] & mg[None, :], other=0)
-        byte = tl.load(w_ptr + rows[:, None, None] * stride_wn + (g * H)[None, :, None] + offs_h[None, None, :],
-                       mask=mn[:, None, None] & mg[None, :, None], other=0)
-        sacc = sacc ^ sc.to(tl.int32)
-        acc = acc ^ byte.to(tl.int32)
-    out = tl.xor_sum(tl.xor_sum(acc, axis=2), axis=1) ^ tl.xor_sum(sacc, axis=1)
-    tl.store(out_ptr + pid_k * N + offs_n, out, mask=mn)
-
-
-@triton.jit
 def _probe32_kernel(w_ptr, sc_ptr, out_ptr, N, K, K_PER_SPLIT, stride_wn, stride_sn, QBLOCK: tl.constexpr,
                     E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """The loads of triton_impl._qgemv32_kernel ("gemv32": [BLOCK_N, BLOCK_K / E] int32 code words, E codes per
-    word; [BLOCK_N, G] scales), XORed per row as `_probe8_kernel` (w_ptr: int32, stride_wn in words)."""
+    word; [BLOCK_N, G] scales), XORed: out[pid_k, n] = XOR of row n's code words and scale bytes in the split
+    (w_ptr: int32, stride_wn in words)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     G: tl.constexpr = BLOCK_K // QBLOCK
@@ -162,9 +129,8 @@ def _split(K: int, cfg: dict) -> tuple[int, int]:
     return triton.cdiv(K, k_per), k_per
 
 
-def probe(q, cfg: dict, words: bool, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Run a load probe on the tile of a resolved GEMV config: int32 [split, N] of per-row XORs. words: read
-    the codes as int32 words ("probe32"), else as bytes ("probe8")."""
+def probe(q, cfg: dict, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Run the load probe on the tile of a resolved gemv32 config: int32 [split, N] of per-row XORs."""
     from synodic.kernels.quant_linear.triton_impl import code_words
     N, K = q.shape
     qb = q.spec.block
@@ -175,24 +141,19 @@ def probe(q, cfg: dict, words: bool, out: torch.Tensor | None = None) -> torch.T
     meta = dict(QBLOCK=qb, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
                 num_stages=cfg["num_stages"])
     packed = q.data.shape[1] * 2 == K
-    if words:
-        w = code_words(q.data)
-        _probe32_kernel[grid](w, q.scale, out, N, K, k_per, w.stride(0), q.scale.stride(0), E=8 if packed else 4,
-                              **meta)
-    else:
-        _probe8_kernel[grid](q.data, q.scale, out, N, K, k_per, q.data.stride(0), q.scale.stride(0),
-                             H=qb // 2 if packed else qb, **meta)
+    w = code_words(q.data)
+    _probe32_kernel[grid](w, q.scale, out, N, K, k_per, w.stride(0), q.scale.stride(0), E=8 if packed else 4, **meta)
     return out
 
 
-def probe_ref(q, cfg: dict, words: bool) -> torch.Tensor:
+def probe_ref(q, cfg: dict) -> torch.Tensor:
     """What `probe` computes, in numpy."""
     import numpy as np
     from synodic.kernels.quant_linear.triton_impl import code_words
     N, K = q.shape
     qb = q.spec.block
     _, k_per = _split(K, cfg)
-    codes = (code_words(q.data) if words else q.data).cpu().numpy().astype(np.int32)
+    codes = code_words(q.data).cpu().numpy().astype(np.int32)
     per_k = codes.shape[1] / K
     sc = q.scale.cpu().numpy().astype(np.int32)
     out = []
@@ -285,11 +246,11 @@ class Case:
         q = self.qs(fmt)[0]
         return q.data.numel() + q.scale.numel()
 
-    def probe(self, fmt: str, cfg: dict, words: bool) -> dict:
-        """Time a load probe ("probe32" if words else "probe8") on the tile of the resolved config `cfg`."""
+    def probe(self, fmt: str, cfg: dict) -> dict:
+        """Time the load probe on the tile of the resolved gemv32 config `cfg`."""
         qs = self.qs(fmt)
-        out = probe(qs[0], cfg, words)
-        fns = [lambda qc=qc: probe(qc, cfg, words, out) for qc in qs]
+        out = probe(qs[0], cfg)
+        fns = [lambda qc=qc: probe(qc, cfg, out) for qc in qs]
         us = _graph_time_us(fns, calls=max(len(fns), 24))
         return {"us": us, "load_GB_per_s": self.load_bytes(fmt) / us / 1e3}
 
@@ -316,10 +277,9 @@ def _diag(c: Case, fmt: str, kernel: str, full: dict, us: float, probes: bool, l
     """M = 1 load diagnostic of a timed GEMV config: its code + scale GB/s, and its tile's load probe."""
     d = {"kernel": kernel, "config": full, "us": us, "load_GB_per_s": c.load_bytes(fmt) / us / 1e3}
     if probes:
-        words = kernel == "gemv32"
         try:
-            r = c.probe(fmt, full, words)
-            d.update(probe="probe32" if words else "probe8", probe_us=r["us"], probe_load_GB_per_s=r["load_GB_per_s"])
+            r = c.probe(fmt, full)
+            d.update(probe="probe32", probe_us=r["us"], probe_load_GB_per_s=r["load_GB_per_s"])
         except Exception as e:  # noqa: BLE001 - keep the kernel's time
             d["probe_error"] = f"{type(e).__name__}: {str(e)[:200]}"
             log(f"probe on {full} failed: {d['probe_error']}")
@@ -327,8 +287,7 @@ def _diag(c: Case, fmt: str, kernel: str, full: dict, us: float, probes: bool, l
 
 
 def bench_gemv(log, shapes, ms, formats, cases: dict, probes: bool = True) -> list[dict]:
-    """bf16 vs the run-time heuristic, side by side per row; for M = 1 also "gemv32" on the heuristic's tile and
-    both load probes there."""
+    """bf16 vs the run-time heuristic, side by side per row; for M = 1 (gemv32) the load probe on its tile."""
     from synodic.kernels.quant_linear.triton_impl import resolve_config
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
@@ -351,31 +310,8 @@ def bench_gemv(log, shapes, ms, formats, cases: dict, probes: bool = True) -> li
                 ok = err <= CHECK_TOL
                 row["best_us"] = r["us"] if ok else float("inf")
                 row["best_config"] = full if ok else None
-                if M == 1 and full["KERNEL"] in ("gemv", "gemv32"):
-                    row["load_diag"].append(_diag(c, fmt, full["KERNEL"], full, r["us"], probes, log))
-                    cfg32 = dict({k: full[k] for k in _TILE if k in full}, KERNEL="gemv32")
-                    full32 = resolve_config(M, N, K, fmt, cfg32, _sms())
-                    try:
-                        err32 = c.check(fmt, cfg32)
-                        row["gemv32_rel_rmse_vs_ref"], row["gemv32_config"] = err32, full32
-                        if err32 <= CHECK_TOL:
-                            us32 = c.quant(fmt, cfg32)["us"]
-                            row.update(gemv32_us=us32, gemv32_speedup=base["us"] / us32)
-                            row["load_diag"].append(_diag(c, fmt, "gemv32", full32, us32, probes, log))
-                            if us32 < row["best_us"]:
-                                row["best_us"], row["best_config"] = us32, full32
-                        log(f"{N}x{K} M=1 {fmt} gemv32 on that tile: "
-                            + (f"{row['gemv32_us']:.1f} us -> {row['gemv32_speedup']:.2f}x" if "gemv32_us" in row
-                               else f"BROKEN err {err32:.1e}"))
-                    except Exception as e:  # noqa: BLE001 - keep the row
-                        row["gemv32_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                        log(f"gemv32 {full32} failed: {row['gemv32_error']}")
-                    if probes and "gemv32_us" not in row:  # the word probe on this tile all the same
-                        try:
-                            row["probe32"] = c.probe(fmt, full, True)
-                            log(f"    probe32 on the heuristic's tile: {row['probe32']['load_GB_per_s']:.0f} GB/s")
-                        except Exception as e:  # noqa: BLE001
-                            log(f"    probe32 failed: {type(e).__name__}: {str(e)[:200]}")
+                if M == 1 and full["KERNEL"] == "gemv32":
+                    row["load_diag"].append(_diag(c, fmt, "gemv32", full, r["us"], probes, log))
                     for d in row["load_diag"]:
                         if "probe_load_GB_per_s" in d:
                             log(f"    {d['kernel']}: codes+scales {d['load_GB_per_s']:.0f} GB/s; {d['probe']} on its "
@@ -411,7 +347,7 @@ def sweep(rows: list[dict], cases: dict, deadline: float, log, probes: bool = Tr
                 ent["error"] = f"{type(e).__name__}: {str(e)[:200]}"
                 log(f"config {full} failed: {ent['error']}")
             row["sweep"].append(ent)
-            if "us" in ent and row["M"] == 1 and full["KERNEL"] in ("gemv", "gemv32"):
+            if "us" in ent and row["M"] == 1 and full["KERNEL"] == "gemv32":
                 d = _diag(c, row["format"], full["KERNEL"], full, ent["us"], probes, log)
                 row["load_diag"].append(d)
                 ent["load_GB_per_s"] = d["load_GB_per_s"]
@@ -444,13 +380,11 @@ def smoke(log) -> None:
                 bad += err > 1e-4
                 log(f"smoke {N}x{K} M={M} {fmt} {cfg}: err {err:.1e}{'  BROKEN' if err > 1e-4 else ''}")
                 full = resolve_config(M, N, K, fmt, cfg)
-                if M == 1 and full["KERNEL"] in ("gemv", "gemv32"):
+                if M == 1 and full["KERNEL"] == "gemv32":
                     q = c.qs(fmt)[0]
-                    for words in (False, True):
-                        same = torch.equal(probe(q, full, words), probe_ref(q, full, words))
-                        bad += not same
-                        log(f"smoke {N}x{K} {fmt} probe{32 if words else 8} {_short(full)}: "
-                            f"{'ok' if same else 'WRONG'}")
+                    same = torch.equal(probe(q, full), probe_ref(q, full))
+                    bad += not same
+                    log(f"smoke {N}x{K} {fmt} probe32 {_short(full)}: {'ok' if same else 'WRONG'}")
     if bad:
         raise SystemExit(f"smoke: {bad} broken configs / probes")
     log("smoke: all configs match the reference, all probes their XOR")
@@ -515,15 +449,14 @@ def _short(cfg) -> str:
 
 
 def _table(rows) -> str:
-    cols = ["N x K", "M", "format", "bf16 us", "bf16 GB/s", "q MB", "heur us", "heur GB/s", "heur x", "gemv32 us",
-            "gemv32 x", "best us", "best GB/s", "best x", "best config", "err"]
+    cols = ["N x K", "M", "format", "bf16 us", "bf16 GB/s", "q MB", "heur us", "heur GB/s", "heur x", "best us",
+            "best GB/s", "best x", "best config", "err"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         best_gbs = (r["weight_bytes"] + (r["M"] * r["K"] + r["M"] * r["N"]) * 2) / r["best_us"] / 1e3
-        g32 = ("-", "-") if "gemv32_us" not in r else (f"{r['gemv32_us']:.1f}", f"{r['gemv32_speedup']:.2f}x")
         lines.append("| " + " | ".join([
             f"{r['N']}x{r['K']}", str(r["M"]), r["format"], f"{r['bf16_us']:.1f}", f"{r['bf16_GB_per_s']:.0f}",
-            f"{r['weight_bytes'] / 1e6:.2f}", f"{r['us']:.1f}", f"{r['GB_per_s']:.0f}", f"{r['speedup']:.2f}x", *g32,
+            f"{r['weight_bytes'] / 1e6:.2f}", f"{r['us']:.1f}", f"{r['GB_per_s']:.0f}", f"{r['speedup']:.2f}x",
             f"{r['best_us']:.1f}", f"{best_gbs:.0f}", f"{r['best_speedup']:.2f}x", _short(r["best_config"]),
             f"{r['rel_rmse_vs_ref']:.1e}"]) + " |")
     return "\n".join(lines)
@@ -576,10 +509,10 @@ def main(argv=None) -> None:
            "mode": "W4A16 (mxfp4, nvfp4) / W8A16 (mxfp8_e4m3) weight-only, DualQuant layout (x * s fused), "
                    "bf16 activations",
            "notes": ["times per call inside a CUDA graph; weights rotated over > 4x L2 so each call reads HBM",
-                     "us/speedup: the run-time heuristic; gemv32_*: the int32-word GEMV on the heuristic's tile "
-                     "(M = 1); best_*: the fastest correct config of the sweep (both included)",
+                     "us/speedup: the run-time heuristic; best_*: the fastest correct config of the sweep (the "
+                     "heuristic included)",
                      "load_diag (M = 1): per timed GEMV tile, code + scale bytes / kernel time, and the load probe "
-                     "on that tile (probe8: gemv's byte tiles; probe32: gemv32's int32 words; XOR only)",
+                     "on that tile (probe32: gemv32's int32-word loads, XOR only)",
                      "Hopper has no FP4 tensor cores: W4A4 would be emulated (fake-quantized activations), "
                      "so only weight-only decode speed is measured"]}
 

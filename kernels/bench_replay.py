@@ -51,29 +51,58 @@ G_V2_SWEEP = [(64, 2), (64, 1), (64, 4), (128, 2), (128, 4), (128, 1), (32, 1), 
 
 
 # ---------------------------------------------------------------------------------------------
-class MambaCase:
+class _Case:
+    """What both layer kinds share: the state / cache set-up, the v2 shared-cursor model, the byte count."""
+
+    def _setup(self, variant, batch, rot, L, config, S0, alloc):
+        self.variant, self.batch, self.rot, self.L, self.config = variant, batch, rot, L, config
+        if variant == "eager":
+            self.state = S0
+        else:
+            self.c = alloc(lo_dtype=torch.bfloat16 if "dual_bf16" in variant else None)
+            self.c["ckpt"].copy_(S0)
+            if "ckpt_lo" in self.c:
+                self.c["ckpt_lo"].copy_(S0.to(torch.bfloat16))
+        if variant.endswith("_v2"):  # shared-cursor model: step i of every L-cycle reads cursor i
+            self.cursors = [torch.full((S0.shape[0],), i, dtype=torch.int32, device=S0.device) for i in range(L)]
+            self.count = [0] * rot
+
+    def _cursor_cache(self, r):
+        """v2: the cache with this step's cursor tensor (moved once per step outside the layer, as in the engine)."""
+        i = self.count[r] % self.L
+        self.count[r] += 1
+        return dict(self.c, write_pos=self.cursors[i])
+
+    def _bytes(self, io, st, entry):
+        """Unique bytes of the average step over a full L-cycle (flush amortised)."""
+        b, L = self.batch, self.L
+        if self.variant == "eager":
+            return io + 2 * b * st * 4
+        lo = "dual_bf16" in self.variant
+        tot = 0
+        for i in range(L):
+            tot += b * (i * entry + 8)                      # ring reads, write_pos ticket
+            if i < L - 1:
+                tot += b * (entry + st * (2 if lo else 4))  # append + checkpoint (or copy) read
+            else:
+                tot += b * st * (4 + 4 + (2 if lo else 0))  # flush: read + write (+ bf16 copy)
+        return io + tot / L
+
+
+class MambaCase(_Case):
     op = "mamba2"
 
     def __init__(self, variant, batch, rot, L, device, gen, config=None):
         from synodic.kernels.mamba2_replay import mamba2_replay_alloc
         H, P, N, G = (MAMBA[k] for k in "HPNG")
-        self.variant, self.batch, self.rot, self.L, self.config = variant, batch, rot, L, config
         slots = batch * rot
         S0 = torch.randn(slots, H, P, N, device=device, generator=gen) * 0.1
-        if variant == "eager":
-            self.state = S0
-        else:
-            self.c = mamba2_replay_alloc(slots, H, P, N, G, L, dtype=ACT, device=device,
-                                         lo_dtype=torch.bfloat16 if "dual_bf16" in variant else None)
-            self.c["ckpt"].copy_(S0)
-            if "ckpt_lo" in self.c:
-                self.c["ckpt_lo"].copy_(S0.to(torch.bfloat16))
+        self._setup(variant, batch, rot, L, config, S0,
+                    lambda lo_dtype: mamba2_replay_alloc(slots, H, P, N, G, L, dtype=ACT, device=device,
+                                                         lo_dtype=lo_dtype))
         self.A = -torch.rand(H, device=device, generator=gen) * 2 - 0.1
         self.D = torch.randn(H, device=device, generator=gen)
         self.bias = torch.randn(H, device=device, generator=gen) * 0.5
-        if variant.endswith("_v2"):  # shared-cursor model: step i of every L-cycle reads cursor i
-            self.cursors = [torch.full((slots,), i, dtype=torch.int32, device=device) for i in range(L)]
-            self.count = [0] * rot
         perm = torch.randperm(slots, device=device, generator=gen).to(torch.int32)
         self.sets = [dict(x=torch.randn(batch, H, P, device=device, generator=gen).to(ACT),
                           dt=torch.randn(batch, H, device=device, generator=gen) * 0.7 - 1.0,
@@ -89,9 +118,7 @@ class MambaCase:
                                  s["slot_ids"], backend="triton")
         from synodic.kernels.mamba2_replay import mamba2_replay_decode
         if self.variant.endswith("_v2"):
-            i = self.count[r] % self.L
-            self.count[r] += 1
-            return mamba2_replay_decode(**dict(self.c, write_pos=self.cursors[i]), x=s["x"], dt=s["dt"], A=self.A,
+            return mamba2_replay_decode(**self._cursor_cache(r), x=s["x"], dt=s["dt"], A=self.A,
                                         B=s["B"], C=s["C"], D=self.D, dt_bias=self.bias, slot_ids=s["slot_ids"],
                                         L=self.L, advance=False, backend="triton", config=self.config, impl="v2")
         return mamba2_replay_decode(**self.c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
@@ -99,45 +126,24 @@ class MambaCase:
                                     config=self.config)
 
     def bytes_per_step(self):
-        b, L = self.batch, self.L
+        b = self.batch
         H, P, N, G = (MAMBA[k] for k in "HPNG")
         io = b * (2 * H * P * E + H * 4 + 2 * G * N * E + 4) + 3 * H * 4
-        st = H * P * N
-        if self.variant == "eager":
-            return io + 2 * b * st * 4
-        entry = H * P * E + H * 4 + G * N * E
-        lo = "dual_bf16" in self.variant
-        tot = 0
-        for i in range(L):
-            tot += b * (i * entry + 8)                      # ring reads, write_pos ticket
-            if i < L - 1:
-                tot += b * (entry + st * (2 if lo else 4))  # append + checkpoint (or copy) read
-            else:
-                tot += b * st * (4 + 4 + (2 if lo else 0))  # flush: read + write (+ bf16 copy)
-        return io + tot / L
+        return self._bytes(io, H * P * N, H * P * E + H * 4 + G * N * E)
 
 
-class GDNCase:
+class GDNCase(_Case):
     op = "gdn"
 
     def __init__(self, variant, batch, rot, L, device, gen, config=None):
         from synodic.kernels.gdn_replay import gdn_replay_alloc
         HV, Hk, K, V = (GDN[k] for k in ("HV", "Hk", "K", "V"))
-        self.variant, self.batch, self.rot, self.L, self.config = variant, batch, rot, L, config
         slots = batch * rot
         S0 = torch.randn(slots, HV, V, K, device=device, generator=gen) * 0.1
-        if variant == "eager":
-            self.state = S0
-        else:
-            self.c = gdn_replay_alloc(slots, HV, V, K, Hk, L, dtype=ACT, device=device,
-                                      lo_dtype=torch.bfloat16 if "dual_bf16" in variant else None)
-            self.c["ckpt"].copy_(S0)
-            if "ckpt_lo" in self.c:
-                self.c["ckpt_lo"].copy_(S0.to(torch.bfloat16))
+        self._setup(variant, batch, rot, L, config, S0,
+                    lambda lo_dtype: gdn_replay_alloc(slots, HV, V, K, Hk, L, dtype=ACT, device=device,
+                                                      lo_dtype=lo_dtype))
         self.route = "state" if variant.endswith("_state") else "adjoint"
-        if variant.endswith("_v2"):  # shared-cursor model, as MambaCase
-            self.cursors = [torch.full((slots,), i, dtype=torch.int32, device=device) for i in range(L)]
-            self.count = [0] * rot
         perm = torch.randperm(slots, device=device, generator=gen).to(torch.int32)
         self.sets = [dict(q=torch.randn(batch, Hk, K, device=device, generator=gen).to(ACT),
                           k=torch.randn(batch, Hk, K, device=device, generator=gen).to(ACT),
@@ -154,9 +160,7 @@ class GDNCase:
                               backend="triton")
         from synodic.kernels.gdn_replay import gdn_replay_decode
         if self.variant.endswith("_v2"):
-            i = self.count[r] % self.L
-            self.count[r] += 1
-            return gdn_replay_decode(**dict(self.c, write_pos=self.cursors[i]), q=s["q"], k=s["k"], v=s["v"],
+            return gdn_replay_decode(**self._cursor_cache(r), q=s["q"], k=s["k"], v=s["v"],
                                      g=s["g"], beta=s["beta"], slot_ids=s["slot_ids"], L=self.L, advance=False,
                                      backend="triton", config=self.config, impl="v2")
         return gdn_replay_decode(**self.c, q=s["q"], k=s["k"], v=s["v"], g=s["g"], beta=s["beta"],
@@ -164,22 +168,10 @@ class GDNCase:
                                  config=self.config)
 
     def bytes_per_step(self):
-        b, L = self.batch, self.L
+        b = self.batch
         HV, Hk, K, V = (GDN[k] for k in ("HV", "Hk", "K", "V"))
         io = b * (2 * Hk * K * E + 2 * HV * V * E + 2 * HV * 4 + 4)
-        st = HV * V * K
-        if self.variant == "eager":
-            return io + 2 * b * st * 4
-        entry = HV * V * E + Hk * K * E + HV * 4
-        lo = "dual_bf16" in self.variant
-        tot = 0
-        for i in range(L):
-            tot += b * (i * entry + 8)
-            if i < L - 1:
-                tot += b * (entry + st * (2 if lo else 4))
-            else:
-                tot += b * st * (4 + 4 + (2 if lo else 0))
-        return io + tot / L
+        return self._bytes(io, HV * V * K, HV * V * E + Hk * K * E + HV * 4)
 
 
 # ---------------------------------------------------------------------------------------------

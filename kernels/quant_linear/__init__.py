@@ -12,10 +12,10 @@ W8A16) or 'mxfp4' (activations fake-quantized in-kernel to MXFP4, 'floor' scale 
 The weights are dequantized in registers, so decode reads ~4.25 bits (MXFP4) / 4.5 bits (NVFP4) per
 weight instead of 16. Backends: "auto" (Triton on CUDA tensors, reference otherwise) | "triton" | "ref".
 
-Kernels (triton_impl): "dot" (tl.dot, any M), "gemv" and "gemv32" (CUDA-core GEMVs for one row, from code
-bytes / int32 code words); the default config takes gemv for M = 1 and dot above. Measured on an H200
-(bench_quant.py, 2026-11-30, bf16 activations, weights read from HBM, 4096x14336 and 14336x4096): M = 1 "gemv"
-1.19-1.26x the bf16 F.linear for MXFP4, 0.90-0.97x NVFP4, 0.82-0.87x MXFP8; M = 32 "dot" 0.41-0.63x.
+Kernels (triton_impl): "dot" (tl.dot, any M) and "gemv32" (CUDA-core GEMV for one row, from int32 code
+words); the default config takes gemv32 for M = 1 and dot above. Measured on an H200 (bench_quant.py,
+2026-11-30 sweep, bf16 activations, weights read from HBM, 4096x14336 and 14336x4096): M = 1 "gemv32"
+1.44-1.47x the bf16 F.linear for MXFP4, 1.42x NVFP4, 1.03-1.04x MXFP8; M = 32 "dot" 0.40-0.76x.
 QuantLinear therefore runs the kernel only for single-row inputs. On bf16 activations the dot path rounds
 x * s to bf16 before the MMA (rel. error ~1e-3 vs the fp32 reference; fp32 activations run an IEEE fp32 dot).
 """
@@ -57,7 +57,7 @@ def quant_linear(x: torch.Tensor, q, s: torch.Tensor | None = None, bias: torch.
     """x [..., K] (bf16 / fp16 / fp32) -> y [..., N] in x.dtype. `config` overrides the Triton launch
     config (KERNEL dot | gemv | gemv32, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, SEM (in-kernel split-K
     reduction), and for dot BLOCK_M, TWO_MUL (exact decode for any block scale); see triton_impl.resolve_config;
-    for MXFP8, FP8_CVT=True decodes with the hardware fp8 conversion in dot / gemv)."""
+    for MXFP8, FP8_CVT=True decodes with the hardware fp8 conversion in dot)."""
     _check(x, q, s, bias, act_quant)
     if backend == "auto":
         backend = "triton" if x.is_cuda and q.fmt in KERNEL_FORMATS else "ref"

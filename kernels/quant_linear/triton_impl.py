@@ -7,15 +7,15 @@ E4M3 for NVFP4, whose FP32 per-tensor scale multiplies the accumulator once at t
 x times s (fp32), optionally fake-quantized to MXFP4 in-kernel (blocks of 32, 'floor' E8M0 scale, E2M1
 round-half-even — the same values as synodic.quant.fake_quant).
 
-Three kernels, picked by config KERNEL:
+Two kernels, picked by config KERNEL:
   * "dot" (any M; the default config's choice for M >= 2; `_qdot_kernel`): the decoded weight tile is the
     left tl.dot operand, bf16 MMA (fp32 IEEE for fp32 activations), M = 1 padded to a 16-row tile;
-  * "gemv" (CUDA cores, one row; `_qgemv_kernel`): [BLOCK_N, G, H] byte tiles (G = BLOCK_K / B scale
-    blocks of H code bytes), each byte decoded in registers, FMAs with x, block sums times the scale;
-  * "gemv32" (CUDA cores, one row; `_qgemv32_kernel`): the same arithmetic from the code bytes viewed as
-    int32 words (8 nibbles / 4 bytes per word), two codes decoded per few integer ops; see above it.
-Rows > 1 asked of a GEMV kernel take "dot". Decoding is exact bit manipulation (see `_bits_lo`); MXFP8
-(E4M3 / E5M2) may instead use the hardware fp8 conversion (config FP8_CVT=True; "dot" and "gemv").
+  * "gemv32" (CUDA cores, one row; the default for M = 1; `_qgemv32_kernel`): the code bytes viewed as
+    int32 words (8 nibbles / 4 bytes per word), two codes decoded per few integer ops, FMAs with x, block
+    sums times the scale; see above it. (A byte-tile GEMV was 0.80-1.15x bf16 where this one is 1.03-1.47x
+    on the H200 sweep of 2026-11-30, so it was removed.)
+Rows > 1 asked of the GEMV take "dot". Decoding is exact bit manipulation (see `_bits_lo`); MXFP8
+(E4M3 / E5M2) may instead use the hardware fp8 conversion in "dot" (config FP8_CVT=True).
 SPLIT_K programs share one output tile's K range; the last one to finish sums the fp32 partials in split
 order (`_store_out`: deterministic, no second launch). The launch config is a heuristic (no timing at
 run time, so decode steps stay capturable in CUDA graphs); bench_quant.py sweeps alternatives.
@@ -281,65 +281,6 @@ def _qdot_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt
                pid_m * tl.num_programs(0) + pid_n, M * N, SPLIT, SEM)
 
 
-@triton.jit
-def _qgemv_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, N, K, K_PER_SPLIT,
-                   stride_wn, stride_sn,
-                   FMT: tl.constexpr, QBLOCK: tl.constexpr, HAS_S: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   ACT_Q: tl.constexpr, SPLIT: tl.constexpr, SEM: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, FP8_CVT: tl.constexpr, XMUL: tl.constexpr, OMUL: tl.constexpr):
-    """CUDA-core GEMV for one row: x loaded with vector loads (pairs split in registers, not stride-2
-    gathers), pre-multiplied by 2^(R - DSH) so each weight costs its 3-op decode and one FMA; the block
-    scale multiplies the [BLOCK_N, G] block sums."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    PACKED: tl.constexpr = FMT <= 1
-    G: tl.constexpr = BLOCK_K // QBLOCK
-    H: tl.constexpr = QBLOCK // 2 if PACKED else QBLOCK
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mn = offs_n < N
-    rows = offs_n.to(tl.int64)
-    offs_g = tl.arange(0, G)
-    offs_h = tl.arange(0, H)
-    k_lo = pid_k * K_PER_SPLIT
-    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
-    g_hi = k_hi // QBLOCK
-    acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        g = k0 // QBLOCK + offs_g
-        mg = g < g_hi
-        sc = tl.load(sc_ptr + rows[:, None] * stride_sn + g[None, :], mask=mn[:, None] & mg[None, :], other=0)
-        sc = _scale(sc.to(tl.int32), FMT)
-        byte = tl.load(w_ptr + rows[:, None, None] * stride_wn + (g * H)[None, :, None] + offs_h[None, None, :],
-                       mask=mn[:, None, None] & mg[None, :, None], other=0).to(tl.int32)
-        if PACKED:
-            col = (g * QBLOCK)[:, None, None] + (2 * offs_h)[None, :, None] + tl.arange(0, 2)[None, None, :]
-            xm = mg[:, None, None]
-            x3 = tl.load(x_ptr + col, mask=xm, other=0.0).to(tl.float32)  # [G, H, 2]: k pairs
-            if HAS_S:
-                x3 = x3 * tl.load(s_ptr + col, mask=xm, other=0.0)
-            if ACT_Q == 1:
-                x3 = _mxfp4_from_amax(x3, tl.max(tl.max(tl.abs(x3), axis=2, keep_dims=True), axis=1, keep_dims=True))
-            xe, xo = tl.split(x3 * XMUL)
-            part = tl.sum(_bits_lo(byte) * xe[None, :, :] + _bits_hi(byte) * xo[None, :, :], axis=2)
-        else:
-            col = (g * QBLOCK)[:, None] + offs_h[None, :]
-            xm = mg[:, None]
-            xv = tl.load(x_ptr + col, mask=xm, other=0.0).to(tl.float32)
-            if HAS_S:
-                xv = xv * tl.load(s_ptr + col, mask=xm, other=0.0)
-            if ACT_Q == 1:
-                xv = _mxfp4_fake(xv, 1)
-            part = tl.sum(_bits8(byte, FMT, FP8_CVT) * (xv * XMUL)[None, :, :], axis=2)
-        acc += part * sc
-    out = tl.sum(acc, axis=1) * OMUL
-    if FMT == 1:
-        out = out * tl.load(p_ptr)
-    if HAS_BIAS:
-        if pid_k == 0:
-            out += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)
-    _store_out(out, y_ptr, part_ptr, cnt_ptr, offs_n, offs_n, mn, pid_k, pid_n, N, SPLIT, SEM)
-
-
 # --- gemv32: the GEMV from int32 code words ---------------------------------------------------------------------
 #
 # The code bytes [N, K/2] (4-bit) or [N, K] (8-bit) are read as int32 words [N, K/8] / [N, K/4] (a view, the
@@ -349,9 +290,10 @@ def _qgemv_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cn
 # 16 bits apart: the same two shifts move code i's magnitude and sign into a bf16 bit pattern in the word's low
 # half and code i + E/2's into the high half (`_pair32`: shift, shift, and, and-or), and each half becomes an
 # fp32 (value * 2^-R, exactly the `_bits_lo` / `_bits8` words) with one more op: ~6 integer instructions per
-# two weights once and-or pairs fuse (LOP3), against ~4 per weight plus byte unpacking in the byte GEMV (unchecked
-# in SASS; bench_quant times both, and probes the bare loads). x is loaded as [G, B], times s (and 2^(R - DSH)
-# as in the byte GEMV), split in registers into the E [G, WPB] slices that meet code i of each word. Per word:
+# two weights once and-or pairs fuse (LOP3), against ~4 per weight plus byte unpacking for byte tiles (unchecked
+# in SASS; bench_quant probes the bare loads). x is loaded as [G, B], times s and 2^(R - DSH) (the decoded
+# value * 2^-R times 2^R; DSH goes back on the sum), split in registers into the E [G, WPB] slices that meet
+# code i of each word. Per word:
 # E FMAs into a [BLOCK_N, G, WPB] accumulator, times the block scale; summed once after the K loop.
 
 _SIGN2 = tl.constexpr(-2147450880)  # 0x80008000: the sign bits of both bf16 halves
@@ -474,7 +416,7 @@ def _qgemv32_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, 
 
 # --- launch ----------------------------------------------------------------------------------------------------
 
-KERNELS = ("dot", "gemv", "gemv32")  # config KERNEL: tl.dot (default, any M) | CUDA-core GEMV from bytes | words
+KERNELS = ("dot", "gemv32")  # config KERNEL: tl.dot (any M) | CUDA-core GEMV from int32 code words (M = 1)
 
 
 def _auto_split(progs: int, K: int, bk: int, sms: int, per_sm: int, min_iters: int) -> int:
@@ -490,7 +432,7 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132) -> dict:
     of the H200 sweep of 2026-11-30 ~02:53 UTC (bench_quant --shapes 4096x14336,14336x4096 --ms 1,32), per
     format, against the bf16 torch linear in the same run:
       M = 1, int32-word GEMV "gemv32": 4-bit [16 x 512] tiles on 4 warps (MXFP4 1.44x / 1.47x, NVFP4
-      1.42x / 1.42x; the byte GEMV "gemv" was 1.14x / 0.88x), MXFP8 [32 x 128] on 4 warps (1.03x / 1.04x);
+      1.42x / 1.42x; the removed byte-tile GEMV: 1.14x / 0.88x), MXFP8 [32 x 128] on 4 warps (1.03x / 1.04x);
       M >= 2, tl.dot: 4-bit [64 x 128] on 4 warps, 4 stages (M = 32: 0.56-0.62x MXFP4, 0.40-0.46x NVFP4),
       MXFP8 [128 x 64] with the hardware fp8 conversion (FP8_CVT; 0.64-0.76x, 0.46-0.52x without).
     The probes of that run (same tiles, loads only) read at 2.5-3.1 TB/s where gemv32 reached ~1.5 TB/s:
@@ -521,7 +463,7 @@ def resolve_config(M: int, N: int, K: int, fmt: str, config: dict | None, sms: i
     kern = config.get("KERNEL", "dot")
     if kern not in KERNELS:
         raise ValueError(f"config KERNEL={kern!r}: expected one of {', '.join(KERNELS)}")
-    if kern in ("gemv", "gemv32"):
+    if kern == "gemv32":
         base = dict(KERNEL=kern, BLOCK_N=32, BLOCK_K=256 if FMT_IDS[fmt] <= 1 else 128, SEM=True, num_warps=4,
                     num_stages=2)
     else:
@@ -569,8 +511,8 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     N = data.shape[0]
     cfg = resolve_config(M, N, K, fmt, config, _sms(x2d.device))
     kern = cfg["KERNEL"]
-    if kern in ("gemv", "gemv32") and M != 1:
-        kern = "dot"  # the CUDA-core kernels read one row; more rows take the tl.dot kernel
+    if kern == "gemv32" and M != 1:
+        kern = "dot"  # the CUDA-core kernel reads one row; more rows take the tl.dot kernel
         cfg = resolve_config(M, N, K, fmt, {k: v for k, v in (config or {}).items() if k != "KERNEL"},
                              _sms(x2d.device))
     bn, bk, split = cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
@@ -592,15 +534,7 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     y = torch.empty(M, N, dtype=x2d.dtype, device=x2d.device)
     part = torch.empty(split, M, N, dtype=torch.float32, device=x2d.device) if split > 1 else y
     r = _code_shift(fmt, cvt)
-    if kern == "gemv":
-        cnt = _counters(x2d.device, triton.cdiv(N, bn)) if sem else None
-        sem = cnt is not None
-        dsh = _DSH if r else 0
-        _qgemv_kernel[(triton.cdiv(N, bn), split)](
-            x2d, data, scale, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias,
-            y, part, dummy if cnt is None else cnt, N, K, k_per, data.stride(0), scale.stride(0),
-            SPLIT=split, SEM=sem, XMUL=float(2.0 ** (r - dsh)), OMUL=float(2.0 ** dsh), **common)
-    elif kern == "gemv32":
+    if kern == "gemv32":
         cnt = _counters(x2d.device, triton.cdiv(N, bn)) if sem else None
         sem = cnt is not None
         words = code_words(data)

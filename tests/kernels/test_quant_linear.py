@@ -166,12 +166,12 @@ def test_fp8_one_hot_rows_read_weights_exactly(fmt, device, nan_empty):
 
 
 def test_fp8_hardware_conversion_option(device):
-    """config FP8_CVT=True (bitcast to tl.float8e4nv / tl.float8e5) in the byte GEMV (M = 1) and in the
-    tl.dot kernel (M = 3, its default for MXFP8): runs, and agrees on finite codes."""
+    """config FP8_CVT=True (bitcast to tl.float8e4nv / tl.float8e5) in the tl.dot kernel, at M = 1 (asked
+    for) and M = 3 (its default for MXFP8): runs, and agrees on finite codes."""
     for fmt in ("mxfp8_e4m3", "mxfp8_e5m2"):
         q = fp8_weight(fmt, 5, 64, device, seed=3)
         _, x, s, _ = make(5, 64, 1, torch.float32, device, seed=4)
-        check_close(quant_linear(x, q, s, backend="triton", config=dict(KERNEL="gemv", FP8_CVT=True)), x, q, s)
+        check_close(quant_linear(x, q, s, backend="triton", config=dict(KERNEL="dot", FP8_CVT=True)), x, q, s)
         _, x3, s3, _ = make(5, 64, 3, torch.float32, device, seed=5)
         check_close(quant_linear(x3, q, s3, backend="triton"), x3, q, s3)
 
@@ -188,14 +188,14 @@ def test_fp8_quantlinear_kernel_path(fmt, device):
     assert rel_rmse(ql(x), ref(x)) < 1e-5
 
 
-# --- tl.dot for any M, CUDA-core GEMV, in-kernel split-K ---------------------------------------------------------
+# --- tl.dot for any M, the int32-word GEMV, in-kernel split-K ---------------------------------------------------------
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 V2_CASES = [  # fmt, N, K, M, dtype, act_quant, config
-    ("mxfp4", 70, 160, 1, F32, None, dict(KERNEL="gemv", BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
-    ("mxfp4", 70, 160, 1, BF16, "mxfp4", dict(KERNEL="gemv", BLOCK_N=32, BLOCK_K=128)),
-    ("nvfp4", 40, 112, 1, F32, None, dict(KERNEL="gemv", BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
-    ("mxfp8_e4m3", 24, 96, 1, F32, "mxfp4", dict(KERNEL="gemv", BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
+    ("mxfp4", 70, 160, 1, F32, None, dict(KERNEL="gemv32", BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
+    ("mxfp4", 70, 160, 1, BF16, "mxfp4", dict(KERNEL="gemv32", BLOCK_N=32, BLOCK_K=128)),
+    ("nvfp4", 40, 112, 1, F32, None, dict(KERNEL="gemv32", BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
+    ("mxfp8_e4m3", 24, 96, 1, F32, "mxfp4", dict(KERNEL="gemv32", BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
     ("mxfp4", 70, 224, 5, BF16, None, dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=3, SEM=False)),
     ("mxfp4", 70, 224, 20, F32, "mxfp4", dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=2, BLOCK_M=16)),  # 2 row tiles
     ("nvfp4", 33, 160, 2, F16, None, dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2)),  # fp16: two-multiply decode
