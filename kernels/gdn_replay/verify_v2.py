@@ -266,19 +266,20 @@ def _gdn_replay_verify_v2_kernel(
                      mask=offs_k < tl.where(k_writer, K, 0))
 
 
-def pick_config(ckpt, ckpt_lo, V: int, rows: int, T: int) -> tuple[int, int, bool]:
-    """(BLOCK_V, num_warps, gram) for `rows` = batch x value heads. H200 sweep (bench_window --sweep 256,
+def pick_config(ckpt, ckpt_lo, V: int, K: int, rows: int, T: int) -> tuple[int, int, bool, bool]:
+    """(BLOCK_V, num_warps, gram, dot) for `rows` = batch x value heads. H200 sweep (bench_window --sweep 256,
     2026-11-30 ~03:05 UTC, HV=32 Hk=16 K=V=128, T=4, verify alone, CUDA graphs): with the per-key-head
     prologue (gram) (16, 1 warp) 877 us, (16, 2) 951, (32, 2) 982, (64, 4) 1114, (64, 2) 1423, (128, 8) 1777;
     without it (32, 2) 1226, (16, 2) 1535; v1 (16, 2 heads, 2 warps) 1540. The eager window kernel took
     817 us: verify is compute-bound (2T reductions over the tile per window), not byte-bound.
-    So (16, 1, prologue) at >= 1024 rows; below, (16, 2) in one launch. config dot=True (S0 k_s and S0 q_s as
-    two tf32x3 tl.dot, with the prologue; the variant that took Mamba-2's verify from 885 to 571 us) is
-    tested but not yet timed on the GPU, so it is not a default."""
+    Then (2026-11-30 ~04:20 UTC, code `f6bce30`) S0 k_s and S0 q_s as two tf32x3 tl.dot (dot=True, with the
+    prologue): (64, 2 warps) 477 us, (16, 1) 546, (32, 2) 667, (16, 2) 1017 — vs 940 us for (16, 1, prologue)
+    and 827 us for the eager window in that run. So prologue + dot on [64, K] tiles, 2 warps, at >= 1024
+    rows (tl.dot needs BLOCK_V and K >= 16); below, (16, 2) in one launch."""
     cap = next_pow2(V)
-    if rows >= 1024:
-        return min(16, cap), 1, True
-    return min(16, cap), 2, False
+    if rows >= 1024 and cap >= 16 and next_pow2(K) >= 16:
+        return min(64, cap), 2, True, True
+    return min(16, cap), 2, False, False
 
 
 def launch_verify_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale=None,
@@ -292,8 +293,9 @@ def launch_verify_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     b, T = v.shape[0], v.shape[1]
     if b == 0 or T == 0:
         return o
-    default = pick_config(ckpt, ckpt_lo, V, b * HV, T)
-    bv, nw, gram, maxnreg, dot = _parse_config(config, default, "BLOCK_V") if config else (*default, None, False)
+    default = pick_config(ckpt, ckpt_lo, V, K, b * HV, T)
+    bv, nw, gram, maxnreg, dot = _parse_config(config, default[:3], "BLOCK_V") if config else (*default[:3], None,
+                                                                                              default[3])
     if dot and not (gram and bv >= 16 and next_pow2(K) >= 16):
         raise ValueError(f"config: dot=True needs gram=True (the prologue's normalised k / q), BLOCK_V >= 16 and "
                          f"K >= 16 (tl.dot tiles), got gram={gram}, BLOCK_V={bv}, K={K}")

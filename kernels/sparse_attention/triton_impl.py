@@ -1,63 +1,148 @@
-"""Triton kernel of `sparse_attention`: one program per (query row, KV head).
+"""Triton kernels of `sparse_attention`: split-K (flash-decoding) over each row's id list.
 
-The program holds the query heads of its group as a [REP, D] tile, walks its id list in blocks of
-BLOCK_K, gathers those K/V rows (one row = nkv*hd contiguous values; the gather is a row-indexed
-load, so rows anywhere in the pool cost the same) and keeps an online softmax. Masked ids (-1) load
-nothing and score -inf; a row with no live id writes zeros. fp32 math, IEEE dots.
+A decode batch is a handful of rows over one KV head (MLA-shaped presets: 32 query heads share one
+576-value row), so one program per (row, KV head) would run a few programs on a 132-SM GPU. The id
+list is cut into splits of CHUNK ids instead; grid (row x KV head, split):
+
+1. `_sparse_attn_split_kernel`: the program holds its group's query heads as a [REP, D] tile, walks
+   its ids in blocks of BLOCK_K, gathers those K/V rows (row-indexed loads: rows anywhere in the pool
+   cost the same) and keeps an online softmax. With one split it writes the normalised output; with
+   several it writes (max, sum, unnormalised accumulator) per head to fp32 scratch.
+2. `_sparse_attn_combine_kernel`: one program per (row, query head) merges the splits.
+
+CHUNK depends on the id-list length K only, never on the batch, so a row's output is the same bits
+whatever else is in the batch (bucket padding, another policy's admission pattern). The head dim is
+held as a power-of-two part D_A plus a power-of-two tail D_B (288 = 256 + 32, not padded to 512).
+Dots run on the tensor cores in the rows' dtype with fp32 accumulation (fp32 rows: IEEE fp32 dots);
+the probabilities enter the P·V dot in the rows' dtype, as in FlashAttention. Masked ids (-1) load
+nothing and score -inf; a row with no live id writes zeros.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
+SPLITS_PER_ROW = 16   # target splits of one id list (K = 2048 → 128 ids per program, K = 256 → 16)
+
 
 @triton.jit
-def _sparse_attn_kernel(
-    q_ptr, k_ptr, v_ptr, ids_ptr, o_ptr,
+def _qk(q_a, q_b, k_ptrs_a, k_ptrs_b, kv_mask_a, kv_mask_b, HAS_B: tl.constexpr, PREC: tl.constexpr):
+    kb = tl.load(k_ptrs_a, mask=kv_mask_a, other=0.0).to(q_a.dtype)
+    s = tl.dot(q_a, tl.trans(kb), input_precision=PREC)
+    if HAS_B:
+        kb2 = tl.load(k_ptrs_b, mask=kv_mask_b, other=0.0).to(q_b.dtype)
+        s += tl.dot(q_b, tl.trans(kb2), input_precision=PREC)
+    return s
+
+
+@triton.jit
+def _sparse_attn_split_kernel(
+    q_ptr, k_ptr, v_ptr, ids_ptr, o_ptr, ml_ptr, acc_ptr,
     q_n, q_h, q_d,
     k_r, k_h, k_d,
     v_r, v_h, v_d,
     ids_n, ids_k,
     o_n, o_h, o_d,
-    K, scale,
-    REP: tl.constexpr, D: tl.constexpr,
-    REP_P: tl.constexpr, D_P: tl.constexpr, BLOCK_K: tl.constexpr,
+    K, CHUNK, scale,
+    NKV: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+    REP_P: tl.constexpr, D_A: tl.constexpr, D_B: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
+    WIDEN: tl.constexpr,
 ):
-    n = tl.program_id(0).to(tl.int64)
-    g = tl.program_id(1).to(tl.int64)
+    pid = tl.program_id(0).to(tl.int64)
+    s_id = tl.program_id(1)
+    n = pid // NKV
+    g = pid % NKV
+    HAS_B: tl.constexpr = D_B > 0
     offs_r = tl.arange(0, REP_P)
-    offs_d = tl.arange(0, D_P)
+    offs_a = tl.arange(0, D_A)
+    offs_b = D_A + tl.arange(0, D_B if HAS_B else 16)
     mask_r = offs_r < REP
-    mask_d = offs_d < D
+    mask_a = offs_a < D
+    mask_b = offs_b < D
     heads = g * REP + offs_r
-    q = tl.load(q_ptr + n * q_n + heads[:, None] * q_h + offs_d[None, :] * q_d,
-                mask=mask_r[:, None] & mask_d[None, :], other=0.0).to(tl.float32)
+    q_row = q_ptr + n * q_n + heads[:, None] * q_h
+    kdt = tl.float32 if WIDEN else k_ptr.dtype.element_ty   # dots in the rows' dtype
+    q_a = tl.load(q_row + offs_a[None, :] * q_d, mask=mask_r[:, None] & mask_a[None, :], other=0.0).to(kdt)
+    q_b = tl.load(q_row + offs_b[None, :] * q_d, mask=mask_r[:, None] & mask_b[None, :], other=0.0).to(kdt)
     m_i = tl.full([REP_P], float("-inf"), tl.float32)
     l_i = tl.zeros([REP_P], tl.float32)
-    acc = tl.zeros([REP_P, D_P], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    acc_a = tl.zeros([REP_P, D_A], tl.float32)
+    acc_b = tl.zeros([REP_P, D_B if HAS_B else 16], tl.float32)
+    start = s_id * CHUNK
+    end = tl.minimum(start + CHUNK, K)
+    for k0 in range(start, end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        rid = tl.load(ids_ptr + n * ids_n + offs_k * ids_k, mask=offs_k < K, other=-1).to(tl.int64)
+        rid = tl.load(ids_ptr + n * ids_n + offs_k * ids_k, mask=offs_k < end, other=-1).to(tl.int64)
         live = rid >= 0
         rid = tl.maximum(rid, 0)
-        kv_mask = live[:, None] & mask_d[None, :]
-        kb = tl.load(k_ptr + rid[:, None] * k_r + g * k_h + offs_d[None, :] * k_d, mask=kv_mask,
-                     other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(kb), input_precision="ieee") * scale        # [REP_P, BLOCK_K]
-        s = tl.where(live[None, :], s, float("-inf"))
+        ma = live[:, None] & mask_a[None, :]
+        mb = live[:, None] & mask_b[None, :]
+        s = _qk(q_a, q_b, k_ptr + rid[:, None] * k_r + g * k_h + offs_a[None, :] * k_d,
+                k_ptr + rid[:, None] * k_r + g * k_h + offs_b[None, :] * k_d, ma, mb, HAS_B, PREC) * scale
+        s = tl.where(live[None, :], s, float("-inf"))                       # [REP_P, BLOCK_K]
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        vb = tl.load(v_ptr + rid[:, None] * v_r + g * v_h + offs_d[None, :] * v_d, mask=kv_mask,
-                     other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, vb, input_precision="ieee")
+        va = tl.load(v_ptr + rid[:, None] * v_r + g * v_h + offs_a[None, :] * v_d, mask=ma, other=0.0).to(kdt)
+        acc_a = acc_a * alpha[:, None] + tl.dot(p.to(va.dtype), va, input_precision=PREC)
+        if HAS_B:
+            vb = tl.load(v_ptr + rid[:, None] * v_r + g * v_h + offs_b[None, :] * v_d, mask=mb, other=0.0).to(kdt)
+            acc_b = acc_b * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PREC)
         m_i = m_new
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(o_ptr + n * o_n + heads[:, None] * o_h + offs_d[None, :] * o_d, o.to(o_ptr.dtype.element_ty),
-             mask=mask_r[:, None] & mask_d[None, :])
+    if SPLITS == 1:
+        inv = 1.0 / tl.where(l_i > 0, l_i, 1.0)
+        o_row = o_ptr + n * o_n + heads[:, None] * o_h
+        tl.store(o_row + offs_a[None, :] * o_d, (acc_a * inv[:, None]).to(o_ptr.dtype.element_ty),
+                 mask=mask_r[:, None] & mask_a[None, :])
+        if HAS_B:
+            tl.store(o_row + offs_b[None, :] * o_d, (acc_b * inv[:, None]).to(o_ptr.dtype.element_ty),
+                     mask=mask_r[:, None] & mask_b[None, :])
+    else:
+        part = (n * NKV * REP + heads) * SPLITS + s_id                       # [REP_P] (row, head, split)
+        tl.store(ml_ptr + part * 2, m_i, mask=mask_r)
+        tl.store(ml_ptr + part * 2 + 1, l_i, mask=mask_r)
+        tl.store(acc_ptr + part[:, None] * D + offs_a[None, :], acc_a, mask=mask_r[:, None] & mask_a[None, :])
+        if HAS_B:
+            tl.store(acc_ptr + part[:, None] * D + offs_b[None, :], acc_b, mask=mask_r[:, None] & mask_b[None, :])
+
+
+@triton.jit
+def _sparse_attn_combine_kernel(
+    ml_ptr, acc_ptr, o_ptr, o_n, o_h, o_d,
+    NQ: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, S_P: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)                 # row * NQ + head
+    n = pid // NQ
+    h = pid % NQ
+    offs_s = tl.arange(0, S_P)
+    ms = offs_s < SPLITS
+    m = tl.load(ml_ptr + (pid * SPLITS + offs_s) * 2, mask=ms, other=float("-inf"))
+    den = tl.load(ml_ptr + (pid * SPLITS + offs_s) * 2 + 1, mask=ms, other=0.0)
+    m_max = tl.max(m, axis=0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp(m - m_safe)                               # 0 for splits with no live id
+    total = tl.sum(w * den, axis=0)
+    w = w / tl.where(total > 0, total, 1.0)
+    for d0 in tl.static_range(0, D, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        md = offs_d < D
+        acc = tl.load(acc_ptr + (pid * SPLITS + offs_s)[:, None] * D + offs_d[None, :],
+                      mask=ms[:, None] & md[None, :], other=0.0)
+        o = tl.sum(acc * w[:, None], axis=0)
+        tl.store(o_ptr + n * o_n + h * o_h + offs_d * o_d, o.to(o_ptr.dtype.element_ty), mask=md)
+
+
+def split_plan(K: int, block_k: int) -> tuple[int, int]:
+    """(CHUNK ids per split, splits) for an id list of length K: a function of K alone (see the module
+    docstring), CHUNK a multiple of block_k."""
+    blocks = triton.cdiv(max(K, 1), block_k)
+    per = triton.cdiv(blocks, SPLITS_PER_ROW)
+    return per * block_k, triton.cdiv(blocks, per)
 
 
 def sparse_attention_triton(q, k_cache, v_cache, ids, scale, out=None, block_k: int | None = None,
@@ -70,14 +155,32 @@ def sparse_attention_triton(q, k_cache, v_cache, ids, scale, out=None, block_k: 
         out = torch.empty_like(q)
     if N == 0:
         return out
+    if K == 0:
+        return out.zero_()
     rep_p = max(16, triton.next_power_of_2(rep))
-    d_p = max(16, triton.next_power_of_2(hd))
-    # fp32 dot operands are staged in shared memory (K and V tiles [BLOCK_K, D_P] + q): 576-value rows
-    # (head_dim 288 -> D_P 512) at BLOCK_K 64 need ~300 KB, over Hopper's 227 KB; 32 fits
-    cap = 64 if d_p <= 256 else 32
-    block_k = block_k or max(16, min(cap, triton.next_power_of_2(max(K, 1))))
-    _sparse_attn_kernel[(N, nkv)](
-        q, k_cache, v_cache, ids, out,
+    d_a = max(16, triton.next_power_of_2(hd) // (1 if triton.next_power_of_2(hd) == hd else 2))
+    d_b = 0 if d_a >= hd else max(16, triton.next_power_of_2(hd - d_a))
+    if d_a + d_b > triton.next_power_of_2(hd):   # the split would not save anything
+        d_a, d_b = max(16, triton.next_power_of_2(hd)), 0
+    block_k = block_k or (32 if d_a + d_b > 128 else 64)
+    chunk, splits = split_plan(K, block_k)
+    # Triton's interpreter computes bf16/fp16 dots wrongly (numpy has no bf16): there the operands are widened
+    # to fp32 (exactly) and the probabilities stay fp32; the GPU runs the native dots (GPU test).
+    widen = k_cache.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") == "1"
+    prec = "ieee" if k_cache.dtype == torch.float32 or widen else "tf32"   # "tf32": unused by bf16/fp16 dots
+    if splits > 1:
+        ml = torch.empty(N * nq * splits * 2, dtype=torch.float32, device=q.device)
+        acc = torch.empty(N * nq * splits * hd, dtype=torch.float32, device=q.device)
+    else:
+        ml = acc = out  # unused
+    _sparse_attn_split_kernel[(N * nkv, splits)](
+        q, k_cache, v_cache, ids, out, ml, acc,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *ids.stride(), *out.stride(),
-        K, scale, REP=rep, D=hd, REP_P=rep_p, D_P=d_p, BLOCK_K=block_k, num_warps=num_warps)
+        K, chunk, scale, NKV=nkv, REP=rep, D=hd, SPLITS=splits,
+        REP_P=rep_p, D_A=d_a, D_B=d_b, BLOCK_K=block_k, PREC=prec, WIDEN=widen,
+        num_warps=num_warps)
+    if splits > 1:
+        _sparse_attn_combine_kernel[(N * nq,)](
+            ml, acc, out, *out.stride(), NQ=nq, D=hd, SPLITS=splits, S_P=max(2, triton.next_power_of_2(splits)),
+            BLOCK_D=min(128, max(16, triton.next_power_of_2(hd))), num_warps=2)
     return out

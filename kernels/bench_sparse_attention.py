@@ -1,0 +1,122 @@
+"""Benchmark of top-k sparse attention (one decode step of one layer) on the GPU.
+
+    python -m synodic.kernels.bench_sparse_attention --out sparse_attention.json [--batches 1,3,6,32] [--k 256,2048]
+
+Shape of the DSA-class preset dsa_mla_7b: 32 query heads over one KV head of head_dim 288 (576 bf16
+values = 1152 B per selected row), ids drawn at random from a device pool of 2^18 rows (300 MB, past
+the L2). Variants, timed in the same process on the same inputs (CUDA-graph replays):
+
+- split:   the kernel's default split-K plan (id list cut into ~16 programs per row, then a combine);
+- one:     the same kernel with one program per (row, KV head) — the launch shape before the split;
+- torch:   the reference (gather rows, masked softmax, fp32 einsums).
+
+Reports µs, GB/s of selected rows read (K and V) against the 4245 GB/s HBM copy rate of MEASURING.md,
+and split / one. Without a GPU it runs a tiny smoke under TRITON_INTERPRET (correctness of the plumbing only).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from synodic.kernels.sparse_attention import sparse_attention, triton_impl  # noqa: E402
+
+COPY_GBS = 4245.0
+
+
+def graph_us(fn, device, reps: int = 20) -> float:
+    """Best of 5 means over `reps` back-to-back launches of fn captured in one CUDA graph (launch overhead excluded)."""
+    if device != "cuda":
+        return float("nan")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(5):
+        t0.record()
+        g.replay()
+        t1.record()
+        torch.cuda.synchronize()
+        best = min(best, t0.elapsed_time(t1) * 1e3 / reps)
+    return best
+
+
+def run_point(N, K, nq, nkv, hd, rows, device, gen):
+    dt = torch.bfloat16
+    q = torch.randn(N, nq, hd, generator=gen).to(dt).to(device)
+    kv = torch.randn(rows, 2, nkv, hd, generator=gen).to(dt).to(device)
+    ids = torch.randint(0, rows, (N, K), generator=gen, dtype=torch.int32).to(device)
+    k, v = kv[:, 0], kv[:, 1]
+    out = torch.empty_like(q)
+    ref = sparse_attention(q, k, v, ids, backend="ref")
+    res = {"N": N, "K": K, "splits": triton_impl.split_plan(K, 32 if hd > 128 else 64)[1]}
+
+    def split():
+        sparse_attention(q, k, v, ids, out=out, backend="triton")
+
+    def one():
+        old = triton_impl.SPLITS_PER_ROW
+        triton_impl.SPLITS_PER_ROW = 1
+        try:
+            sparse_attention(q, k, v, ids, out=out, backend="triton")
+        finally:
+            triton_impl.SPLITS_PER_ROW = old
+
+    def torch_ref():
+        sparse_attention(q, k, v, ids, backend="ref")
+
+    split()
+    res["rel_err_vs_ref"] = float((out.float() - ref.float()).norm() / ref.float().norm())
+    nbytes = N * K * 2 * nkv * hd * kv.element_size()
+    for name, fn in (("split", split), ("one", one), ("torch", torch_ref)):
+        us = graph_us(fn, device)
+        res[f"{name}_us"] = us
+        res[f"{name}_gbs"] = nbytes / us / 1e3 if us == us else float("nan")
+    res["split_over_one"] = res["one_us"] / res["split_us"] if device == "cuda" else float("nan")
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="sparse_attention.json")
+    ap.add_argument("--batches", default="1,3,6,32")
+    ap.add_argument("--k", default="256,2048")
+    a = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        nq, nkv, hd, rows, batches, ks = 32, 1, 288, 1 << 18, [int(b) for b in a.batches.split(",")], \
+            [int(k) for k in a.k.split(",")]
+    else:  # smoke
+        nq, nkv, hd, rows, batches, ks = 4, 1, 24, 64, [2], [40]
+    gen = torch.Generator().manual_seed(0)
+    rows_out = []
+    for K in ks:
+        for N in batches:
+            r = run_point(N, K, nq, nkv, hd, rows, device, gen)
+            rows_out.append(r)
+            print(f"N={N:3d} K={K:5d} splits={r['splits']:2d}: split {r['split_us']:8.1f} µs "
+                  f"({r['split_gbs']:6.0f} GB/s, {100 * r['split_gbs'] / COPY_GBS:4.1f} % of copy) | one "
+                  f"{r['one_us']:8.1f} µs | torch {r['torch_us']:8.1f} µs | split/one {r['split_over_one']:.1f}x "
+                  f"| rel err {r['rel_err_vs_ref']:.1e}", flush=True)
+    with open(a.out, "w") as f:
+        json.dump({"bench": "sparse_attention", "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                   "shape": dict(nq=nq, nkv=nkv, hd=hd, rows=rows), "rows": rows_out}, f, indent=1)
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
