@@ -42,14 +42,15 @@ MAMBA = dict(H=128, P=64, N=128, G=8)
 # prologue kernel); v1 = (BLOCK, heads per program, num_warps, maxnreg)
 # (impl, config); v2 config = (BLOCK, warps, gram[, maxnreg[, dot]]). The 2026-11-30 sweep's losers are dropped:
 # Mamba-2 v2 without gram 1216-1275 us, v1 1593-2166; GDN (64, 2) 1423, (128, 8) 1777, v1 1540-3709 (batch 256);
-# 04:20 UTC: GDN (32, 1, gram) 1395, (16, 2, gram) 945, (16, 2, gram, dot) 1017, (32, 2, gram, dot) 667.
+# 04:20-04:40 UTC: GDN (32, 1, gram) 1395, (16, 2, gram) 945, (16, 1, gram) 941, (8, 1, gram) 779;
+# with dot (16, 2) 1017, (32, 2) 667, (64, 1) 897, (64, 4) 827, (128, 2) 1269, (128, 4) 928.
 VERIFY_SWEEP = {"mamba2": [("v2", (64, 2, True)), ("v2", (32, 2, True)), ("v2", (64, 2, True, None, True)),
                            ("v2", (64, 4, True, None, True)), ("v2", (32, 2, True, None, True)),
                            ("v2", (64, 8, True, None, True)), ("v2", (32, 4, True, None, True))],
-                "gdn": [("v2", (16, 1, True)), ("v2", (8, 1, True)), ("v2", (64, 2, True, None, True)),
-                        ("v2", (64, 1, True, None, True)), ("v2", (64, 4, True, None, True)),
-                        ("v2", (128, 2, True, None, True)), ("v2", (128, 4, True, None, True)),
-                        ("v2", (32, 1, True, None, True)), ("v2", (16, 1, True, None, True))]}
+                "gdn": [("v2", (32, 1, True, None, True)), ("v2", (64, 2, True, None, True)),
+                        ("v2", (32, 1, True, 128, True)), ("v2", (32, 1, True, 168, True)),
+                        ("v2", (32, 1, True, 255, True)), ("v2", (64, 2, True, 128, True)),
+                        ("v2", (16, 1, True, None, True))]}
 GDN = dict(HV=32, Hk=16, K=128, V=128)
 TINY_MAMBA = dict(H=6, P=8, N=16, G=3)
 TINY_GDN = dict(HV=4, Hk=2, K=16, V=8)

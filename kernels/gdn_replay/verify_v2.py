@@ -274,11 +274,12 @@ def pick_config(ckpt, ckpt_lo, V: int, K: int, rows: int, T: int) -> tuple[int, 
     817 us: verify is compute-bound (2T reductions over the tile per window), not byte-bound.
     Then (2026-11-30 ~04:20 UTC, code `f6bce30`) S0 k_s and S0 q_s as two tf32x3 tl.dot (dot=True, with the
     prologue): (64, 2 warps) 477 us, (16, 1) 546, (32, 2) 667, (16, 2) 1017 — vs 940 us for (16, 1, prologue)
-    and 827 us for the eager window in that run. So prologue + dot on [64, K] tiles, 2 warps, at >= 1024
-    rows (tl.dot needs BLOCK_V and K >= 16); below, (16, 2) in one launch."""
+    and 827 us for the eager window in that run; a wider sweep (~04:40 UTC, code `2ec8fdb`): (32, 1) 436 us,
+    (64, 2) 478, (16, 1) 548, (64, 4) 827, (64, 1) 897, (128, 4) 928, (128, 2) 1269. So prologue + dot on
+    [32, K] tiles, 1 warp, at >= 1024 rows (tl.dot needs BLOCK_V and K >= 16); below, (16, 2) in one launch."""
     cap = next_pow2(V)
     if rows >= 1024 and cap >= 16 and next_pow2(K) >= 16:
-        return min(64, cap), 2, True, True
+        return min(32, cap), 1, True, True
     return min(16, cap), 2, False, False
 
 
