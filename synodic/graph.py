@@ -94,17 +94,23 @@ def build_graph(cfg, max_seq_len: int, max_slots: int | None = None, window: int
     g.ssm = cfg.ssm.build(ctx) if model.ssm_layers else None
     g.kv = cfg.kv.build(ctx) if model.attention_layers else None
     g.spec = cfg.spec.build(ctx)
-    if g.cuda_graphs and g.kv is not None and not getattr(g.kv, "graph_safe", False):
-        # top-k policies decide placement on the host between steps; their capture is unchecked
-        if cfg.runtime.cuda_graphs:
-            raise ConfigError([f"runtime.cuda_graphs=true with kv={cfg.kv.kind} (top_k="
-                               f"{getattr(cfg.kv, 'top_k', 0)}): expected runtime.cuda_graphs=false or null; "
-                               "only dense kv=resident steps are captured"])
-        g.cuda_graphs = False
-        g.notes.append(f"cuda_graphs off: kv={cfg.kv.kind} steps are not captured")
+    check_cuda_graphs(g, cfg.kv, cfg.runtime.cuda_graphs)
     emb = model.embed_tokens.weight
     g.embed_row_bytes = emb.shape[1] * emb.element_size()
     return g
+
+
+def check_cuda_graphs(g: ServingGraph, kv_cfg, asked: bool | None) -> None:
+    """CUDA graphs need a KV policy whose decode step is capturable (`graph_safe`: every built-in one is;
+    each policy's step documents why). Otherwise: runtime.cuda_graphs=true (`asked`) fails, null turns
+    them off with a note."""
+    if not g.cuda_graphs or g.kv is None or getattr(g.kv, "graph_safe", False):
+        return
+    if asked:
+        raise ConfigError([f"runtime.cuda_graphs=true with kv={kv_cfg.kind}: expected runtime.cuda_graphs=false "
+                           f"or null; {type(g.kv).__name__} decode steps cannot be captured (not graph_safe)"])
+    g.cuda_graphs = False
+    g.notes.append(f"cuda_graphs off: kv={kv_cfg.kind} steps are not captured")
 
 
 def linear_weight_bytes(model: torch.nn.Module, rows: int = 1) -> int:

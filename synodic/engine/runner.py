@@ -1,5 +1,5 @@
 """Runs the model: prefill one prompt, or one decode step over a batch, optionally replaying a CUDA
-graph per (batch bucket, KV view) from fixed-address buffers."""
+graph per (batch bucket, KV view, KV policy's graph_key) from fixed-address buffers."""
 import torch
 
 from synodic.models.lm import DecodeContext, PrefillContext, VerifyContext
@@ -21,7 +21,7 @@ class ModelRunner:
         self.rows = self.inputs[3]
         self.slots.fill_(-1)  # -1 = padding row
         self.rows.fill_(n)    # padding → scratch row n
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
 
     @torch.inference_mode()
@@ -61,12 +61,10 @@ class ModelRunner:
         self._bind(bucket, view)
         if not self.use_graphs:
             return self._forward(bucket)[:b]
-        key = (bucket, view)
+        # after bind: binding may change host state that picks the step's code path (kv.graph_key)
+        key = (bucket, view, *(self.kv.graph_key() if self.kv is not None else ()))
         if key not in self.graphs:
-            self.graphs[key] = self._capture(bucket, view)
-            # capture ran with every row as padding; restore this step's rows
-            self.inputs[2:, :bucket] = torch.tensor([slots + [-1] * pad, slots + [self.max_slots] * pad])
-            self._bind(bucket, view)
+            self.graphs[key] = self._capture(bucket)
         graph, out = self.graphs[key]
         graph.replay()
         return out[:b]
@@ -92,21 +90,34 @@ class ModelRunner:
         if self.ssm is not None:
             self.ssm.commit(accepted)
 
-    def _capture(self, bucket: int, view: int):
-        # Warm-up and capture with all rows as padding so only scratch state/pages are touched.
-        saved_slots, saved_rows = self.slots[:bucket].clone(), self.rows[:bucket].clone()
-        self.slots[:bucket] = -1
-        self.rows[:bucket] = self.max_slots
+    def _capture(self, bucket: int):
+        """Graph of `_forward(bucket)`, warmed up and captured with every row as padding (slot -1, the scratch
+        row, position 0) so only scratch state and pages are touched: a padding row at position 0 takes
+        every KV resolve's no-lookup path (padding rows share one scratch slot). The step's inputs are put
+        back afterwards; the backends stay bound to the same buffers, so nothing is bound again (a second
+        bind would redo the policy's between-step work)."""
+        saved = self.inputs[1:, :bucket].clone()
+        self.pos[:bucket], self.slots[:bucket], self.rows[:bucket] = 0, -1, self.max_slots
+        try:
+            return self._record(bucket)
+        finally:
+            self.inputs[1:, :bucket] = saved
+
+    def _record(self, bucket: int):
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
                 self._forward(bucket)
         torch.cuda.current_stream().wait_stream(stream)
+        # join the warm-ups' host backups now: a later wait on the backup event, last recorded inside the
+        # capture, would cross the capture boundary
+        quiesce = getattr(self.kv, "quiesce_host", None)
+        if quiesce is not None:
+            quiesce()
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self.pool):
             out = self._forward(bucket)
-        self.slots[:bucket], self.rows[:bucket] = saved_slots, saved_rows
         return graph, out

@@ -264,10 +264,17 @@ class AdaptivePolicy(HotBufferPolicy):
     # -- step ---------------------------------------------------------------------------------
     def bind(self, rows, positions, view_blocks):
         self._flush_stamps()
-        super().bind(rows, positions, view_blocks)
         self.step += 1
         self.step_t.fill_(self.step)
-        self._promote()
+        self._promote()  # first: it may end hot-buffer mode, which may_fetch / graph_key read
+        super().bind(rows, positions, view_blocks)
+
+    def may_fetch(self) -> bool:
+        return bool(self.hot)
+
+    def graph_key(self) -> tuple:
+        # no request in hot-buffer mode: the resolve is the plain page lookup (see resolve)
+        return (bool(self.hot),)
 
     def place_newest(self, i, kv, pos, t=0):
         dst = self._per_step(("newest", t), lambda: self._rows_of(self.res_table, self.rows, pos))  # a tail page
@@ -277,13 +284,14 @@ class AdaptivePolicy(HotBufferPolicy):
     def resolve(self, i, sel, pos):
         if not self.hot:
             # no request in hot-buffer mode, so every page of every request is resident: the three-way resolve
-            # is the page lookup (the kernel would touch no hot-buffer state and fetch nothing); skip its launches
+            # is the page lookup (the kernel would touch no hot-buffer state and fetch nothing); skip its launches.
+            # A host branch, so part of graph_key: a graph captured either way is replayed only that way.
             ids = self._paged_ids(self.res_table, sel)
         else:
             ids, n_miss = self._resolve(i, sel, self.rows, pos, self.res_table, False)
             self._count_misses(i, n_miss)
         self._sels.append((i, sel))
-        if i == self.NL - 1:
+        if i == self.NL - 1:  # within the forward, so a captured step records (and a replay redoes) the stamps
             self._flush_stamps()
         return ids
 

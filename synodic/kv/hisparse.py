@@ -4,7 +4,9 @@ buffer of B slots under LRU plus one reserved slot for the newest token.
 Decode, per layer: the newest row goes to its slot (slot `pos` while pos < B, else the reserved
 slot B) and is written through to the host; the indexer picks the top-k; one fused `kv_resolve`
 maps them to device rows (fast path while pos < B: slot = position, no lookups; else hits, LRU
-victims for misses, recency rewrite and the host → device copy of the missed rows).
+victims for misses, recency rewrite and the host → device copy of the missed rows). The fast path is
+taken per row inside the kernel, so one captured graph serves short and long rows alike (padding rows,
+at position 0, always take it and touch no hot-buffer state).
 
 Device footprint per request: its hot buffer pages (ceil(min(tokens, B+1) / bs), so short requests
 hold little) plus its indexer key pages; the host pool holds every row. Admission spends all three.
@@ -63,6 +65,9 @@ class HiSparsePolicy(HotBufferPolicy):
         self.dev_blocks = BlockManager(cfg.num_blocks, self.bs, max_slots, self.HP, device)
         self.hot_table = self.dev_blocks.table
         self.blocks = HiSparseBlocks(self)
+
+    def may_fetch(self) -> bool:
+        return True
 
     def check_window(self, T: int) -> None:
         raise NotImplementedError("kv=hisparse: speculative verify windows need a draft zone in the hot buffer "

@@ -59,8 +59,8 @@ class HostKVPool:
     def wait_all(self) -> None:
         """Compute stream waits for the pending backup (before host rows are read or rewritten, or pages
         freed). Inside a graph capture nothing is waited on: a captured step joined its backup already,
-        and the runner orders capture after the eager warm-up (waiting on an event recorded outside the
-        capture would break capture isolation)."""
+        and the runner joins the eager warm-ups' backups before it captures (waiting on an event recorded
+        outside the capture would break capture isolation, as would waiting after it on one recorded inside)."""
         if not self.pending:
             return
         self.pending = False

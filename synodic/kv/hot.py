@@ -65,7 +65,7 @@ class HotBufferPolicy(TopKPolicy):
         return self._per_step(("host_rows", t), lambda: self.host.rows(self.rows, self._pos(t)))
 
     def _step(self, i, q, iq, pos):
-        if i == self.NL - 1:  # every layer has placed its rows
+        if i == self.NL - 1:  # every layer has placed its rows (inside the forward: a captured step records the copy)
             self._flush_backup()
         return super()._step(i, q, iq, pos)
 

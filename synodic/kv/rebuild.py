@@ -3,15 +3,14 @@
 Benchmarks that compare KV policies on one large model (random weights of the 7B DSA preset take ~20 s
 to build on the GPU) build the graph once and call `rebuild_kv` per variant. The old policy is
 released first (pending host backups joined, device memory returned to the allocator) so two pools
-never coexist; CUDA graphs follow the same rule as `build_graph`: top-k policies run uncaptured.
+never coexist; CUDA graphs follow the same rule as `build_graph` (`check_cuda_graphs`: every built-in
+policy, dense or top-k, is captured; one that is not graph-safe runs uncaptured).
 """
 from __future__ import annotations
 
 import gc
 
 import torch
-
-from synodic.config.errors import ConfigError
 
 
 def free_kv(graph) -> None:
@@ -31,7 +30,7 @@ def free_kv(graph) -> None:
 def rebuild_kv(graph, kv_cfg, max_seq_len: int | None = None, window: int = 1):
     """graph.kv ← kv_cfg.build(...) on graph.model (after freeing the old policy); returns the policy.
     graph.cuda_graphs is recomputed from the run config for the new policy."""
-    from synodic.graph import BuildContext
+    from synodic.graph import BuildContext, check_cuda_graphs
     free_kv(graph)
     if max_seq_len is not None:
         graph.max_seq_len = max_seq_len
@@ -45,10 +44,5 @@ def rebuild_kv(graph, kv_cfg, max_seq_len: int | None = None, window: int = 1):
     asked = graph.cfg.runtime.cuda_graphs
     graph.cuda_graphs = graph.device.type == "cuda" if asked is None else asked
     graph.notes = [n for n in graph.notes if not n.startswith("cuda_graphs off: kv=")]
-    if graph.cuda_graphs and not getattr(graph.kv, "graph_safe", False):
-        if asked:
-            raise ConfigError([f"runtime.cuda_graphs=true with kv={kv_cfg.kind} (top_k={getattr(kv_cfg, 'top_k', 0)}): "
-                               "expected runtime.cuda_graphs=false or null; only dense kv=resident steps are captured"])
-        graph.cuda_graphs = False
-        graph.notes.append(f"cuda_graphs off: kv={kv_cfg.kind} steps are not captured")
+    check_cuda_graphs(graph, kv_cfg, asked)
     return graph.kv

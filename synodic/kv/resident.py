@@ -31,6 +31,10 @@ class ResidentKVPolicy:
         self.positions = positions
         self.view_blocks = view_blocks
 
+    def graph_key(self) -> tuple:
+        """Host state that picks a step's code path (none here); see TopKPolicy.graph_key."""
+        return ()
+
     def view_blocks_for(self, max_len: int) -> int:
         need = self.blocks.blocks_for(max_len)
         return min(self.blocks.max_blocks_per_seq, 1 << max(0, math.ceil(math.log2(need))))

@@ -10,6 +10,12 @@ indexer key cache. One decode step of layer i:
 Only placement differs between policies; the indexer, the selection and the attention math are the
 same code on the same values in the same order, so the outputs are bitwise identical.
 
+A decode step can be captured in a CUDA graph (`graph_safe`): the step reads fixed-address state and the
+runner's fixed-address rows/positions, never syncs the host and has no data-dependent shapes; what
+changes between steps on the host is done in `bind` (placement, promotion, the ledger's fetch flag), and
+host state that picks the step's code path is part of `graph_key`. Padding rows of a bucket (the scratch
+slot, position 0) map to scratch pages, take every resolve's no-lookup path and are not counted.
+
 Prefill is sparse too (every prompt query attends to its own top-k of the prompt, DSA-style), so a
 request recomputed after preemption attends to the same positions it saw while decoding (prefill runs
 it as masked dense attention in the model dtype, so the values agree to that dtype's rounding).
@@ -34,6 +40,7 @@ from .indexer import KeyIndexer, LearnedIndexer
 
 class TopKPolicy:
     uses_host = False
+    graph_safe = True  # see the module docstring
 
     def __init__(self, model, max_slots: int, device, cfg, max_seq_len: int, index_pages: int):
         self.layers = model.attention_layers
@@ -64,7 +71,7 @@ class TopKPolicy:
         self.positions = self.rows
         self.view_blocks = 1
         self._fetched = torch.zeros(self.NL, dtype=torch.long, device=device)  # host-fetched rows, per layer
-        self._fetch_pending = False        # a resolve since the last ledger read may have fetched (else: no read)
+        self._fetch_pending = False        # a step since the last ledger read may have fetched (else: no read)
         self._memo: dict = {}              # per-step index math, see bind
         self.stats: dict[str, int] = defaultdict(int)                           # cumulative, for reports
         self.stats_layers = {"selected": [0] * self.NL, "fetched": [0] * self.NL}
@@ -94,6 +101,15 @@ class TopKPolicy:
     def device_bytes_held(self) -> int:
         raise NotImplementedError
 
+    def may_fetch(self) -> bool:
+        """Whether the bound step's resolve can copy rows from the host (decided at bind: a replayed
+        graph runs no Python, so the ledger's fetch flag cannot be raised by the resolve itself)."""
+        return False
+
+    def graph_key(self) -> tuple:
+        """Host state that picks the bound step's code path: the runner keeps one graph per value."""
+        return ()
+
     # -- engine-facing --------------------------------------------------------------------------
     def bind(self, rows: torch.Tensor, positions: torch.Tensor, view_blocks: int) -> None:
         """Rows and positions of the next step. Page tables change only between steps (the engine grows,
@@ -103,6 +119,13 @@ class TopKPolicy:
         self.positions = positions
         self.view_blocks = view_blocks
         self._memo = {}
+        self._fetch_pending |= self.may_fetch()
+
+    def _begin(self, i: int) -> None:
+        """The first layer of a forward recomputes the per-step index math: a graph capture must record it
+        (and the runner's warm-up forwards before it ran with every row as padding)."""
+        if i == 0:
+            self._memo = {}
 
     def _per_step(self, key, fn):
         out = self._memo.get(key)
@@ -118,7 +141,6 @@ class TopKPolicy:
         """Add layer i's host-fetched rows (padding rows excluded) to the device counter the ledger reads."""
         real = self._per_step("real", lambda: (self.rows != self.S).int())
         self._fetched[i].add_((n_miss * real).sum())
-        self._fetch_pending = True
 
     def view_blocks_for(self, max_len: int) -> int:
         need = max(1, -(-max_len // self.bs))
@@ -169,6 +191,7 @@ class TopKPolicy:
     def attend(self, i: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, index=None) -> torch.Tensor:
         """q [B, nq, hd], k_new/v_new [B, nkv, hd] of the token at self.positions → o [B, nq, hd];
         index: the learned indexer's (q_I [B, H_I, d_I], w [B, H_I], k_I [B, d_I]) when learned_index."""
+        self._begin(i)
         pos = self._pos()
         iq, ik = self._index_qk(q, k_new, index)
         self.place_newest(i, self._kv_row(k_new, v_new), pos)
@@ -185,6 +208,7 @@ class TopKPolicy:
             return self.attend(i, q[:, 0], k_new[:, 0], v_new[:, 0],
                                index=None if index is None else index.at(slice(None), 0))[:, None]
         self.check_window(T)
+        self._begin(i)
         iqk = [self._index_qk(q[:, t], k_new[:, t], None if index is None else index.at(slice(None), t))
                for t in range(T)]
         for t in range(T):
