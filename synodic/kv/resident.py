@@ -2,6 +2,7 @@
 import math
 
 import torch
+from synodic.kernels.sparse_attention import sparse_attention
 
 from .blocks import BlockManager
 
@@ -53,23 +54,24 @@ class ResidentKVPolicy:
     def attend_window(self, i: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
         """A window of W tokens per row at positions[b] + 0..W-1: q [B, W, nq, hd], k/v [B, W, nkv, hd]
         → o [B, W, nq, hd], causal inside the window. Rows past a later commit are simply
-        overwritten by the next step (rollback is a length move)."""
+        overwritten by the next step (rollback is a length move).
+
+        Attention reads the rows in place: each query gets the row ids of its positions 0..pos (its pages
+        within the step's view, later positions -1) and `sparse_attention` (split-K Triton kernel on CUDA,
+        the fp32 torch reference on CPU) gathers them — no [B, view, bs, nkv, hd] copy of the pages."""
         bs, table = self.block_size, self.blocks.table
         B, W, nq, hd = q.shape
+        nkv = self.k[i].shape[2]
         pos = self.positions.long()[:, None] + torch.arange(W, device=q.device)  # [B, W]
         page = table[self.slot_ids[:, None], pos // bs].long()
         self.k[i][page, pos % bs] = k_new.to(self.k[i].dtype)
         self.v[i][page, pos % bs] = v_new.to(self.v[i].dtype)
-        pages = table[self.slot_ids, : self.view_blocks].long()  # [B, nb]
-        K = self.k[i][pages].flatten(1, 2)  # [B, Tk, nkv, hd]
-        V = self.v[i][pages].flatten(1, 2)
-        nkv = K.shape[2]
-        qg = q.float().view(B, W, nkv, nq // nkv, hd)
-        s = torch.einsum("bwgrd,btgd->bwgrt", qg, K.float()) / math.sqrt(hd)
-        t = torch.arange(K.shape[1], device=q.device)
-        s = s.masked_fill((t[None, None, :] > pos[:, :, None])[:, :, None, None, :], float("-inf"))
-        o = torch.einsum("bwgrt,btgd->bwgrd", s.softmax(-1), V.float())
-        return o.reshape(B, W, nq, hd).to(q.dtype)
+        t = torch.arange(self.view_blocks * bs, device=q.device)
+        rows = (table[self.slot_ids, : self.view_blocks, None] * bs + torch.arange(bs, device=q.device)).flatten(1)
+        ids = torch.where(t[None, None, :] <= pos[:, :, None], rows[:, None, :].int(), -1)  # [B, W, view * bs]
+        o = sparse_attention(q.reshape(B * W, nq, hd), self.k[i].view(-1, nkv, hd), self.v[i].view(-1, nkv, hd),
+                             ids.flatten(0, 1))
+        return o.view(B, W, nq, hd)
 
     # -- ledger -------------------------------------------------------------------------------
     def row_bytes(self) -> int:
