@@ -42,16 +42,10 @@ TARGETS = {("mamba2", "replay_fp32"): 1.75, ("mamba2", "replay_dual_bf16"): 2.5,
            ("gdn", "replay_fp32_adjoint_v2"): 1.6}
 # Launch configs swept for the engine's kernels (the v2 decode kernels; the v1 kernels' sweeps of
 # 2026-11-30 are recorded in their pick_config docstrings).
-# v2 (BLOCK_P, warps, flush fold[, items, stages[, maxnreg]]), see mamba2_replay.triton_v2.parse_config_v2:
-# items "hK" = K heads of a group per program, n = n consecutive work items per program, "smK" = persistent
-# K programs per SM; the item loop software-pipelined over `stages` (cp.async of the next items' tiles).
+# v2 (BLOCK_P, warps, flush fold)
 V2_SWEEP = [(32, 4, "serial"), (32, 2, "serial"), (64, 4, "serial"), (64, 2, "serial"), (16, 2, "serial"),
             (16, 4, "serial"), (64, 8, "serial"), (16, 1, "serial"), (8, 1, "serial"), (8, 2, "serial"),
-            (64, 1, "serial"),
-            (64, 4, "serial", "h8", 3), (64, 4, "serial", "h8", 3, 168), (64, 4, "serial", "h16", 4, 168),
-            (64, 8, "serial", "h8", 3, 128), (32, 4, "serial", "h8", 3, 128), (32, 4, "serial", "h16", 4, 128),
-            (16, 4, "serial", "h16", 4), (64, 4, "serial", 8, 3, 168), (64, 4, "serial", "sm3", 3, 168),
-            (32, 4, "serial", "sm4", 3, 128)]
+            (64, 1, "serial")]
 # GDN v2 (BLOCK_V, warps)
 G_V2_SWEEP = [(64, 2), (64, 1), (64, 4), (128, 2), (128, 4), (128, 1), (32, 1), (32, 2), (16, 1), (16, 2), (8, 1)]
 

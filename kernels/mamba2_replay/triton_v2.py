@@ -18,25 +18,11 @@ c_t = A * (sum of ring dt + dt_t):
     from the fp32 checkpoint; written to ckpt (+ ckpt_lo; fp8 with one scale per (head, p) row),
     nothing appended, y = S_t . C_t + D x_t (* silu(z)). The ring sum is serial rank-1 updates by
     default, or one [BP, L] x [L, N] ``tl.dot`` (fp32 "dot" / "tf32x3"): see ``pick_config_v2``.
-The N axis is masked only when N is not a power of two.
-
-Config (``parse_config_v2``): ``(BLOCK_P, num_warps[, fold[, items[, stages[, maxnreg]]]])``; the
-defaults (``pick_config_v2``, items 1) launch the one-item kernel above. Opt-in looped variants keep
-more bytes in flight per SM: a program runs several work items (row, head, P-tile) through the same
-per-item code (``_decode_item``, so the same math and precision modes, bit for bit under the
-interpreter) in a ``tl.range(num_stages=stages)`` loop, which Triton software-pipelines (cp.async of
-the next items' tiles into shared memory while this item computes):
-  * items = n > 1: n consecutive work items per program (w = (row * H + h) * cdiv(P, BLOCK_P) + pt);
-  * items = "smK": persistent grid, K programs per SM, striding over all work items;
-  * items = "hK": K heads of one group (same row and P-tile) per program; the group's slot, cursor,
-    ring B tile, B_t and C_t are loaded once, so no per-item load hangs on the slot id.
-maxnreg caps registers per thread (more programs per SM).
+Config: ``(BLOCK_P, num_warps[, fold])``; the N axis is masked only when N is not a power of two.
 """
 from __future__ import annotations
 
-import functools
 import os
-import re
 
 import triton
 import triton.language as tl
@@ -79,8 +65,7 @@ def _store_tile(ptr, sc_ptr, off, S, offs_p, pm, mask, IS_FP8: tl.constexpr, ROU
 
 
 @triton.jit
-def _decode_item(
-    row, h, pt, g,
+def _mamba2_replay_decode_v2_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr,
@@ -89,18 +74,10 @@ def _decode_item(
     LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
-    LOOP: tl.constexpr, GRP: tl.constexpr, g_slot, g_valid, g_wp, g_rB_raw, g_Bt_raw, g_Ct,
 ):
-    """One work item (batch row `row`, head h, P-tile pt, group g): the whole decode step of its
-    [BP, N] tile. LOOP: called in a software-pipelined loop over items. GRP: the row's group-level
-    inputs (slot, valid, cursor, ring B tile, B_t, C_t) come in as g_* (loaded once for all heads of
-    the group by the caller); else (g_* unused) they are loaded here, in the latency order below."""
     HPG: tl.constexpr = H // G
-    if GRP:
-        slot = g_slot
-        valid = g_valid
-    else:
-        slot, valid = _slot_of(sid_ptr, row)
+    row, h, pt, g = _head_tile(P, BP, HPG)
+    slot, valid = _slot_of(sid_ptr, row)
 
     # row masks from scalar limits; the N axis is masked only when N is not a power of two (as in eager)
     offs_p, offs_n, offs_l, pm, nm, rl = _limit_masks(pt, valid, P, BP, N, BN, L, LP)
@@ -126,21 +103,13 @@ def _decode_item(
     rB_base = rB_ptr + sg * L * N
     xr_raw = tl.load(rx_base + offs_l[:, None] * P + offs_p[None, :], mask=rx_mask, other=0.0)
     dtr_raw = tl.load(rdt_base + offs_l, mask=rl, other=0.0)
-    if GRP:
-        rB_raw = g_rB_raw
-        wp = g_wp
-    else:
-        rB_raw = tl.load(rB_base + offs_l[:, None] * N + offs_n[None, :], mask=rB_mask, other=0.0)
-        # ---- 3) cursor (one scalar) and this token's inputs ----
-        wp = tl.load(wp_ptr + slot, mask=valid, other=0)
+    rB_raw = tl.load(rB_base + offs_l[:, None] * N + offs_n[None, :], mask=rB_mask, other=0.0)
+    # ---- 3) cursor (one scalar) and this token's inputs ----
+    wp = tl.load(wp_ptr + slot, mask=valid, other=0)
     xt_raw = tl.load(x_ptr + row * sx_b + h * sx_h + offs_p, mask=pm, other=0.0)
     v = tl.load(dt_ptr + row * sdt_b + h * sdt_h).to(tl.float32) + tl.load(bias_ptr + h).to(tl.float32)
-    if GRP:
-        Bt_raw = g_Bt_raw
-        Ct = g_Ct
-    else:
-        Bt_raw = tl.load(B_ptr + row * sB_b + g * sB_g + offs_n, mask=nm, other=0.0)
-        Ct = tl.load(C_ptr + row * sC_b + g * sC_g + offs_n, mask=nm, other=0.0).to(tl.float32)
+    Bt_raw = tl.load(B_ptr + row * sB_b + g * sB_g + offs_n, mask=nm, other=0.0)
+    Ct = tl.load(C_ptr + row * sC_b + g * sC_g + offs_n, mask=nm, other=0.0).to(tl.float32)
     A_h = tl.load(A_ptr + h).to(tl.float32)
     D_h = tl.load(D_ptr + h).to(tl.float32)
     if HAS_Z:
@@ -159,20 +128,9 @@ def _decode_item(
     wr = tl.where(lm, dtr * tl.exp(ct - c_r), 0.0)                                # [LP]
     flush = valid & (wp >= L - 1)
     if flush:
-        if LOOP:  # tile addresses rebuilt here (valid: the row mask is offs_p < P), else the pipelined
-            # loop carries the item's [BP, N] pointer and mask tiles from its load stage to this one
-            f_ck = ck_ptr
-            f_lo = lo_ptr
-            f_off = sh * P * N + ((offs_p * N)[:, None] + offs_n[None, :])
-            f_mask = _tile_mask(offs_p < P, nm, N, BN)
-        else:
-            f_ck = ck_ptr + sh * P * N
-            f_lo = lo_ptr + sh * P * N
-            f_off = st_off
-            f_mask = tile_mask
         # state route from the fp32 checkpoint (dual precision: S0 above was the copy)
         if HAS_LO:
-            S = tl.load(f_ck + f_off, mask=f_mask, other=0.0).to(tl.float32)
+            S = tl.load(ck_ptr + sh * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
             if CK_FP8:
                 S = S * tl.load(cks_ptr + sh * P + offs_p, mask=pm, other=0.0)[:, None]
         else:
@@ -199,9 +157,9 @@ def _decode_item(
                 xj = xn
                 bj = bn
         S += (dtt * xt)[:, None] * Bt[None, :]
-        _store_tile(f_ck, cks_ptr + sh * P, f_off, S, offs_p, pm, f_mask, CK_FP8, ROUND_CK)
+        _store_tile(ck_ptr + sh * P * N, cks_ptr + sh * P, st_off, S, offs_p, pm, tile_mask, CK_FP8, ROUND_CK)
         if HAS_LO:
-            _store_tile(f_lo, los_ptr + sh * P, f_off, S, offs_p, pm, f_mask, LO_FP8,
+            _store_tile(lo_ptr + sh * P * N, los_ptr + sh * P, st_off, S, offs_p, pm, tile_mask, LO_FP8,
                         ROUND_LO)
         yv = tl.sum(S * Ct[None, :], axis=1)
     else:
@@ -226,109 +184,6 @@ def _decode_item(
         yv = _round_bf16(yv)
     tl.store(y_ptr + row * sy_b + h * sy_h + offs_p, yv.to(y_ptr.dtype.element_ty), mask=offs_p < P)
 
-
-@triton.jit
-def _mamba2_replay_decode_v2_kernel(
-    ck_ptr, cks_ptr, lo_ptr, los_ptr,
-    rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr,
-    sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
-    H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
-    LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
-    HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
-    ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
-):
-    """One program per work item: grid (H * cdiv(P, BP), batch)."""
-    HPG: tl.constexpr = H // G
-    row, h, pt, g = _head_tile(P, BP, HPG)
-    _decode_item(row, h, pt, g,
-                 ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
-                 x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr,
-                 sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
-                 H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_OUT, FOLD,
-                 False, False, 0, 0, 0, 0, 0, 0)
-
-
-@triton.jit
-def _mamba2_replay_decode_v2_loop_kernel(
-    ck_ptr, cks_ptr, lo_ptr, los_ptr,
-    rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr,
-    sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g, n_rows,
-    H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
-    LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
-    HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
-    ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
-    ITEMS: tl.constexpr, PERSISTENT: tl.constexpr, STAGES: tl.constexpr,
-):
-    """Several work items per program, in a software-pipelined loop (the next items' tile loads in
-    flight behind this item's math). Work item w = (row * H + h) * cdiv(P, BP) + pt (P-tiles, then the
-    heads of a row, are adjacent). PERSISTENT: a 1-D grid striding over all items (w = pid, pid + grid,
-    ...); else ITEMS consecutive items per program, grid cdiv(work, ITEMS)."""
-    HPG: tl.constexpr = H // G
-    NUM_T: tl.constexpr = (P + BP - 1) // BP
-    WPR: tl.constexpr = H * NUM_T                 # work items per batch row
-    total = n_rows * WPR
-    pid = tl.program_id(0)
-    if PERSISTENT:
-        start = pid
-        stop = total
-        step = tl.num_programs(0)
-    else:
-        start = pid * ITEMS
-        stop = tl.minimum(start + ITEMS, total)
-        step = 1
-    for w in tl.range(start, stop, step, num_stages=STAGES):
-        row = tl.cast(w // WPR, tl.int64)  # (w is a Python int under the interpreter)
-        r = w % WPR
-        h = r // NUM_T
-        _decode_item(row, h, r % NUM_T, h // HPG,
-                     ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
-                     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr,
-                     sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
-                     H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_OUT,
-                     FOLD, True, False, 0, 0, 0, 0, 0, 0)
-
-
-@triton.jit
-def _mamba2_replay_decode_v2_group_kernel(
-    ck_ptr, cks_ptr, lo_ptr, los_ptr,
-    rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr,
-    sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
-    H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
-    LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
-    HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
-    ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
-    HEADS: tl.constexpr, STAGES: tl.constexpr,
-):
-    """HEADS heads of one group (same P-tile, same batch row) per program, grid
-    (G * cdiv(H / G, HEADS) * cdiv(P, BP), batch): the group-level inputs (slot, cursor, ring B tile,
-    B_t, C_t) are loaded once, the loop over the heads is software-pipelined (no per-item load chain
-    through the slot id)."""
-    HPG: tl.constexpr = H // G
-    NUM_T: tl.constexpr = (P + BP - 1) // BP
-    NUM_C: tl.constexpr = (HPG + HEADS - 1) // HEADS  # head chunks per group
-    pid = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    pt = pid % NUM_T
-    gc = pid // NUM_T
-    g = gc // NUM_C
-    h0 = g * HPG + (gc % NUM_C) * HEADS
-    slot, valid = _slot_of(sid_ptr, row)
-    offs_p, offs_n, offs_l, pm, nm, rl = _limit_masks(pt, valid, P, BP, N, BN, L, LP)
-    rB_base = rB_ptr + (slot * G + g) * L * N
-    rB_raw = tl.load(rB_base + offs_l[:, None] * N + offs_n[None, :], mask=_tile_mask(rl, nm, N, BN), other=0.0)
-    wp = tl.load(wp_ptr + slot, mask=valid, other=0)
-    Bt_raw = tl.load(B_ptr + row * sB_b + g * sB_g + offs_n, mask=nm, other=0.0)
-    Ct = tl.load(C_ptr + row * sC_b + g * sC_g + offs_n, mask=nm, other=0.0).to(tl.float32)
-    for h in tl.range(h0, tl.minimum(h0 + HEADS, (g + 1) * HPG), num_stages=STAGES):
-        _decode_item(row, h, pt, g,
-                     ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
-                     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr,
-                     sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
-                     H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_OUT,
-                     FOLD, True, True, slot, valid, wp, rB_raw, Bt_raw, Ct)
 
 FOLDS = {"serial": 0, "dot": 1, "tf32x3": 2}
 
@@ -355,47 +210,9 @@ def pick_config_v2(ckpt, ckpt_lo, P: int, N: int, rows: int) -> tuple[int, int, 
     return min(bp, cap), 2, "serial"
 
 
-def parse_config_v2(config, default):
-    """(BLOCK_P, num_warps, fold, items, stages, maxnreg) from a config tuple
-    ``(BLOCK_P, num_warps[, fold[, items[, stages[, maxnreg]]]])``; missing or None entries take
-    `default` (pick_config_v2's) for the first three, then items 1, stages 3, maxnreg None.
-    items: 1 = one work item per program (the measured kernel); n > 1 = n consecutive work items per
-    program in a loop software-pipelined over `stages` (``tl.range(num_stages=stages)``: cp.async of
-    the next items' tiles into shared memory behind this item's math); "smK" = a persistent grid of
-    K programs per SM (1 SM under the interpreter) striding over all work items with the same loop.
-    maxnreg: register cap per thread (programs per SM), None = the compiler's choice."""
-    cfg = tuple(config) if config else ()
-    cfg = cfg + (None,) * (6 - len(cfg))
-    if len(cfg) > 6:
-        raise ValueError(f"config: {config!r}, expected (BLOCK_P, num_warps[, fold[, items[, stages[, maxnreg]]]])")
-    bp, nw, fold = (c if c is not None else d for c, d in zip(cfg[:3], default))
-    items = 1 if cfg[3] is None else cfg[3]
-    stages = 3 if cfg[4] is None else cfg[4]
-    maxnreg = cfg[5]
-    if fold not in FOLDS:
-        raise ValueError(f"config: fold {fold!r}, expected one of {sorted(FOLDS)}")
-    ok_items = (isinstance(items, int) and items >= 1) or (
-        isinstance(items, str) and re.fullmatch(r"(sm|h)[1-9][0-9]*", items) is not None)
-    if not ok_items:
-        raise ValueError(f"config: items {items!r}, expected an int >= 1, 'smK' or 'hK' (K >= 1)")
-    if not (isinstance(stages, int) and stages >= 1):
-        raise ValueError(f"config: stages {stages!r}, expected an int >= 1")
-    return bp, nw, fold, items, stages, maxnreg
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device) -> int:
-    import torch
-    if device.type != "cuda":
-        return 1  # the interpreter: "smK" = K programs
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
                      L, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None):
-    """x [b,H,P], dt [b,H], B/C [b,G,N], z [b,H,P] or None, y [b,H,P] (written). Inner strides 1.
-    config: ``(BLOCK_P, num_warps[, fold[, items[, stages[, maxnreg]]]])``, see ``parse_config_v2``;
-    None = ``pick_config_v2``."""
+    """x [b,H,P], dt [b,H], B/C [b,G,N], z [b,H,P] or None, y [b,H,P] (written). Inner strides 1."""
     import torch
 
     slots, H, P, N = ckpt.shape
@@ -403,19 +220,22 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     b = slot_ids.shape[0]
     if b == 0:
         return y
-    bp, nw, fold, items, stages, maxnreg = parse_config_v2(config, pick_config_v2(ckpt, ckpt_lo, P, N, b * H))
+    bp, nw, fold = pick_config_v2(ckpt, ckpt_lo, P, N, b * H)
+    if config:  # (BLOCK_P, num_warps[, fold])
+        bp, nw, fold = (tuple(config) + (fold,))[:3]
+    if fold not in FOLDS:
+        raise ValueError(f"config: fold {fold!r}, expected one of {sorted(FOLDS)}")
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     dummy = ckpt
     zz = z if z is not None else x
-    args = (
+    grid = (H * triton.cdiv(P, bp), b)
+    _mamba2_replay_decode_v2_kernel[grid](
         ckpt, ckpt_scale if ckpt_scale is not None else dummy,
         ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
         ring_x, ring_dt, ring_B, write_pos,
         x, dt, A, B, C, D, dt_bias, zz, y, slot_ids,
         x.stride(0), x.stride(1), zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
         dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
-    )
-    meta = dict(
         H=H, G=G, P=P, N=N, L=L, LP=max(16, triton.next_power_of_2(L)), BP=bp,
         BN=triton.next_power_of_2(N),
         HAS_Z=z is not None, CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
@@ -424,20 +244,4 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
         ROUND_OUT=interp and y.dtype == torch.bfloat16, FOLD=FOLDS[fold],
         num_warps=nw,
     )
-    if maxnreg is not None:
-        meta["maxnreg"] = maxnreg
-    if items == 1:  # one work item per program
-        _mamba2_replay_decode_v2_kernel[(H * triton.cdiv(P, bp), b)](*args, **meta)
-        return y
-    work = b * H * triton.cdiv(P, bp)
-    if isinstance(items, str) and items.startswith("h"):  # "hK": K heads of a group per program
-        k = int(items[1:])
-        _mamba2_replay_decode_v2_group_kernel[(G * triton.cdiv(H // G, k) * triton.cdiv(P, bp), b)](
-            *args, HEADS=k, STAGES=stages, **meta)
-    elif isinstance(items, str):  # "smK": persistent
-        grid = min(work, int(items[2:]) * _num_sms(y.device))
-        _mamba2_replay_decode_v2_loop_kernel[(grid,)](*args, b, ITEMS=1, PERSISTENT=True, STAGES=stages, **meta)
-    else:
-        _mamba2_replay_decode_v2_loop_kernel[(triton.cdiv(work, items),)](*args, b, ITEMS=items, PERSISTENT=False,
-                                                                           STAGES=stages, **meta)
     return y

@@ -63,14 +63,6 @@ CASES = [  # (H, G, P, N, mode, config (BLOCK_P, warps[, fold]) or None = the ea
     (6, 3, 8, 16, "dual_bf16", None),      # P a multiple of BLOCK_P (unmasked ring x tile)
     (3, 1, 5, 7, "dual_fp8", (4, 4)),      # per-row fp8 scales written by two P-tiles
     (6, 3, 5, 16, "single_fp8", None),
-    # looped kernels, config (BLOCK_P, warps, fold, items[, stages[, maxnreg]]): work items (row, head,
-    # P-tile) run back to back in one program; item counts that split rows, heads and P-tiles unevenly
-    (3, 1, 5, 7, "fp32", (4, 4, "serial", 4, 2)),        # 3 x 2 items a row: programs cross rows; tail
-    (3, 1, 5, 7, "dual_bf16", (4, 2, None, "sm3", 3)),   # persistent: 3 programs striding (1 "SM" on CPU)
-    (3, 1, 5, 7, "single_fp8", (4, 2, "tf32x3", 7, 4, 128)),
-    # "hK": K heads of one group per program (group inputs loaded once)
-    (6, 1, 5, 16, "dual_bf16", (8, 2, "serial", "h4", 3)),  # 6 heads a group: chunks of 4 and 2
-    (3, 1, 5, 7, "fp32", (4, 4, "dot", "h2")),              # chunks of 2 and 1; two P-tiles
 ]
 
 
@@ -174,72 +166,3 @@ def test_v2_needs_advance_false(device):
                              advance=False, backend="triton", config=(8, 4, "fma"))
     with pytest.raises(ValueError, match="impl"):
         mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v3")
-
-
-LOOP_CASES = [  # (mode, looped config); compared with the one-item kernel of the same (BLOCK_P, warps, fold)
-    ("fp32", (4, 2, "serial", 3)),               # 3 consecutive items a program (2 P-tiles a head)
-    ("dual_bf16", (4, 4, "serial", 4, 2)),       # 4 items, 2 stages
-    ("dual_bf16", (8, 2, "dot", "sm2")),         # persistent, 2 programs (1 "SM" under the interpreter)
-    ("fp32", (4, 2, "tf32x3", "sm5", 3, 96)),
-    ("dual_bf16", (4, 2, "serial", "h2", 2)),    # 5 heads in one group: chunks 2, 2, 1
-    ("dual_fp8", (4, 4, "tf32x3", "h3")),
-]
-
-
-@pytest.mark.parametrize("mode,cfg", LOOP_CASES)
-def test_v2_loop_config_matches_one_item_kernel(mode, cfg, device):
-    """The looped / persistent kernel runs the one-item kernel's code once per work item: the same y and
-    cache writes (bit for bit under the interpreter). Cursors L, L-1 (flush), 2 and 0 (append) in one
-    launch, a padding row, ring entries past each cursor NaN-poisoned, odd H / P / N."""
-    H, G, P, N = 5, 1, 5, 7
-    gen = torch.Generator().manual_seed(6)
-    A, D, bias = (t.to(device) for t in params(gen, H))
-    c, _ = fresh(gen, H, G, P, N, mode)
-    wp = [L, L - 1, 2, 0]
-    for s, n in enumerate(wp):
-        c["ring_x"][s, :, :n] = torch.randn(H, n, P, generator=gen)
-        c["ring_dt"][s, :, :n] = torch.rand(H, n, generator=gen)
-        c["ring_B"][s, :, :n] = torch.randn(G, n, N, generator=gen)
-    c["write_pos"].copy_(torch.tensor(wp, dtype=torch.int32))
-    c = {k: v.to(device) for k, v in c.items()}
-    sid = torch.tensor([2, 0, -1, 3, 1], dtype=torch.int32, device=device)
-    x, dt, B, C, z = (t.to(device) for t in inputs(gen, len(sid), H, G, P, N))
-    kw = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, z=z)
-    c_one = {k: v.clone() for k, v in c.items()}
-    c_loop = {k: v.clone() for k, v in c.items()}
-    y_one = v2_step(c_one, 1, cfg[:3], **kw)
-    y_loop = v2_step(c_loop, 1, cfg, **kw)  # NaN-poisoned output buffer: every element written
-    assert not torch.isnan(y_loop).any()
-    assert torch.all(y_loop[sid < 0] == 0)
-    exact = device == "cpu"
-    for k in c:
-        a, b = c_loop[k].float(), c_one[k].float()
-        if k.startswith("ring"):  # entries past the cursors stay NaN in both
-            a, b = a.nan_to_num(7.0), b.nan_to_num(7.0)
-        if exact:
-            assert torch.equal(a, b), k
-        else:
-            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
-    if exact:
-        assert torch.equal(y_loop, y_one)
-    else:
-        assert rel(y_loop, y_one) <= 1e-6
-    c_ref = {k: v.clone() for k, v in c.items()}
-    y_ref = mamba2_replay_decode(**c_ref, **kw, L=L, advance=False, backend="ref")
-    assert rrmse(y_loop, y_ref) <= Y_TOL[mode]
-    check_checkpoints(c_loop, c_ref, mode, 0)
-
-
-def test_v2_config_format():
-    from synodic.kernels.mamba2_replay.triton_v2 import parse_config_v2
-    d = (32, 2, "serial")
-    assert parse_config_v2(None, d) == (32, 2, "serial", 1, 3, None)
-    assert parse_config_v2((64, 4), d) == (64, 4, "serial", 1, 3, None)
-    assert parse_config_v2((64, 4, None, 8), d) == (64, 4, "serial", 8, 3, None)
-    assert parse_config_v2((64, 4, "dot", "sm2", 4, 168), d) == (64, 4, "dot", "sm2", 4, 168)
-    assert parse_config_v2((64, 4, "serial", "h16", 4), d) == (64, 4, "serial", "h16", 4, None)
-    for bad in [(64, 4, "serial", 0), (64, 4, "serial", "sm0"), (64, 4, "serial", "p2"), (64, 4, "serial", "h"),
-                (64, 4, "serial", "h0"), (64, 4, "serial", "h2x"), (64, 4, "serial", 2, 0),
-                (64, 4, "serial", 2, 3, None, 1), (64, 4, "fma")]:
-        with pytest.raises(ValueError, match="config"):
-            parse_config_v2(bad, d)
