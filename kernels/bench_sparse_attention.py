@@ -69,12 +69,7 @@ def run_point(N, K, nq, nkv, hd, rows, device, gen):
         sparse_attention(q, k, v, ids, out=out, backend="triton")
 
     def one():
-        old = triton_impl.SPLITS_PER_ROW
-        triton_impl.SPLITS_PER_ROW = 1
-        try:
-            sparse_attention(q, k, v, ids, out=out, backend="triton")
-        finally:
-            triton_impl.SPLITS_PER_ROW = old
+        triton_impl.sparse_attention_triton(q, k, v, ids, hd ** -0.5, out=out, splits_per_row=1)
 
     def torch_ref():
         sparse_attention(q, k, v, ids, backend="ref")

@@ -137,16 +137,16 @@ def _sparse_attn_combine_kernel(
         tl.store(o_ptr + n * o_n + h * o_h + offs_d * o_d, o.to(o_ptr.dtype.element_ty), mask=md)
 
 
-def split_plan(K: int, block_k: int) -> tuple[int, int]:
+def split_plan(K: int, block_k: int, splits_per_row: int = SPLITS_PER_ROW) -> tuple[int, int]:
     """(CHUNK ids per split, splits) for an id list of length K: a function of K alone (see the module
     docstring), CHUNK a multiple of block_k."""
     blocks = triton.cdiv(max(K, 1), block_k)
-    per = triton.cdiv(blocks, SPLITS_PER_ROW)
+    per = triton.cdiv(blocks, splits_per_row)
     return per * block_k, triton.cdiv(blocks, per)
 
 
 def sparse_attention_triton(q, k_cache, v_cache, ids, scale, out=None, block_k: int | None = None,
-                            num_warps: int = 4):
+                            num_warps: int = 4, splits_per_row: int = SPLITS_PER_ROW):
     N, nq, hd = q.shape
     nkv = k_cache.shape[1]
     rep = nq // nkv
@@ -163,7 +163,7 @@ def sparse_attention_triton(q, k_cache, v_cache, ids, scale, out=None, block_k: 
     if d_a + d_b > triton.next_power_of_2(hd):   # the split would not save anything
         d_a, d_b = max(16, triton.next_power_of_2(hd)), 0
     block_k = block_k or (32 if d_a + d_b > 128 else 64)
-    chunk, splits = split_plan(K, block_k)
+    chunk, splits = split_plan(K, block_k, splits_per_row)
     # Triton's interpreter computes bf16/fp16 dots wrongly (numpy has no bf16): there the operands are widened
     # to fp32 (exactly) and the probabilities stay fp32; the GPU runs the native dots (GPU test).
     widen = k_cache.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") == "1"
