@@ -1,7 +1,8 @@
 """Triton kernels of `sparse_attention`: split-K (flash-decoding) over each row's id list.
 
-A decode batch is a handful of rows over one KV head (MLA-shaped presets: 32 query heads share one
-576-value row), so one program per (row, KV head) would run a few programs on a 132-SM GPU. The id
+A decode batch can be a handful of rows over one KV head (MLA-shaped presets: 32 query heads share one
+576-value row), where one program per (row, KV head) would run a few programs on a 132-SM GPU, and
+an id list can be a whole context (dense `kv=resident` decode passes every position's row). The id
 list is cut into splits of CHUNK ids instead; grid (row x KV head, split):
 
 1. `_sparse_attn_split_kernel`: the program holds its group's query heads as a [REP, D] tile, walks
@@ -25,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-SPLITS_PER_ROW = 16   # target splits of one id list (K = 2048 → 128 ids per program, K = 256 → 16)
+SPLITS_PER_ROW = 16   # most splits of one id list (K = 2048: 16 x 128 ids; K = 256 at BLOCK_K 32: 8 x 32)
 
 
 @triton.jit
