@@ -33,6 +33,18 @@ def serve(overrides, prompts=PROMPTS, max_tokens=14, window=1, drafter=None, max
     return eng, reqs, logits
 
 
+def corrupting_drafter(ref: dict[int, list[int]], gamma: int = 2):
+    """Drafter whose drafts are each request's reference continuation `ref[id]`, every third one corrupted."""
+    def drafter(batch):
+        out = []
+        for r in batch:
+            n = len(r.output_ids)
+            d = [ref[r.id][n + j] if n + j < len(ref[r.id]) else 0 for j in range(gamma)]
+            out.append([(t + 1) % 4096 if (n + j) % 3 == 0 else t for j, t in enumerate(d)])
+        return out
+    return drafter
+
+
 def test_engine_outputs_bitwise_identical_across_policies():
     runs = {
         "resident": serve(["kv=resident", *TOPK, "kv.num_blocks=128"]),
@@ -71,16 +83,8 @@ def test_admission_follows_device_footprint_and_nothing_is_lost():
 def test_verify_windows_over_adaptive_reproduce_greedy():
     plain_eng, plain, _ = serve(["kv=adaptive", *TIERED, "kv.num_blocks=40", "kv.tail_pages=2"], PROMPTS[:3])
     ref = {r.id: r.output_ids for r in plain}
-
-    def drafter(batch):  # the reference continuation, every third draft corrupted
-        out = []
-        for r in batch:
-            n = len(r.output_ids)
-            d = [ref[r.id][n + j] if n + j < len(ref[r.id]) else 0 for j in range(2)]
-            out.append([(t + 1) % 4096 if (n + j) % 3 == 0 else t for j, t in enumerate(d)])
-        return out
     eng, reqs, _ = serve(["kv=adaptive", *TIERED, "kv.num_blocks=40", "kv.tail_pages=2"], PROMPTS[:3],
-                         window=3, drafter=drafter)
+                         window=3, drafter=corrupting_drafter(ref))
     assert [r.output_ids for r in reqs] == [ref[r.id] for r in reqs]
 
 

@@ -275,15 +275,7 @@ def test_engine_tiny_dsa_verify_windows_reproduce_greedy(monkeypatch):
     ov = ["kv=adaptive", *kve.TIERED, "kv.num_blocks=40", "kv.tail_pages=2"]
     _, plain, _ = _serve_dsa(monkeypatch, ov, prompts=kve.PROMPTS[:3])
     ref = {r.id: r.output_ids for r in plain}
-
-    def drafter(batch):  # the reference continuation, every third draft corrupted
-        out = []
-        for r in batch:
-            n = len(r.output_ids)
-            d = [ref[r.id][n + j] if n + j < len(ref[r.id]) else 0 for j in range(2)]
-            out.append([(t + 1) % 4096 if (n + j) % 3 == 0 else t for j, t in enumerate(d)])
-        return out
-    eng, reqs, _ = _serve_dsa(monkeypatch, ov, prompts=kve.PROMPTS[:3], window=3, drafter=drafter)
+    eng, reqs, _ = _serve_dsa(monkeypatch, ov, prompts=kve.PROMPTS[:3], window=3, drafter=kve.corrupting_drafter(ref))
     assert eng.graph.kv.learned_index
     assert [r.output_ids for r in reqs] == [ref[r.id] for r in reqs]
 

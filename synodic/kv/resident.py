@@ -23,6 +23,7 @@ class ResidentKVPolicy:
         self.slot_ids = torch.zeros(0, dtype=torch.long, device=device)
         self.positions = self.slot_ids
         self.view_blocks = 1
+        self._step = None  # (W, page, offset, ids) of the step's window, see _index
 
     # -- host-side, between steps -------------------------------------------------------------
     def bind(self, slot_ids: torch.Tensor, positions: torch.Tensor, view_blocks: int) -> None:
@@ -31,6 +32,7 @@ class ResidentKVPolicy:
         self.slot_ids = slot_ids
         self.positions = positions
         self.view_blocks = view_blocks
+        self._step = None
 
     def graph_key(self) -> tuple:
         """Host state that picks a step's code path (none here); see TopKPolicy.graph_key."""
@@ -59,19 +61,27 @@ class ResidentKVPolicy:
         Attention reads the rows in place: each query gets the row ids of its positions 0..pos (its pages
         within the step's view, later positions -1) and `sparse_attention` (split-K Triton kernel on CUDA,
         the fp32 torch reference on CPU) gathers them — no [B, view, bs, nkv, hd] copy of the pages."""
-        bs, table = self.block_size, self.blocks.table
         B, W, nq, hd = q.shape
         nkv = self.k[i].shape[2]
-        pos = self.positions.long()[:, None] + torch.arange(W, device=q.device)  # [B, W]
-        page = table[self.slot_ids[:, None], pos // bs].long()
-        self.k[i][page, pos % bs] = k_new.to(self.k[i].dtype)
-        self.v[i][page, pos % bs] = v_new.to(self.v[i].dtype)
-        t = torch.arange(self.view_blocks * bs, device=q.device)
-        rows = (table[self.slot_ids, : self.view_blocks, None] * bs + torch.arange(bs, device=q.device)).flatten(1)
-        ids = torch.where(t[None, None, :] <= pos[:, :, None], rows[:, None, :].int(), -1)  # [B, W, view * bs]
-        o = sparse_attention(q.reshape(B * W, nq, hd), self.k[i].view(-1, nkv, hd), self.v[i].view(-1, nkv, hd),
-                             ids.flatten(0, 1))
+        if i == 0 or self._step is None or self._step[0] != W:  # the same for every layer of a step
+            self._step = (W, *self._index(W, q.device))
+        _, page, off, ids = self._step
+        self.k[i][page, off] = k_new.to(self.k[i].dtype)
+        self.v[i][page, off] = v_new.to(self.v[i].dtype)
+        o = sparse_attention(q.reshape(B * W, nq, hd), self.k[i].view(-1, nkv, hd), self.v[i].view(-1, nkv, hd), ids)
         return o.view(B, W, nq, hd)
+
+    def _index(self, W: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(page [B, W], offset [B, W]) of the window's new rows and the row ids [B * W, view * bs] each query
+        attends to (positions 0..its own, -1 after). Computed by the first layer of every forward, so a
+        captured step records it and the warm-up forwards' values are never reused."""
+        bs, table = self.block_size, self.blocks.table
+        pos = self.positions.long()[:, None] + torch.arange(W, device=device)  # [B, W]
+        page = table[self.slot_ids[:, None], pos // bs].long()
+        t = torch.arange(self.view_blocks * bs, device=device)
+        rows = (table[self.slot_ids, : self.view_blocks, None] * bs + torch.arange(bs, device=device)).flatten(1)
+        ids = torch.where(t[None, None, :] <= pos[:, :, None], rows[:, None, :].int(), -1)  # [B, W, view * bs]
+        return page, pos % bs, ids.flatten(0, 1)
 
     # -- ledger -------------------------------------------------------------------------------
     def row_bytes(self) -> int:
