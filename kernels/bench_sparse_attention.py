@@ -63,7 +63,7 @@ def run_point(N, K, nq, nkv, hd, rows, device, gen):
     k, v = kv[:, 0], kv[:, 1]
     out = torch.empty_like(q)
     ref = sparse_attention(q, k, v, ids, backend="ref")
-    res = {"N": N, "K": K, "splits": triton_impl.split_plan(K, 32 if hd > 128 else 64)[1]}
+    res = {"N": N, "K": K, "splits": triton_impl.split_plan(K, hd)[2]}
 
     def split():
         sparse_attention(q, k, v, ids, out=out, backend="triton")

@@ -138,12 +138,22 @@ def _sparse_attn_combine_kernel(
         tl.store(o_ptr + n * o_n + h * o_h + offs_d * o_d, o.to(o_ptr.dtype.element_ty), mask=md)
 
 
-def split_plan(K: int, block_k: int, splits_per_row: int = SPLITS_PER_ROW) -> tuple[int, int]:
-    """(CHUNK ids per split, splits) for an id list of length K: a function of K alone (see the module
-    docstring), CHUNK a multiple of block_k."""
+def head_split(hd: int) -> tuple[int, int]:
+    """(D_A, D_B): the head dim as a power of two plus a power-of-two tail (0: none), e.g. 288 = 256 + 32."""
+    p2 = triton.next_power_of_2(hd)
+    d_a = max(16, p2 if p2 == hd else p2 // 2)
+    d_b = 0 if d_a >= hd else max(16, triton.next_power_of_2(hd - d_a))
+    return (d_a, d_b) if d_a + d_b <= p2 else (max(16, p2), 0)   # a split that saves nothing: plain padding
+
+
+def split_plan(K: int, hd: int, splits_per_row: int = SPLITS_PER_ROW, block_k: int | None = None
+               ) -> tuple[int, int, int]:
+    """(BLOCK_K, CHUNK ids per split, splits) for an id list of length K: a function of K and the head dim
+    alone (see the module docstring), CHUNK a multiple of BLOCK_K."""
+    block_k = block_k or (32 if sum(head_split(hd)) > 128 else 64)
     blocks = triton.cdiv(max(K, 1), block_k)
     per = triton.cdiv(blocks, splits_per_row)
-    return per * block_k, triton.cdiv(blocks, per)
+    return block_k, per * block_k, triton.cdiv(blocks, per)
 
 
 def sparse_attention_triton(q, k_cache, v_cache, ids, scale, out=None, block_k: int | None = None,
@@ -159,12 +169,8 @@ def sparse_attention_triton(q, k_cache, v_cache, ids, scale, out=None, block_k: 
     if K == 0:
         return out.zero_()
     rep_p = max(16, triton.next_power_of_2(rep))
-    d_a = max(16, triton.next_power_of_2(hd) // (1 if triton.next_power_of_2(hd) == hd else 2))
-    d_b = 0 if d_a >= hd else max(16, triton.next_power_of_2(hd - d_a))
-    if d_a + d_b > triton.next_power_of_2(hd):   # the split would not save anything
-        d_a, d_b = max(16, triton.next_power_of_2(hd)), 0
-    block_k = block_k or (32 if d_a + d_b > 128 else 64)
-    chunk, splits = split_plan(K, block_k, splits_per_row)
+    d_a, d_b = head_split(hd)
+    block_k, chunk, splits = split_plan(K, hd, splits_per_row, block_k)
     # Triton's interpreter computes bf16/fp16 dots wrongly (numpy has no bf16): there the operands are widened
     # to fp32 (exactly) and the probabilities stay fp32; the GPU runs the native dots (GPU test).
     widen = k_cache.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") == "1"
