@@ -82,25 +82,41 @@ def bench(fn, device):
     return time.perf_counter() - t0
 
 
-def run_point(batch, k, row_bytes, ctx_len, bs, device, clustered, max_batch):
+def sweep_configs(k):
+    """Miss-copy launch variants: the default (fills ~2 programs per SM), one copy chunk per program like
+    `copy_rows` (programs with no chunk exit after one load), wide column steps, and the fused copy."""
+    return {"chunk8_w1024": dict(copy_j=8, split=-(-k // 8), block_w=1024),
+            "chunk16_w1024": dict(copy_j=16, split=-(-k // 16), block_w=1024),
+            "chunk8_w256": dict(copy_j=8, split=-(-k // 8), block_w=256),
+            "chunk4_w1024": dict(copy_j=4, split=-(-k // 4), block_w=1024),
+            "fused": dict(split=0)}
+
+
+def run_point(batch, k, row_bytes, ctx_len, bs, device, clustered, max_batch, sweep=False):
     gen = torch.Generator().manual_seed(batch)
     host, dev, t, sels, B = problem(batch, k, row_bytes, ctx_len, bs, device, clustered, gen, max_batch)
     rows = torch.arange(batch, device=device)
     pos = torch.full((batch,), ctx_len - 1, device=device)
     it = [0]
 
-    def resolve(sel):
+    def resolve(sel, config=None):
         return kv_resolve(sel, rows, pos, res_table=None, hot_table=t["hot_table"], hot_pos=t["hot_pos"],
                           lru=t["lru"], idx_table=t["idx_table"], slot_of=t["slot_of"], src_table=t["host_table"],
-                          src=host, dev=dev, block_size=bs, fast_path=False)
+                          src=host, dev=dev, block_size=bs, fast_path=False, config=config)
 
-    def miss():
+    def miss(config=None):
         it[0] += 1
-        return resolve(sels[it[0] % 3])
+        return resolve(sels[it[0] % 3], config)
 
     _, n = miss()
     assert int(n.sum()) == batch * k, "every row should miss"
     t_miss = bench(miss, device)
+    swept = {}
+    if sweep:
+        for name, cfg in sweep_configs(k).items():
+            _, n = miss(cfg)
+            assert int(n.sum()) == batch * k, "every row should miss"
+            swept[name] = bench(lambda cfg=cfg: miss(cfg), device) * 1e6
     resolve(sels[0])
     t_hit = bench(lambda: resolve(sels[0]), device)
     # the same rows as a plain gather: host rows of one selection → device rows
@@ -112,7 +128,7 @@ def run_point(batch, k, row_bytes, ctx_len, bs, device, clustered, max_batch):
     return {"batch": batch, "k": k, "row_bytes": row_bytes, "clustered": clustered,
             "miss_us": t_miss * 1e6, "hit_us": t_hit * 1e6, "gather_us": t_gather * 1e6,
             "miss_GBps": moved / t_miss / 1e9, "gather_GBps": moved / t_gather / 1e9,
-            "miss_over_gather": t_gather / t_miss}
+            "miss_over_gather": t_gather / t_miss, "sweep_miss_us": swept}
 
 
 def main(argv=None):
@@ -122,12 +138,13 @@ def main(argv=None):
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--ctx", type=int, default=65536)
     ap.add_argument("--bs", type=int, default=64)
+    ap.add_argument("--sweep", action="store_true", help="also time the miss-copy launch variants")
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     batches = [1, 8, 32, 128]
     if device == "cpu":  # interpreter smoke: tiny shapes, timings meaningless
-        a.k, a.ctx, a.bs, a.row_bytes, batches = 8, 96, 4, 40, [2]
-    rows = [run_point(b, a.k, a.row_bytes, a.ctx, a.bs, device, c, max(batches))
+        a.k, a.ctx, a.bs, a.row_bytes, batches = 8, 97, 4, 40, [2]  # newest (96) never selected
+    rows = [run_point(b, a.k, a.row_bytes, a.ctx, a.bs, device, c, max(batches), a.sweep)
             for c in (False, True) for b in batches]
     print("| batch | k | row B | clustered | miss µs | hit µs | gather µs | miss GB/s | gather GB/s | miss/gather |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -135,6 +152,15 @@ def main(argv=None):
         print(f"| {r['batch']} | {r['k']} | {r['row_bytes']} | {r['clustered']} | {r['miss_us']:.1f} "
               f"| {r['hit_us']:.1f} | {r['gather_us']:.1f} | {r['miss_GBps']:.1f} | {r['gather_GBps']:.1f} "
               f"| {r['miss_over_gather']:.2f} |")
+    if a.sweep:
+        names = list(sweep_configs(a.k))
+        print("\nmiss µs by launch variant (miss/gather in brackets)")
+        print("| batch | clustered | default | " + " | ".join(names) + " |")
+        print("|---|---|---|" + "---|" * len(names))
+        for r in rows:
+            cells = [f"{r['sweep_miss_us'][n]:.1f} ({r['gather_us'] / r['sweep_miss_us'][n]:.2f})" for n in names]
+            print(f"| {r['batch']} | {r['clustered']} | {r['miss_us']:.1f} ({r['miss_over_gather']:.2f}) | "
+                  + " | ".join(cells) + " |")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "rows": rows}, f,

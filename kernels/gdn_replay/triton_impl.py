@@ -46,22 +46,20 @@ def _gdn_replay_kernel(
     valid = slot >= 0
     slot64 = tl.maximum(slot, 0).to(tl.int64)
 
-    # ---- cursor: atomic ticket in write_pos's high bits when this launch moves it ----
-    if ADVANCE:  # (the launcher clears ADVANCE for verify)
-        old = tl.atomic_add(wp_ptr + slot64, TICKET, mask=valid)
-        old = tl.where(valid, old, 0)
-        wp = old & (TICKET - 1)
-        last = ((old // TICKET) == NPROG - 1) & valid
-    else:
-        wp = tl.load(wp_ptr + slot64, mask=valid, other=0)
+    # ---- cursor ----
+    wp = tl.load(wp_ptr + slot64, mask=valid, other=0)
     if MODE == 2:
+        wp = wp & (TICKET - 1)  # other programs of the slot may have added their tickets already
         flush = (wp > 0) & (wp + min_room > L) & valid
-        new_wp = tl.where(flush, 0, wp)
+        if ADVANCE:  # (the launcher clears ADVANCE for verify)
+            if flush:
+                # Only a firing flush moves the cursor: every program of the slot decides alike, takes a
+                # ticket in write_pos's high bits, and the last one resets it. A flush check that does
+                # not fire (the common case before a window) is one load per program, no atomics.
+                old = tl.atomic_add(wp_ptr + slot64, TICKET)
+                tl.atomic_xchg(wp_ptr + slot64, 0, mask=(old // TICKET) == NPROG - 1)
     else:
         flush = wp < 0  # never
-        new_wp = wp
-    if ADVANCE:
-        tl.atomic_xchg(wp_ptr + slot64, new_wp, mask=last)
 
     rep = HV // Hk
     hv0 = hc * HPP
@@ -78,9 +76,9 @@ def _gdn_replay_kernel(
 
     # ---- key-head level, once per program: ring k, normalised q/k, every k_j.k_t and k_j.q_t ----
     rk_base = rk_ptr + (slot64 * Hk + hk) * L * K  # scalar bases + int32 in-tile offsets (registers)
-    rk = tl.load(rk_base + offs_l[:, None] * K + offs_k[None, :],
-                 mask=lm[:, None] & km[None, :], other=0.0).to(tl.float32)              # [LP, BK]
     if MODE == 1:
+        rk = tl.load(rk_base + offs_l[:, None] * K + offs_k[None, :],
+                     mask=lm[:, None] & km[None, :], other=0.0).to(tl.float32)          # [LP, BK]
         offs_t = tl.arange(0, TP)
         tm = offs_t < tl.where(valid, T, 0)
         kw = tl.load(k_ptr + row * sk_b + offs_t[:, None] * sk_t + hk * sk_h + offs_k[None, :],
@@ -113,11 +111,6 @@ def _gdn_replay_kernel(
         ring_h = slot64 * HV + hv
         ru_base = ru_ptr + ring_h * L * V
         rg_base = rg_ptr + ring_h * L
-        rg = tl.load(rg_base + offs_l, mask=lm, other=0.0)                    # [LP] fp32
-        Gam = tl.cumsum(rg, axis=0)
-        tot = tl.sum(rg, axis=0)
-        ru = tl.load(ru_base + offs_l[:, None] * V + offs_v[None, :],
-                     mask=lm[:, None] & vm[None, :], other=0.0).to(tl.float32)          # [LP, BV]
         st_off = offs_v[:, None] * K + offs_k[None, :]
         ck_base = ck_ptr + ring_h * V * K
         lo_base = lo_ptr + ring_h * V * K
@@ -134,6 +127,11 @@ def _gdn_replay_kernel(
                 if HAS_LO:
                     _store_state(lo_base, los_base, st_off, S, offs_v, vm, tile_mask, LO_FP8)
         if MODE == 1:
+            rg = tl.load(rg_base + offs_l, mask=lm, other=0.0)                # [LP] fp32
+            Gam = tl.cumsum(rg, axis=0)
+            tot = tl.sum(rg, axis=0)
+            ru = tl.load(ru_base + offs_l[:, None] * V + offs_v[None, :],
+                         mask=lm[:, None] & vm[None, :], other=0.0).to(tl.float32)      # [LP, BV]
             gw = tl.load(g_ptr + row * sg_b + offs_t * sg_t + hv * sg_h, mask=tm, other=0.0).to(tl.float32)
             bw = tl.load(beta_ptr + row * sbt_b + offs_t * sbt_t + hv * sbt_h, mask=tm,
                          other=0.0).to(tl.float32)

@@ -128,7 +128,7 @@ def _gdn_replay_verify_v2_kernel(
     else:
         tile_mask = vm[None, :, None] & (k3 < K)
     ru_mask = _ring_mask(rl, vm, V, BV)
-    if DOT:  # plain [BV, BK] tile: the window's S0 k_s and S0 q_s are two tl.dot (needs GRAM)
+    if DOT:  # plain [BV, BK] tile: the window's S0 k_s and S0 q_s are one tl.dot (needs GRAM)
         st_off = offs_v[:, None] * K + offs_k[None, :]
         if BK == K:
             tile_mask = vm[:, None]
@@ -150,12 +150,15 @@ def _gdn_replay_verify_v2_kernel(
         S0 = tl.load(ck_ptr + sh * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
         if CK_FP8:
             S0 = S0 * tl.load(cks_ptr + sh * V + sc_v, mask=vm[:, None] if DOT else vm[None, :, None], other=0.0)
-    if DOT:  # [BV, TD] = S0 [BV, BK] x [BK, TD] columns k_s / q_s (normalised, from the prologue), tf32x3
+    if DOT:  # one tf32x3 tl.dot: [BV, TD] = S0 [BV, BK] x [BK, TD], columns k_0..k_{T-1}, q_0..q_{T-1}
+        # (normalised, from the prologue; q scaled), the rest zero. TD >= 16 pads the MMA's N side
+        # anyway, so the q columns ride in the padding (two dots cost twice the MMAs and tf32 splits).
         offs_td = tl.arange(0, TD)
-        kq_cols = kq_ptr + (row * Hk + hk) * T * RW + offs_td[None, :] * RW + offs_k[:, None]
-        cm = (offs_td[None, :] < T) & km[:, None]
-        SKw = tl.dot(S0, tl.load(kq_cols, mask=cm, other=0.0), input_precision="tf32x3")
-        SQw = tl.dot(S0, tl.load(kq_cols + BK, mask=cm, other=0.0), input_precision="tf32x3")
+        tcol = tl.where(offs_td < T, offs_td, offs_td - T)
+        kq_cols = (kq_ptr + (row * Hk + hk) * T * RW + tcol[None, :] * RW + tl.where(offs_td < T, 0, BK)[None, :]
+                   + offs_k[:, None])
+        cm = (offs_td[None, :] < 2 * T) & km[:, None]
+        SW = tl.dot(S0, tl.load(kq_cols, mask=cm, other=0.0), input_precision="tf32x3")
     # ---- 2) the whole ring, no cursor dependency ----
     ru_base = ru_ptr + sh * L * V
     rg_base = rg_ptr + sh * L
@@ -231,8 +234,8 @@ def _gdn_replay_verify_v2_kernel(
         wk_r = tl.where(lm, er * kk_r, 0.0)
         wq_r = tl.where(lm, er * kq_r, 0.0)
         if DOT:
-            S0k = tl.sum(tl.where(offs_td[None, :] == s, SKw, 0.0), axis=1)
-            S0q = tl.sum(tl.where(offs_td[None, :] == s, SQw, 0.0), axis=1)
+            S0k = tl.sum(tl.where(offs_td[None, :] == s, SW, 0.0), axis=1)
+            S0q = tl.sum(tl.where(offs_td[None, :] == T + s, SW, 0.0), axis=1)
         else:
             S0k = tl.sum(tl.sum(S0 * ks3[:, None, :], axis=0), axis=1)
             S0q = tl.sum(tl.sum(S0 * qs3[:, None, :], axis=0), axis=1)
@@ -328,7 +331,7 @@ def launch_verify_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
         GRAM=bool(gram), USE_L2=bool(use_qk_l2norm),
         CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
         ROUND_RU=interp and ring_u.dtype == torch.bfloat16, ROUND_RK=round_rk,
-        ROUND_OUT=interp and o.dtype == torch.bfloat16, DOT=bool(dot), TD=max(16, TP),
+        ROUND_OUT=interp and o.dtype == torch.bfloat16, DOT=bool(dot), TD=max(16, next_pow2(2 * T)),
         num_warps=nw, **extra,
     )
     return o

@@ -50,9 +50,11 @@ def _check(sel, rows, pos, hot_pos, lru, slot_of, src, dev, block_size) -> None:
 
 
 def kv_resolve(sel, rows, pos, *, res_table, hot_table, hot_pos, lru, idx_table, slot_of, src_table, src, dev,
-               block_size: int, fast_path: bool, ids=None, n_miss=None, scratch=None, backend: str = "auto"):
+               block_size: int, fast_path: bool, ids=None, n_miss=None, scratch=None, backend: str = "auto",
+               config: dict | None = None):
     """See the module docstring. backend: "auto" (Triton on CUDA, reference otherwise) | "triton" | "ref".
-    `scratch` (triton only): a `triton_impl.ResolveScratch` reused across calls (fixed addresses)."""
+    `scratch` (triton only): a `triton_impl.ResolveScratch` reused across calls (fixed addresses).
+    `config` (triton only): launch overrides, keys of `triton_impl.CONFIG_KEYS` (bench_kv_resolve sweeps them)."""
     _check(sel, rows, pos, hot_pos, lru, slot_of, src, dev, block_size)
     if backend == "auto":
         backend = "triton" if sel.is_cuda else "ref"
@@ -63,6 +65,9 @@ def kv_resolve(sel, rows, pos, *, res_table, hot_table, hot_pos, lru, idx_table,
     if backend == "triton":
         if not sel.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("backend: 'triton' needs CUDA tensors (or TRITON_INTERPRET=1); use 'ref' or 'auto'")
-        from .triton_impl import kv_resolve_triton
-        return kv_resolve_triton(*args, ids=ids, n_miss=n_miss, scratch=scratch)
+        from .triton_impl import CONFIG_KEYS, kv_resolve_triton
+        bad = sorted(set(config or {}) - set(CONFIG_KEYS))
+        if bad:
+            raise ValueError(f"config: unknown key(s) {bad}; expected some of {list(CONFIG_KEYS)}")
+        return kv_resolve_triton(*args, ids=ids, n_miss=n_miss, scratch=scratch, **(config or {}))
     raise ValueError(f"backend: expected 'auto', 'triton' or 'ref', got {backend!r}")

@@ -154,11 +154,16 @@ class ResolveScratch:
         self.mark = torch.zeros(num_slots, b, dtype=torch.int32, device=device)
 
 
+CONFIG_KEYS = ("num_warps", "copy_j", "split", "block_w")
+
+
 def kv_resolve_triton(sel, rows, pos, res_table, hot_table, hot_pos, lru, idx_table, slot_of, src_table, src,
                       dev, block_size: int, fast_path: bool, ids=None, n_miss=None, scratch=None,
-                      num_warps: int | None = None, copy_j: int = 16, split: int | None = None):
+                      num_warps: int | None = None, copy_j: int = 16, split: int | None = None,
+                      block_w: int | None = None):
     """split: programs per request for the miss copy (a second launch); 0 = copy inside the resolve
-    program. Default: enough programs that a batch keeps ~132 SMs busy, at most one per chunk."""
+    program. Default: enough programs that a batch keeps ~132 SMs busy, at most one per chunk.
+    block_w: columns per copy step (default min(256, next power of two of the row))."""
     N, K = sel.shape
     S, B = lru.shape
     W = dev.shape[-1]
@@ -175,7 +180,8 @@ def kv_resolve_triton(sel, rows, pos, res_table, hot_table, hot_pos, lru, idx_ta
         num_warps = max(4, min(16, BLOCK_B // 256))
     if split is None:
         split = max(1, min(triton.cdiv(K, copy_j), 264 // N))
-    block_w = min(256, triton.next_power_of_2(W))
+    if block_w is None:
+        block_w = min(256, triton.next_power_of_2(W))
     has_res = res_table is not None
     res = res_table if has_res else hot_table  # unused pointer when HAS_RES is off
     _resolve_kernel[(N,)](

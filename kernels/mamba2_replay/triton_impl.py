@@ -81,22 +81,20 @@ def _mamba2_replay_kernel(
     valid = slot >= 0
     slot64 = tl.maximum(slot, 0).to(tl.int64)
 
-    # ---- cursor: atomic ticket in write_pos's high bits when this launch moves it ----
-    if ADVANCE:  # (the launcher clears ADVANCE for verify)
-        old = tl.atomic_add(wp_ptr + slot64, TICKET, mask=valid)
-        old = tl.where(valid, old, 0)
-        wp = old & (TICKET - 1)
-        last = ((old // TICKET) == NPROG - 1) & valid  # scalar & scalar
-    else:
-        wp = tl.load(wp_ptr + slot64, mask=valid, other=0)
+    # ---- cursor ----
+    wp = tl.load(wp_ptr + slot64, mask=valid, other=0)
     if MODE == 2:
+        wp = wp & (TICKET - 1)  # other programs of the slot may have added their tickets already
         flush = (wp > 0) & (wp + min_room > L) & valid
-        new_wp = tl.where(flush, 0, wp)
+        if ADVANCE:  # (the launcher clears ADVANCE for verify)
+            if flush:
+                # Only a firing flush moves the cursor: every program of the slot decides alike, takes a
+                # ticket in write_pos's high bits, and the last one resets it. A flush check that does
+                # not fire (the common case before a window) is one load per program, no atomics.
+                old = tl.atomic_add(wp_ptr + slot64, TICKET)
+                tl.atomic_xchg(wp_ptr + slot64, 0, mask=(old // TICKET) == NPROG - 1)
     else:
         flush = wp < 0  # never
-        new_wp = wp
-    if ADVANCE:
-        tl.atomic_xchg(wp_ptr + slot64, new_wp, mask=last)
 
     hpg = H // G
     h0 = hc * HPP
@@ -114,9 +112,9 @@ def _mamba2_replay_kernel(
 
     # ---- group level, once per program: ring B, window B / C, every B_j . C_t ----
     rB_base = rB_ptr + (slot64 * G + g) * L * N  # scalar bases + int32 in-tile offsets (registers)
-    rB = tl.load(rB_base + offs_l[:, None] * N + offs_n[None, :],
-                 mask=lm[:, None] & nm[None, :], other=0.0).to(tl.float32)              # [LP, BN]
     if MODE == 1:
+        rB = tl.load(rB_base + offs_l[:, None] * N + offs_n[None, :],
+                     mask=lm[:, None] & nm[None, :], other=0.0).to(tl.float32)          # [LP, BN]
         # verify: window tiles [TP, .]; window token r sits at ring position wp + r
         offs_t = tl.arange(0, TP)
         tm = offs_t < tl.where(valid, T, 0)
@@ -143,11 +141,6 @@ def _mamba2_replay_kernel(
         ring_h = slot64 * H + h
         rx_base = rx_ptr + ring_h * L * P
         rdt_base = rdt_ptr + ring_h * L
-        dtr = tl.load(rdt_base + offs_l, mask=lm, other=0.0)                 # [LP] fp32
-        c_r = A_h * tl.cumsum(dtr, axis=0)
-        tot = tl.sum(dtr, axis=0)
-        xr = tl.load(rx_base + offs_l[:, None] * P + offs_p[None, :],
-                     mask=lm[:, None] & pm[None, :], other=0.0).to(tl.float32)          # [LP, BP]
         st_off = offs_p[:, None] * N + offs_n[None, :]
         ck_base = ck_ptr + ring_h * P * N
         lo_base = lo_ptr + ring_h * P * N
@@ -167,6 +160,11 @@ def _mamba2_replay_kernel(
         else:
             D_h = tl.load(D_ptr + h).to(tl.float32)
             bias_h = tl.load(bias_ptr + h).to(tl.float32)
+            dtr = tl.load(rdt_base + offs_l, mask=lm, other=0.0)             # [LP] fp32
+            c_r = A_h * tl.cumsum(dtr, axis=0)
+            tot = tl.sum(dtr, axis=0)
+            xr = tl.load(rx_base + offs_l[:, None] * P + offs_p[None, :],
+                         mask=lm[:, None] & pm[None, :], other=0.0).to(tl.float32)      # [LP, BP]
         if MODE == 1:
             v = tl.load(dt_ptr + row * sdt_b + offs_t * sdt_t + h * sdt_h, mask=tm, other=0.0)
             v = v.to(tl.float32) + bias_h

@@ -68,10 +68,11 @@ def selection(gen, pos, rows):
     return sel
 
 
-@pytest.mark.parametrize("adaptive,split", [(False, None), (True, None), (False, 0), (True, 2)])
+@pytest.mark.parametrize("adaptive,split", [(False, None), (True, None), (False, 0), (True, 2), (False, 3)])
 def test_triton_matches_ref_over_steps(adaptive, split, device):
     """split: None = default second copy launch, 0 = copy inside the resolve program, 2 = two programs
-    sharing 2-row chunks."""
+    sharing 2-row chunks, 3 = one 2-row chunk per program (K = 5 rows at most) copied 4 columns at a time
+    (a row of W = 6 in two column steps, the second partial)."""
     gen = torch.Generator().manual_seed(7 + adaptive)
     a, b = build(gen, device, adaptive), build(torch.Generator().manual_seed(7 + adaptive), device, adaptive)
     rows = torch.tensor([2, 0, 1, S - 1], dtype=torch.long, device=device)   # the last row is padding
@@ -89,7 +90,7 @@ def test_triton_matches_ref_over_steps(adaptive, split, device):
         for st in (a, b):
             write_newest(st, rows.cpu(), pos.cpu(), adaptive)
         ids_t, nm_t = kv_resolve_triton(sel, rows, pos, block_size=BS, fast_path=not adaptive, split=split,
-                                       copy_j=2 if split == 2 else 16, **a)
+                                       copy_j=2 if split in (2, 3) else 16, block_w=4 if split == 3 else None, **a)
         ids_r, nm_r = kv_resolve(sel, rows, pos, block_size=BS, fast_path=not adaptive, backend="ref", **b)
         assert torch.equal(ids_t, ids_r), (step, ids_t, ids_r)
         assert torch.equal(nm_t, nm_r)

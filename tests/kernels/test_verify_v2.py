@@ -140,7 +140,8 @@ GDN_CASES = [  # (HV, Hk, V, K, T, mode, model dtype, config (BLOCK_V, warps, gr
     (9, 3, 6, 12, 4, "dual_bf16", torch.float32, (8, 2, True), (True, None), False),  # 3 value heads per key head
     (3, 3, 5, 10, 1, "dual_fp8", torch.float32, (8, 2, True), (False, 0.3), True),  # HV = Hk, T = 1, no l2norm
     (5, 1, 12, 16, 4, "single_fp8", torch.bfloat16, None, (True, None), False),  # bf16 ring / activations, 1 launch
-    # dot=True: S0 k_s / S0 q_s as two tf32x3 tl.dot over a [BLOCK_V, K] tile (V, K not powers of two)
+    # dot=True: S0 k_s / S0 q_s as one tf32x3 tl.dot (k and q columns side by side) over a [BLOCK_V, K]
+    # tile (V, K not powers of two)
     (4, 2, 20, 24, 3, "fp32", torch.float32, (16, 2, True, None, True), (True, None), True),
     (2, 2, 16, 16, 4, "dual_fp8", torch.float32, (16, 1, True, None, True), (False, 0.3), False),
 ]
