@@ -82,13 +82,12 @@ def bench(fn, device):
     return time.perf_counter() - t0
 
 
-def sweep_configs(k):
-    """Miss-copy launch variants: the default (fills ~2 programs per SM), one copy chunk per program like
-    `copy_rows` (programs with no chunk exit after one load), wide column steps, and the fused copy."""
-    return {"chunk8_w1024": dict(copy_j=8, split=-(-k // 8), block_w=1024),
-            "chunk16_w1024": dict(copy_j=16, split=-(-k // 16), block_w=1024),
-            "chunk8_w256": dict(copy_j=8, split=-(-k // 8), block_w=256),
-            "chunk4_w1024": dict(copy_j=4, split=-(-k // 4), block_w=1024),
+def sweep_configs(k, batch):
+    """Miss-copy launch variants beside the default (one 8-row chunk per program, whole rows): the previous
+    default (~2 programs per SM, 16-row chunks, 256-column steps), other chunk sizes, and the fused copy."""
+    return {"prev_default": dict(copy_j=16, split=max(1, min(-(-k // 16), 264 // batch)), block_w=256),
+            "chunk16": dict(copy_j=16, split=-(-k // 16)),
+            "chunk4": dict(copy_j=4, split=-(-k // 4)),
             "fused": dict(split=0)}
 
 
@@ -113,7 +112,7 @@ def run_point(batch, k, row_bytes, ctx_len, bs, device, clustered, max_batch, sw
     t_miss = bench(miss, device)
     swept = {}
     if sweep:
-        for name, cfg in sweep_configs(k).items():
+        for name, cfg in sweep_configs(k, batch).items():
             _, n = miss(cfg)
             assert int(n.sum()) == batch * k, "every row should miss"
             swept[name] = bench(lambda cfg=cfg: miss(cfg), device) * 1e6
@@ -153,7 +152,7 @@ def main(argv=None):
               f"| {r['hit_us']:.1f} | {r['gather_us']:.1f} | {r['miss_GBps']:.1f} | {r['gather_GBps']:.1f} "
               f"| {r['miss_over_gather']:.2f} |")
     if a.sweep:
-        names = list(sweep_configs(a.k))
+        names = list(sweep_configs(a.k, 1))
         print("\nmiss µs by launch variant (miss/gather in brackets)")
         print("| batch | clustered | default | " + " | ".join(names) + " |")
         print("|---|---|---|" + "---|" * len(names))
