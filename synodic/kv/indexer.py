@@ -21,12 +21,14 @@ bf16, or fp8 with one fp32 scale per token) instead of the model's keys, and the
 
 with the current token's q_I [H_I, d_I] and w [H_I] in fp32. Selection is the same `select`. Decode and
 prefill scores are the same function on the same quantised keys (on the CPU: elementwise products
-reduced over d_I, then over the heads), so a prompt's prefill selection equals what decoding the same
-prompt teacher-forced selects.
+reduced over d_I, then over the heads; on CUDA: the fused `synodic.kernels.index_scores` kernel, which
+reads the paged keys in place and whose per-key bits do not depend on the launch), so a prompt's prefill
+selection equals what decoding the same prompt teacher-forced selects.
 """
 from __future__ import annotations
 
 import torch
+from synodic.kernels.index_scores import index_scores
 
 FP8_MAX = 448.0
 KEY_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
@@ -160,8 +162,11 @@ class LearnedIndexer(KeyIndexer):
         return s if scale is None else s * scale
 
     def decode_scores(self, i: int, query, pages: torch.Tensor) -> torch.Tensor:
-        """query (q_I [N, H, d], w [N, H]), pages [N, view] → scores [N, view * bs]."""
+        """query (q_I [N, H, d], w [N, H]), pages [N, view] → scores [N, view * bs]. On CUDA one fused kernel
+        (synodic.kernels.index_scores) reads the paged keys in place."""
         q, w = query
+        if q.is_cuda:
+            return index_scores(q, w, self.keys[i], None if self.scales is None else self.scales[i], pages)
         keys = self.keys[i][pages].flatten(1, 2)                   # [N, T, d]
         scale = self.scales[i][pages].flatten(1, 2) if self.scales is not None else None
         return self.scores(q, w, keys, scale)
@@ -172,12 +177,16 @@ class LearnedIndexer(KeyIndexer):
         q, w = query
         T = q.shape[0]
         kq, scale = self.quantize(k)
-        keys, scale = kq[None], (scale[None] if scale is not None else None)
-        per_row = T * self.n_heads * (1 if q.is_cuda else self.head_dim)
+        keys, scale1 = kq[None], (scale[None] if scale is not None else None)
+        # CUDA: the fused kernel (the decode path's, so equal bits) holds only the [chunk, T] scores
+        per_row = T if q.is_cuda else T * self.n_heads * self.head_dim
         chunk = max(1, min(chunk, (self.CUDA_ELEMS if q.is_cuda else self.CPU_ELEMS) // max(1, per_row)))
         out = [torch.empty(0, top_k, dtype=torch.int32, device=q.device)]
         for c in range(start, T, chunk):
             e = min(T, c + chunk)
-            s = self.scores(q[c:e], w[c:e], keys[:, :e], None if scale is None else scale[:, :e])
+            if q.is_cuda:
+                s = index_scores(q[c:e], w[c:e], kq[:e], None if scale is None else scale[:e])
+            else:
+                s = self.scores(q[c:e], w[c:e], keys[:, :e], None if scale1 is None else scale1[:, :e])
             out.append(self.select(s, torch.arange(c, e, device=q.device), top_k))
         return torch.cat(out)
