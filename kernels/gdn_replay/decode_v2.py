@@ -16,7 +16,8 @@ G_t = sum(ring g) + g_t, and k, q L2-normalised (q times scale):
       (u tile by every program, g by V-tile 0, k by V-tile 0 of the key head's first value head).
   * flush, wp >= L-1: the ring replayed serially on the fp32 checkpoint tile (the eager order),
     S_t = e^{g_t} S + u_t k^T, written to ckpt (+ ckpt_lo), o = S_t q; nothing appended.
-Config: ``(BLOCK_V, num_warps)``.
+Config: ``(BLOCK_V, num_warps[, fold])``; fold = how a flush folds the ring: "serial" rank-1 updates (default),
+or one fp32 ``tl.dot`` over the ring ("dot", FMA; "tf32x3", tensor cores) as in the Mamba-2 kernel.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import triton.language as tl
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _tile_mask
 from ..mamba2_replay.common import is_fp8
 from ..mamba2_replay.triton_impl import _serial_fold
-from ..mamba2_replay.triton_v2 import _store_tile
+from ..mamba2_replay.triton_v2 import FOLDS, _store_tile
 
 
 @triton.jit
@@ -42,7 +43,7 @@ def _gdn_replay_decode_v2_kernel(
     LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, USE_L2: tl.constexpr,
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
-    ROUND_OUT: tl.constexpr,
+    ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
 ):
     REP: tl.constexpr = HV // Hk
     row, hv, vt, hk = _head_tile(V, BV, REP)
@@ -100,7 +101,18 @@ def _gdn_replay_decode_v2_kernel(
                 S = S * tl.load(cks_ptr + sh * V + offs_v, mask=vm, other=0.0)[:, None]
         else:
             S = S0
-        S = _serial_fold(S, ru_base + offs_v, rk_base + offs_k, rg_base, V, K, wp, 1.0, vm, km, L, False)
+        if FOLD == 0:
+            S = _serial_fold(S, ru_base + offs_v, rk_base + offs_k, rg_base, V, K, wp, 1.0, vm, km, L, False)
+        else:
+            # S_wp = e^{Gam_wp} S + sum_{j<wp} e^{Gam_wp - Gam_j} u_j k_j^T as one [BV, LP] x [LP, BK] dot over
+            # the ring already in registers (fp32 FMA "dot" or 3-pass tf32 "tf32x3")
+            wj = tl.where(lm, tl.exp(Gt - gt - Gam), 0.0)
+            uw = tl.trans(tl.where(lm[:, None], ru_raw.to(tl.float32), 0.0) * wj[:, None])        # [BV, LP]
+            rkf = tl.where(lm[:, None], rk_raw.to(tl.float32), 0.0)                                # [LP, BK]
+            if FOLD == 1:
+                S = tl.exp(Gt - gt) * S + tl.dot(uw, rkf, input_precision="ieee")
+            else:
+                S = tl.exp(Gt - gt) * S + tl.dot(uw, rkf, input_precision="tf32x3")
         S = tl.exp(gt) * S
         ut = bt * (vt_ - tl.sum(S * kt[None, :], axis=1))
         S = S + ut[:, None] * kt[None, :]
@@ -163,6 +175,9 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     if b == 0:
         return o
     bv, nw = tuple(config)[:2] if config else pick_config_v2(b, HV, V, ckpt_lo is not None)
+    fold = tuple(config)[2] if config and len(config) > 2 else "serial"
+    if fold not in FOLDS:
+        raise ValueError(f"config: fold {fold!r}, expected one of {sorted(FOLDS)}")
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     low = (torch.bfloat16, torch.float8_e4m3fn)
     dummy = ckpt
@@ -180,7 +195,7 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
         ROUND_CK=interp and ckpt.dtype in low,
         ROUND_LO=interp and ckpt_lo is not None and ckpt_lo.dtype in low,
         ROUND_RU=interp and ring_u.dtype == torch.bfloat16, ROUND_RK=interp and ring_k.dtype == torch.bfloat16,
-        ROUND_OUT=interp and o.dtype == torch.bfloat16,
+        ROUND_OUT=interp and o.dtype == torch.bfloat16, FOLD=FOLDS[fold],
         num_warps=nw,
     )
     return o

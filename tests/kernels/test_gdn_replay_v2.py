@@ -49,12 +49,14 @@ def v2_step(c, step, config, **kw):
     return o
 
 
-CASES = [  # (HV, Hk, V, K, mode, config (BLOCK_V, warps) or None = pick_config_v2)
+CASES = [  # (HV, Hk, V, K, mode, config (BLOCK_V, warps[, fold]) or None = pick_config_v2)
     (6, 3, 5, 7, "fp32", (4, 2)),          # two V-tiles, the second partial; K masked
     (4, 2, 8, 16, "fp32", (8, 1)),         # V a multiple of BLOCK_V, K a power of two (unmasked loads)
     (6, 3, 5, 7, "dual_bf16", None),
     (3, 1, 5, 7, "dual_fp8", (4, 2)),      # per-row fp8 scales written by two V-tiles; 3 value heads / key head
     (6, 3, 5, 16, "single_fp8", None),
+    (4, 2, 20, 24, "fp32", (16, 2, "dot")),       # flush as one fp32 dot over the ring; V-tile 2 partial
+    (4, 2, 16, 16, "dual_bf16", (16, 1, "tf32x3")),  # the same on tensor cores (3-pass tf32)
 ]
 
 
