@@ -166,6 +166,16 @@ def pick_config_v2(batch: int, HV: int, V: int, lo: bool) -> tuple[int, int]:
     return min(16, cap), 2
 
 
+def pick_fold(ckpt_lo, BV: int, nw: int) -> str:
+    """How a flush folds the ring. H200, batch 256, a plain step (cursor 5) / the flush step (cursor 15),
+    2026-11-30 ~06:20 UTC (bench_replay_flush): fp32 (32, 1 warp) serial 166 / 401 µs, dot 183 / 353, tf32x3
+    212 / 422; dual_bf16 serial 148 / 581, dot 149 / 485, tf32x3 165 / 549. So the fp32 FMA dot with a bf16
+    copy at (32, 1) (2.7 % over an L = 16 cycle), serial otherwise (the dot costs fp32 plain steps 10 %)."""
+    if ckpt_lo is not None and ckpt_lo.dtype == torch.bfloat16 and (BV, nw) == (32, 1):
+        return "dot"
+    return "serial"
+
+
 def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,
                      use_qk_l2norm, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None):
     """q/k [b,Hk,K], v [b,HV,V], g/beta [b,HV], o [b,HV,V] (written). Inner strides 1."""
@@ -175,7 +185,7 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     if b == 0:
         return o
     bv, nw = tuple(config)[:2] if config else pick_config_v2(b, HV, V, ckpt_lo is not None)
-    fold = tuple(config)[2] if config and len(config) > 2 else "serial"
+    fold = tuple(config)[2] if config and len(config) > 2 else pick_fold(ckpt_lo, bv, nw)
     if fold not in FOLDS:
         raise ValueError(f"config: fold {fold!r}, expected one of {sorted(FOLDS)}")
     interp = os.environ.get("TRITON_INTERPRET") == "1"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -202,19 +203,20 @@ def pick_config_v2(ckpt, ckpt_lo, P: int, N: int, rows: int) -> tuple[int, int, 
     (fp32) or [32, N] (low-precision copy) tile on 2 warps for more programs.
 
     fold = how a flush rebuilds S_t: "serial" rank-1 updates (register-light; the rarely taken branch
-    sets the register budget of every step). The fp32 dot folds ("dot", "tf32x3") stay selectable
-    through config[2]; at (32, 8) they were 1.3x / 2x slower."""
+    sets the register budget of every step), or one fp32 dot over the ring ("dot" FMA, "tf32x3" tensor
+    cores). H200, batch 256, (64, 2 warps), a plain step (cursor 5) / the flush step (cursor 15), 2026-11-30
+    ~06:20 UTC (bench_replay_flush): fp32 serial 290 / 693 µs, tf32x3 311 / 708, dot 4291 (spills);
+    dual_bf16 serial 236 / 1236, tf32x3 236 / 1134, dot 3467. So tf32x3 with a bf16 copy (the flush step 8 %
+    faster, plain steps equal: 2 % over an L = 16 cycle), serial otherwise."""
     lo = ckpt_lo is not None
     cap = triton.next_power_of_2(P)
     bp = 64 if rows >= 1024 else (32 if lo else 16)
-    return min(bp, cap), 2, "serial"
+    return min(bp, cap), 2, "tf32x3" if lo and ckpt_lo.dtype == torch.bfloat16 and bp == 64 else "serial"
 
 
 def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
                      L, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None):
     """x [b,H,P], dt [b,H], B/C [b,G,N], z [b,H,P] or None, y [b,H,P] (written). Inner strides 1."""
-    import torch
-
     slots, H, P, N = ckpt.shape
     G = ring_B.shape[1]
     b = slot_ids.shape[0]

@@ -157,8 +157,10 @@ def test_v2_needs_advance_false(device):
     gen = torch.Generator().manual_seed(5)
     A, D, bias = params(gen, H)
     c, _ = fresh(gen, H, G, P, N, "fp32")
-    x, dt, B, C, z = inputs(gen, 1, H, G, P, N)
-    sid = torch.tensor([0], dtype=torch.int32)
+    c = {k: v.to(device) for k, v in c.items()}
+    A, D, bias = A.to(device), D.to(device), bias.to(device)
+    x, dt, B, C, z = (t.to(device) for t in inputs(gen, 1, H, G, P, N))
+    sid = torch.tensor([0], dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="advance=False"):
         mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2")
     with pytest.raises(ValueError, match="fold"):

@@ -1,0 +1,123 @@
+"""Benchmark of the ReplaySSM v2 decode kernels split by step kind: a plain step (cursor 5: output-only route)
+vs the flush step (cursor L-1 = 15: the ring folded into the fp32 checkpoint, checkpoint and copy written),
+per tile / flush fold, fp32 and dual_bf16 checkpoints, Mamba-2 and GDN, against the eager kernels.
+
+    python -m synodic.kernels.bench_replay_flush --out replay_flush.json [--batch 256] [--kinds mamba2,gdn]
+
+Shapes: Mamba-2 H=128 P=64 N=128 G=8, GDN HV=32 Hk=16 K=V=128, L = 16; states far past the L2.
+`triton.testing.do_bench` medians (L2 flushed between reps). The average over an L-step cycle is
+(15 plain + 1 flush) / 16: what `bench_replay` times in one go. Without a GPU: a tiny smoke under
+TRITON_INTERPRET (plumbing only, times meaningless).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from synodic.kernels.gdn_decode import gdn_decode  # noqa: E402
+from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_decode  # noqa: E402
+from synodic.kernels.mamba2_decode import mamba2_decode  # noqa: E402
+from synodic.kernels.mamba2_replay import mamba2_replay_alloc, mamba2_replay_decode  # noqa: E402
+
+L = 16
+CONFIGS = {"mamba2": [(64, 2, "serial"), (64, 2, "tf32x3"), (64, 4, "tf32x3")],
+           "gdn": [(32, 1, "serial"), (32, 1, "dot"), (32, 1, "tf32x3"), (64, 2, "tf32x3")]}
+
+
+def timer(device):
+    if device == "cuda":
+        import triton.testing
+        return lambda f: triton.testing.do_bench(f, warmup=10, rep=60) * 1e3
+
+    def once(f):
+        t = time.perf_counter()
+        f()
+        return (time.perf_counter() - t) * 1e6
+    return once
+
+
+def run(kind, b, device, shapes, configs):
+    g = torch.Generator(device=device).manual_seed(0)
+    bench = timer(device)
+    rn = lambda *s: torch.randn(*s, device=device, generator=g)  # noqa: E731
+    sid = torch.arange(b, dtype=torch.int32, device=device)
+    res = {}
+    if kind == "mamba2":
+        H, P, N, G = shapes
+        x, z, B, C = rn(b, H, P).bfloat16(), rn(b, H, P).bfloat16(), rn(b, G, N).bfloat16(), rn(b, G, N).bfloat16()
+        dt = rn(b, H)
+        A, D, bias = -torch.rand(H, device=device), torch.rand(H, device=device), torch.rand(H, device=device)
+        st = rn(b, H, P, N) * 0.1
+        res["eager_us"] = bench(lambda: mamba2_decode(st, x, dt, A, B, C, D, bias, sid, z))
+        del st
+        alloc = lambda lo: mamba2_replay_alloc(b, H, P, N, G, L, lo_dtype=lo, device=device)  # noqa: E731
+        step = lambda c, cfg: mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias,  # noqa: E731
+                                                   slot_ids=sid, z=z, L=L, advance=False, config=cfg)
+        rings = (("ring_x", 1.0), ("ring_B", 1.0))
+    else:
+        HV, Hk, K, V = shapes
+        q, k, v = rn(b, Hk, K).bfloat16(), rn(b, Hk, K).bfloat16(), rn(b, HV, V).bfloat16()
+        gg, beta = -torch.rand(b, HV, device=device, generator=g) * 0.1, torch.rand(b, HV, device=device, generator=g)
+        st = rn(b, HV, V, K) * 0.1
+        res["eager_us"] = bench(lambda: gdn_decode(st, q, k, v, gg, beta, sid))
+        del st
+        alloc = lambda lo: gdn_replay_alloc(b, HV, V, K, Hk, L, lo_dtype=lo, device=device)  # noqa: E731
+        step = lambda c, cfg: gdn_replay_decode(**c, q=q, k=k, v=v, g=gg, beta=beta, slot_ids=sid, L=L,  # noqa: E731
+                                                advance=False, impl="v2", config=cfg)
+        rings = (("ring_u", 0.1), ("ring_k", 0.1))
+    for mode, lo in (("fp32", None), ("dual_bf16", torch.bfloat16)):
+        c = alloc(lo)
+        c["ckpt"].normal_(0, 0.1, generator=g)
+        if lo is not None:
+            c["ckpt_lo"].copy_(c["ckpt"])
+        for name, sd in rings:
+            c[name].normal_(0, sd, generator=g)
+        dk = "ring_dt" if kind == "mamba2" else "ring_g"
+        c[dk].uniform_(0, 0.1, generator=g) if kind == "mamba2" else c[dk].uniform_(-0.1, 0, generator=g)
+        for cfg in configs:
+            row = {}
+            for wp in (5, L - 1):
+                c["write_pos"].fill_(wp)
+                row["plain_us" if wp == 5 else "flush_us"] = bench(lambda c=c, cfg=cfg: step(c, cfg))
+            row["cycle_us"] = (15 * row["plain_us"] + row["flush_us"]) / 16
+            row["speedup_cycle"] = res["eager_us"] / row["cycle_us"]
+            res[f"{mode} {cfg}"] = row
+            print(f"{kind} {mode} {cfg}: plain {row['plain_us']:.1f} µs, flush {row['flush_us']:.1f} µs, "
+                  f"cycle {row['cycle_us']:.1f} µs = {row['speedup_cycle']:.2f}x eager {res['eager_us']:.1f} µs",
+                  flush=True)
+        c = None
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--kinds", default="mamba2,gdn")
+    a = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    shapes = {"mamba2": (128, 64, 128, 8), "gdn": (32, 16, 128, 128)}
+    configs = CONFIGS
+    if device == "cpu":  # smoke: tiny shapes, tile configs that fit them
+        a.batch, shapes = 2, {"mamba2": (2, 16, 16, 1), "gdn": (2, 1, 16, 16)}
+        configs = {"mamba2": [(16, 1, "serial")], "gdn": [(16, 1, "dot")]}
+    out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "batch": a.batch}
+    for kind in a.kinds.split(","):
+        out[kind] = run(kind, a.batch, device, shapes[kind], configs[kind])
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+if __name__ == "__main__":
+    main()
