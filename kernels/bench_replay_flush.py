@@ -27,8 +27,9 @@ from synodic.kernels.mamba2_decode import mamba2_decode  # noqa: E402
 from synodic.kernels.mamba2_replay import mamba2_replay_alloc, mamba2_replay_decode  # noqa: E402
 
 L = 16
-CONFIGS = {"mamba2": [(64, 2, "serial"), (64, 2, "tf32x3"), (64, 4, "tf32x3")],
-           "gdn": [(32, 1, "serial"), (32, 1, "dot"), (32, 1, "tf32x3"), (64, 2, "tf32x3")]}
+CONFIGS = {"mamba2": [(64, 2, "serial"), (64, 2, "tf32x3"), (64, 2, "tf32x3", 168), (64, 2, "serial", 128)],
+           "gdn": [(32, 1, "serial"), (32, 1, "dot"), (32, 1, "dot", 168), (32, 1, "dot", 128), (32, 1, "serial", 168),
+                   (64, 2, "tf32x3")]}
 
 
 def timer(device):

@@ -16,8 +16,9 @@ G_t = sum(ring g) + g_t, and k, q L2-normalised (q times scale):
       (u tile by every program, g by V-tile 0, k by V-tile 0 of the key head's first value head).
   * flush, wp >= L-1: the ring replayed serially on the fp32 checkpoint tile (the eager order),
     S_t = e^{g_t} S + u_t k^T, written to ckpt (+ ckpt_lo), o = S_t q; nothing appended.
-Config: ``(BLOCK_V, num_warps[, fold])``; fold = how a flush folds the ring: "serial" rank-1 updates (default),
-or one fp32 ``tl.dot`` over the ring ("dot", FMA; "tf32x3", tensor cores) as in the Mamba-2 kernel.
+Config: ``(BLOCK_V, num_warps[, fold[, maxnreg]])``; fold = how a flush folds the ring: "serial" rank-1
+updates, or one fp32 ``tl.dot`` over the ring ("dot", FMA; "tf32x3", tensor cores) as in the Mamba-2 kernel
+(default: ``pick_fold``); maxnreg caps registers per thread.
 """
 from __future__ import annotations
 
@@ -188,6 +189,8 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     fold = tuple(config)[2] if config and len(config) > 2 else pick_fold(ckpt_lo, bv, nw)
     if fold not in FOLDS:
         raise ValueError(f"config: fold {fold!r}, expected one of {sorted(FOLDS)}")
+    maxnreg = tuple(config)[3] if config and len(config) > 3 else None
+    extra = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     low = (torch.bfloat16, torch.float8_e4m3fn)
     dummy = ckpt
@@ -206,6 +209,6 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
         ROUND_LO=interp and ckpt_lo is not None and ckpt_lo.dtype in low,
         ROUND_RU=interp and ring_u.dtype == torch.bfloat16, ROUND_RK=interp and ring_k.dtype == torch.bfloat16,
         ROUND_OUT=interp and o.dtype == torch.bfloat16, FOLD=FOLDS[fold],
-        num_warps=nw,
+        num_warps=nw, **extra,
     )
     return o

@@ -18,7 +18,7 @@ c_t = A * (sum of ring dt + dt_t):
     from the fp32 checkpoint; written to ckpt (+ ckpt_lo; fp8 with one scale per (head, p) row),
     nothing appended, y = S_t . C_t + D x_t (* silu(z)). The ring sum is serial rank-1 updates by
     default, or one [BP, L] x [L, N] ``tl.dot`` (fp32 "dot" / "tf32x3"): see ``pick_config_v2``.
-Config: ``(BLOCK_P, num_warps[, fold])``; the N axis is masked only when N is not a power of two.
+Config: ``(BLOCK_P, num_warps[, fold[, maxnreg]])``; the N axis is masked only when N is not a power of two.
 """
 from __future__ import annotations
 
@@ -223,8 +223,9 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     if b == 0:
         return y
     bp, nw, fold = pick_config_v2(ckpt, ckpt_lo, P, N, b * H)
-    if config:  # (BLOCK_P, num_warps[, fold])
-        bp, nw, fold = (tuple(config) + (fold,))[:3]
+    maxnreg = None
+    if config:  # (BLOCK_P, num_warps[, fold[, maxnreg]])
+        bp, nw, fold, maxnreg = (tuple(config) + (fold, None)[len(config) - 2:])[:4]
     if fold not in FOLDS:
         raise ValueError(f"config: fold {fold!r}, expected one of {sorted(FOLDS)}")
     interp = os.environ.get("TRITON_INTERPRET") == "1"
@@ -244,6 +245,6 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
         ROUND_CK=interp and ckpt.dtype in (torch.bfloat16, torch.float8_e4m3fn),
         ROUND_LO=interp and ckpt_lo is not None and ckpt_lo.dtype in (torch.bfloat16, torch.float8_e4m3fn),
         ROUND_OUT=interp and y.dtype == torch.bfloat16, FOLD=FOLDS[fold],
-        num_warps=nw,
+        num_warps=nw, **({} if maxnreg is None else {"maxnreg": int(maxnreg)}),
     )
     return y

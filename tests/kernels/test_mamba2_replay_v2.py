@@ -63,6 +63,7 @@ CASES = [  # (H, G, P, N, mode, config (BLOCK_P, warps[, fold]) or None = the ea
     (6, 3, 8, 16, "dual_bf16", None),      # P a multiple of BLOCK_P (unmasked ring x tile)
     (3, 1, 5, 7, "dual_fp8", (4, 4)),      # per-row fp8 scales written by two P-tiles
     (6, 3, 5, 16, "single_fp8", None),
+    (3, 1, 20, 16, "dual_bf16", (16, 2, "tf32x3")),  # flush as one 3-pass tf32 dot (the dual default at 256)
 ]
 
 
