@@ -1,5 +1,7 @@
 """Benchmark of the learned indexer's decode scores on the GPU: the fused `index_scores` kernel vs the torch
-path it replaced (page gather of the cached keys, fp8 → fp32, fp32 batched GEMM, ReLU, weighted head sum).
+path it replaced (page gather of the cached keys, fp8 → fp32, fp32 batched GEMM, ReLU, weighted head sum),
+and the top-k selection over those scores: `topk_select`'s kernel vs the stable sort it replaced (top-k 2048;
+the ids must be equal).
 
     python -m synodic.kernels.bench_index_scores --out index_scores.json [--rows 1,4,32] [--ctx 16384,65536]
 
@@ -22,13 +24,14 @@ if not torch.cuda.is_available():
 
 from synodic.kernels.bench_sparse_attention import graph_us  # noqa: E402
 from synodic.kernels.index_scores import index_scores  # noqa: E402
+from synodic.kernels.topk_select import MAX_T, topk_select, topk_select_ref  # noqa: E402
 
 from synodic.kv.indexer import LearnedIndexer  # noqa: E402
 
 COPY_GBS = 4245.0
 
 
-def run_point(N, ctx, H, D, bs, device, gen):
+def run_point(N, ctx, H, D, bs, device, gen, top_k=2048):
     view = -(-ctx // bs)
     P = max(4 * N * view, (256 << 20) // (bs * (D + 4)))  # pool past the L2 (>= 256 MB of keys)
     keys = (torch.randn(P, bs, D, generator=gen, device=device) * 50).clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -51,6 +54,13 @@ def run_point(N, ctx, H, D, bs, device, gen):
     nbytes = N * view * bs * (D + 4)
     res["kernel_GBps"] = nbytes / res["kernel_us"] / 1e3 if res["kernel_us"] == res["kernel_us"] else float("nan")
     res["speedup"] = res["torch_us"] / res["kernel_us"]
+    # selection over these scores, the whole context visible
+    T, k = got.shape[1], min(top_k, got.shape[1])
+    pos = torch.full((N,), T - 1, dtype=torch.long, device=device)
+    if T <= MAX_T:
+        assert torch.equal(topk_select(got, pos, k, backend="triton"), topk_select_ref(got, pos, k)), "selection"
+        res["sort_us"] = graph_us(lambda: topk_select_ref(got, pos, k), device)
+        res["select_us"] = graph_us(lambda: topk_select(got, pos, k, backend="triton"), device)
     return res
 
 
@@ -67,11 +77,13 @@ def main(argv=None):
         H, D, bs, rows, ctxs = 3, 16, 4, [2], [10]
     gen = torch.Generator(device=device).manual_seed(0)
     res = [run_point(n, c, H, D, bs, device, gen) for c in ctxs for n in rows]
-    print("| rows | context | torch µs | kernel µs | kernel GB/s of keys (% of 4245) | torch / kernel | rel. err |")
-    print("|---|---|---|---|---|---|---|")
+    print("| rows | context | torch µs | kernel µs | kernel GB/s of keys (% of 4245) | torch / kernel | rel. err "
+          "| stable sort µs | topk_select µs |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in res:
+        sel = f"{r['sort_us']:.1f} | {r['select_us']:.1f}" if "sort_us" in r else "— | —"
         print(f"| {r['N']} | {r['ctx']} | {r['torch_us']:.1f} | {r['kernel_us']:.1f} | {r['kernel_GBps']:.0f} "
-              f"({100 * r['kernel_GBps'] / COPY_GBS:.0f} %) | {r['speedup']:.2f}x | {r['rel_err']:.1e} |")
+              f"({100 * r['kernel_GBps'] / COPY_GBS:.0f} %) | {r['speedup']:.2f}x | {r['rel_err']:.1e} | {sel} |")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "rows": res}, f, indent=1)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 from synodic.kernels.index_scores import index_scores
+from synodic.kernels.topk_select import topk_select
 
 FP8_MAX = 448.0
 KEY_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
@@ -99,15 +100,10 @@ class KeyIndexer:
 
     @staticmethod
     def select(scores: torch.Tensor, pos: torch.Tensor, top_k: int) -> torch.Tensor:
-        """Top min(top_k, pos+1) of positions [0, pos] per row, ties to the lower position; [N, top_k] int32."""
-        N, T = scores.shape
-        t = torch.arange(T, device=scores.device)
-        s = scores.masked_fill(t[None, :] > pos[:, None], float("-inf"))
-        order = torch.sort(s, dim=-1, descending=True, stable=True).indices[:, :top_k]
-        if order.shape[1] < top_k:
-            order = torch.cat([order, order.new_zeros(N, top_k - order.shape[1])], 1)
-        rank = torch.arange(top_k, device=scores.device)
-        return torch.where(rank[None, :] <= pos[:, None], order, -1).to(torch.int32)
+        """Top min(top_k, pos+1) of positions [0, pos] per row, ties to the lower position; [N, top_k] int32.
+        `synodic.kernels.topk_select`: one Triton launch per call on CUDA (rows up to its MAX_T scores), the
+        stable-sort reference elsewhere; both give the same ids in the same order."""
+        return topk_select(scores, pos, top_k)
 
     def prefill_select(self, q: torch.Tensor, k: torch.Tensor, top_k: int, chunk: int = 256,
                        start: int = 0) -> torch.Tensor:
