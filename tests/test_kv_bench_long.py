@@ -118,3 +118,12 @@ def test_plan_matches_what_the_policy_allocates(kind, indexer):
     assert abs(held - plan["planned_device_bytes"]) <= 64, (held, plan)
     if kind != "resident":
         assert pol.host.nbytes() == plan["host_bytes"]
+
+
+def test_compare_outputs_judges_the_policies_that_ran():
+    from synodic.kv.bench_long import compare_outputs
+    same = compare_outputs({"hisparse": [[1, 2]], "adaptive": [[1, 2]]})
+    assert same["all"] and same["pairs"] == {"hisparse=adaptive": True}
+    diff = compare_outputs({"resident": [[1, 2]], "hisparse": [[1, 3]], "adaptive": [[1, 2]]})
+    assert not diff["all"] and diff["mismatches"]["resident=hisparse"]["first_token"] == 1
+    assert not compare_outputs({"adaptive": [[1]]})["all"]  # nothing to compare
