@@ -31,7 +31,7 @@ import triton.language as tl
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _tile_mask
 from ..mamba2_replay.common import is_fp8
 from ..mamba2_replay.triton_impl import _serial_fold
-from ..mamba2_replay.triton_v2 import FOLDS, _store_tile
+from ..mamba2_replay.triton_v2 import FOLDS, _store_tile, decode_config
 
 
 @triton.jit
@@ -185,11 +185,8 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     b = slot_ids.shape[0]
     if b == 0:
         return o
-    bv, nw = tuple(config)[:2] if config else pick_config_v2(b, HV, V, ckpt_lo is not None)
-    fold = tuple(config)[2] if config and len(config) > 2 else pick_fold(ckpt_lo, bv, nw)
-    if fold not in FOLDS:
-        raise ValueError(f"config: fold {fold!r}, expected one of {sorted(FOLDS)}")
-    maxnreg = tuple(config)[3] if config and len(config) > 3 else None
+    bv, nw, fold, maxnreg = decode_config(config, pick_config_v2(b, HV, V, ckpt_lo is not None),
+                                          lambda block, warps: pick_fold(ckpt_lo, block, warps))
     extra = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     low = (torch.bfloat16, torch.float8_e4m3fn)

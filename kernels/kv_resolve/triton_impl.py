@@ -165,9 +165,9 @@ def kv_resolve_triton(sel, rows, pos, res_table, hot_table, hot_pos, lru, idx_ta
                       num_warps: int | None = None, copy_j: int = 8, split: int | None = None,
                       block_w: int | None = None):
     """split: programs per request for the miss copy (a second launch); 0 = copy inside the resolve
-    program. Default: one program per copy_j-row chunk (the H200 sweep of 2026-11-30: 0.85 -> 1.02x of the
-    gather for clustered 656-B rows at batch 128, equal elsewhere). block_w: columns per copy step (default
-    the row, up to 1024)."""
+    program. Default: one program per copy_j-row chunk on the (chunk, request) grid (H200, bench_kv_resolve
+    2026-11-30, 656-B rows at batch 128: 0.60 -> 1.00x of the gather scattered, 0.85 -> 1.02x in 8-row runs;
+    equal at smaller batches). block_w: columns per copy step (default the row, up to 1024)."""
     N, K = sel.shape
     S, B = lru.shape
     W = dev.shape[-1]

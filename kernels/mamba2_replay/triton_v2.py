@@ -210,8 +210,26 @@ def pick_config_v2(ckpt, ckpt_lo, P: int, N: int, rows: int) -> tuple[int, int, 
     faster, plain steps equal: 2 % over an L = 16 cycle), serial otherwise."""
     lo = ckpt_lo is not None
     cap = triton.next_power_of_2(P)
-    bp = 64 if rows >= 1024 else (32 if lo else 16)
-    return min(bp, cap), 2, "tf32x3" if lo and ckpt_lo.dtype == torch.bfloat16 and bp == 64 else "serial"
+    bp = min(64 if rows >= 1024 else (32 if lo else 16), cap)
+    return bp, 2, pick_fold(ckpt_lo, bp)
+
+
+def pick_fold(ckpt_lo, BP: int) -> str:
+    """The flush fold measured best (see pick_config_v2): tf32x3 for [64, N] tiles with a bf16 copy."""
+    return "tf32x3" if ckpt_lo is not None and ckpt_lo.dtype == torch.bfloat16 and BP == 64 else "serial"
+
+
+def decode_config(config, block_warps: tuple[int, int], fold_for) -> tuple[int, int, str, int | None]:
+    """A v2 decode launch config (BLOCK, num_warps[, fold[, maxnreg]]) over the defaults (shared with the GDN
+    kernel): block_warps when config is empty, fold_for(BLOCK, num_warps) when it names no fold."""
+    c = tuple(config or ())
+    if c and not 2 <= len(c) <= 4:
+        raise ValueError(f"config: expected (BLOCK, num_warps[, fold[, maxnreg]]), got {config!r}")
+    block, nw = c[:2] if c else block_warps
+    fold = c[2] if len(c) > 2 else fold_for(block, nw)
+    if fold not in FOLDS:
+        raise ValueError(f"config: fold {fold!r}, expected one of {sorted(FOLDS)}")
+    return block, nw, fold, (c[3] if len(c) > 3 else None)
 
 
 def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
@@ -222,12 +240,8 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     b = slot_ids.shape[0]
     if b == 0:
         return y
-    bp, nw, fold = pick_config_v2(ckpt, ckpt_lo, P, N, b * H)
-    maxnreg = None
-    if config:  # (BLOCK_P, num_warps[, fold[, maxnreg]])
-        bp, nw, fold, maxnreg = (tuple(config) + (fold, None)[len(config) - 2:])[:4]
-    if fold not in FOLDS:
-        raise ValueError(f"config: fold {fold!r}, expected one of {sorted(FOLDS)}")
+    bp, nw, fold, maxnreg = decode_config(config, pick_config_v2(ckpt, ckpt_lo, P, N, b * H)[:2],
+                                          lambda block, _: pick_fold(ckpt_lo, block))
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     dummy = ckpt
     zz = z if z is not None else x

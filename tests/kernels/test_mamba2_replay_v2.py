@@ -167,5 +167,8 @@ def test_v2_needs_advance_false(device):
     with pytest.raises(ValueError, match="fold"):
         mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
                              advance=False, backend="triton", config=(8, 4, "fma"))
+    with pytest.raises(ValueError, match=r"expected \(BLOCK, num_warps"):
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
+                             advance=False, backend="triton", config=(8,))
     with pytest.raises(ValueError, match="impl"):
         mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v3")
