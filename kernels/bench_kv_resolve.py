@@ -10,8 +10,11 @@ pinned host pool much larger than the L2. For batch 1, 8, 32, 128 requests (one 
           sets, hot buffer B = 2k, so each call evicts k LRU slots and copies k rows per request);
 - hit:    `kv_resolve` re-selecting the resident set (lookups + LRU rewrite, no copies).
 
-Reports GB/s of host rows moved and miss/gather (target >= 0.90). Times are CUDA-graph-free
-`triton.testing.do_bench` medians. Without a GPU it runs a tiny smoke under TRITON_INTERPRET.
+Reports GB/s of host rows moved and miss/gather (target >= 0.90), each timed two ways: CUDA-graph replays
+(the way the engine runs a decode step: a graph of the three rotating all-miss resolves, repeated; buffers
+and scratch at fixed addresses) and eager `triton.testing.do_bench` medians (launch overhead included: at
+batch 1 the resolve's two launches and its Python checks weigh against the gather's one launch).
+Without a GPU it runs a tiny smoke under TRITON_INTERPRET.
 """
 from __future__ import annotations
 
@@ -24,7 +27,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from synodic.kernels.bench_sparse_attention import graph_us  # noqa: E402
 from synodic.kernels.kv_resolve import kv_resolve  # noqa: E402
+from synodic.kernels.kv_resolve.triton_impl import ResolveScratch  # noqa: E402
 from synodic.kernels.row_copy import copy_rows  # noqa: E402
 
 _POOL: dict = {}
@@ -84,11 +89,13 @@ def bench(fn, device):
 
 def sweep_configs(k, batch):
     """Miss-copy launch variants beside the default (one 8-row chunk per program, whole rows): the previous
-    default (~2 programs per SM, 16-row chunks, 256-column steps), other chunk sizes, and the fused copy."""
+    default (~2 programs per SM, 16-row chunks, 256-column steps), other chunk sizes, the fused copy, and the
+    resolve program on 8 / 32 warps (default 16 at B = 4096)."""
     return {"prev_default": dict(copy_j=16, split=max(1, min(-(-k // 16), 264 // batch)), block_w=256),
             "chunk16": dict(copy_j=16, split=-(-k // 16)),
             "chunk4": dict(copy_j=4, split=-(-k // 4)),
-            "fused": dict(split=0)}
+            "fused": dict(split=0),
+            "resolve_warps8": dict(num_warps=8), "resolve_warps32": dict(num_warps=32)}
 
 
 def run_point(batch, k, row_bytes, ctx_len, bs, device, clustered, max_batch, sweep=False):
@@ -97,37 +104,63 @@ def run_point(batch, k, row_bytes, ctx_len, bs, device, clustered, max_batch, sw
     rows = torch.arange(batch, device=device)
     pos = torch.full((batch,), ctx_len - 1, device=device)
     it = [0]
+    ids = torch.empty(batch, k, dtype=torch.int32, device=device)
+    n_miss = torch.empty(batch, dtype=torch.int32, device=device)
+    scratch = ResolveScratch(batch, k, batch + 1, B, device)
 
     def resolve(sel, config=None):
         return kv_resolve(sel, rows, pos, res_table=None, hot_table=t["hot_table"], hot_pos=t["hot_pos"],
                           lru=t["lru"], idx_table=t["idx_table"], slot_of=t["slot_of"], src_table=t["host_table"],
-                          src=host, dev=dev, block_size=bs, fast_path=False, config=config)
+                          src=host, dev=dev, block_size=bs, fast_path=False, ids=ids, n_miss=n_miss,
+                          scratch=scratch, backend="triton", config=config)
+
+    def rotation(config=None):  # three all-miss resolves (the selections rotate; B = 2k keeps two of them)
+        for sel in sels:
+            resolve(sel, config)
 
     def miss(config=None):
         it[0] += 1
         return resolve(sels[it[0] % 3], config)
 
-    _, n = miss()
-    assert int(n.sum()) == batch * k, "every row should miss"
+    def all_miss(config=None):
+        for _ in range(3):
+            _, n = miss(config)
+            assert int(n.sum()) == batch * k, "every row should miss"
+
+    all_miss()
     t_miss = bench(miss, device)
+    g_miss = graph_us(rotation, device, reps=6) / 3 if device == "cuda" else float("nan")
+    all_miss()  # the graph's replays left the rotation where it was: every row still misses
     swept = {}
     if sweep:
         for name, cfg in sweep_configs(k, batch).items():
-            _, n = miss(cfg)
-            assert int(n.sum()) == batch * k, "every row should miss"
-            swept[name] = bench(lambda cfg=cfg: miss(cfg), device) * 1e6
+            all_miss(cfg)
+            swept[name] = graph_us(lambda cfg=cfg: rotation(cfg), device, reps=6) / 3 if device == "cuda" else \
+                bench(lambda cfg=cfg: miss(cfg), device) * 1e6
     resolve(sels[0])
     t_hit = bench(lambda: resolve(sels[0]), device)
+    g_hit = graph_us(lambda: resolve(sels[0]), device)
     # the same rows as a plain gather: host rows of one selection → device rows
     src_rows = (t["host_table"][rows[:, None], sels[1].long() // bs].long() * bs + sels[1].long() % bs).flatten()
     dst_rows = torch.arange(src_rows.numel(), device=device) % (dev.shape[0] * bs)
-    t_gather = bench(lambda: copy_rows(dev.view(-1, row_bytes), dst_rows, host.view(-1, row_bytes), src_rows),
-                     device)
+
+    def gather():
+        copy_rows(dev.view(-1, row_bytes), dst_rows, host.view(-1, row_bytes), src_rows)
+
+    t_gather = bench(gather, device)
+    g_gather = graph_us(gather, device)
     moved = batch * k * row_bytes
-    return {"batch": batch, "k": k, "row_bytes": row_bytes, "clustered": clustered,
-            "miss_us": t_miss * 1e6, "hit_us": t_hit * 1e6, "gather_us": t_gather * 1e6,
-            "miss_GBps": moved / t_miss / 1e9, "gather_GBps": moved / t_gather / 1e9,
-            "miss_over_gather": t_gather / t_miss, "sweep_miss_us": swept}
+    out = {"batch": batch, "k": k, "row_bytes": row_bytes, "clustered": clustered,
+           "miss_us": g_miss, "hit_us": g_hit, "gather_us": g_gather,
+           "miss_GBps": moved / g_miss / 1e3, "gather_GBps": moved / g_gather / 1e3,
+           "miss_over_gather": g_gather / g_miss,
+           "eager": {"miss_us": t_miss * 1e6, "hit_us": t_hit * 1e6, "gather_us": t_gather * 1e6,
+                     "miss_over_gather": t_gather / t_miss},
+           "sweep_miss_us": swept}
+    if device != "cuda":  # no graphs on the CPU smoke: the eager times stand in
+        out.update({key: out["eager"][key] for key in ("miss_us", "hit_us", "gather_us", "miss_over_gather")})
+        out["miss_GBps"], out["gather_GBps"] = moved / out["miss_us"] / 1e3, moved / out["gather_us"] / 1e3
+    return out
 
 
 def main(argv=None):
@@ -138,19 +171,23 @@ def main(argv=None):
     ap.add_argument("--ctx", type=int, default=65536)
     ap.add_argument("--bs", type=int, default=64)
     ap.add_argument("--sweep", action="store_true", help="also time the miss-copy launch variants")
+    ap.add_argument("--batches", default="1,8,32,128", help="requests per call, comma-separated")
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    batches = [1, 8, 32, 128]
+    batches = [int(b) for b in a.batches.split(",")]
     if device == "cpu":  # interpreter smoke: tiny shapes, timings meaningless
         a.k, a.ctx, a.bs, a.row_bytes, batches = 8, 97, 4, 40, [2]  # newest (96) never selected
     rows = [run_point(b, a.k, a.row_bytes, a.ctx, a.bs, device, c, max(batches), a.sweep)
             for c in (False, True) for b in batches]
+    print("CUDA-graph replays (eager do_bench in brackets)")
     print("| batch | k | row B | clustered | miss µs | hit µs | gather µs | miss GB/s | gather GB/s | miss/gather |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['batch']} | {r['k']} | {r['row_bytes']} | {r['clustered']} | {r['miss_us']:.1f} "
-              f"| {r['hit_us']:.1f} | {r['gather_us']:.1f} | {r['miss_GBps']:.1f} | {r['gather_GBps']:.1f} "
-              f"| {r['miss_over_gather']:.2f} |")
+        e = r["eager"]
+        print(f"| {r['batch']} | {r['k']} | {r['row_bytes']} | {r['clustered']} | {r['miss_us']:.1f} ({e['miss_us']:.1f}) "
+              f"| {r['hit_us']:.1f} ({e['hit_us']:.1f}) | {r['gather_us']:.1f} ({e['gather_us']:.1f}) "
+              f"| {r['miss_GBps']:.1f} | {r['gather_GBps']:.1f} | {r['miss_over_gather']:.2f} "
+              f"({e['miss_over_gather']:.2f}) |")
     if a.sweep:
         names = list(sweep_configs(a.k, 1))
         print("\nmiss µs by launch variant (miss/gather in brackets)")
