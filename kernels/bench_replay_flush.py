@@ -22,14 +22,20 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from synodic.kernels.gdn_decode import gdn_decode  # noqa: E402
-from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_decode  # noqa: E402
+from synodic.kernels.gdn_replay import gdn_replay_alloc  # noqa: E402
+from synodic.kernels.gdn_replay.decode_v2 import launch_decode_v2 as launch_gdn  # noqa: E402
 from synodic.kernels.mamba2_decode import mamba2_decode  # noqa: E402
-from synodic.kernels.mamba2_replay import mamba2_replay_alloc, mamba2_replay_decode  # noqa: E402
+from synodic.kernels.mamba2_replay import mamba2_replay_alloc  # noqa: E402
+from synodic.kernels.mamba2_replay.triton_v2 import launch_decode_v2 as launch_m2  # noqa: E402
 
 L = 16
-CONFIGS = {"mamba2": [(64, 2, "serial"), (64, 2, "tf32x3"), (64, 2, "tf32x3", 168), (64, 2, "serial", 128)],
-           "gdn": [(32, 1, "serial"), (32, 1, "dot"), (32, 1, "dot", 168), (32, 1, "dot", 128), (32, 1, "serial", 168),
-                   (64, 2, "tf32x3")]}
+# (config, split, flush_warps): split = an output-only launch + a flush launch (flush_warps None: the default)
+CONFIGS = {"mamba2": [((64, 2, "serial"), False, None), ((64, 2, "tf32x3"), False, None),
+                      ((64, 2, "tf32x3"), True, None), ((64, 2, "serial"), True, None), ((64, 2, "tf32x3"), True, 8),
+                      ((64, 4, "tf32x3"), True, None), ((32, 2, "tf32x3"), True, 4)],
+           "gdn": [((32, 1, "serial"), False, None), ((32, 1, "dot"), False, None), ((32, 1, "dot"), True, None),
+                   ((32, 1, "serial"), True, None), ((32, 1, "serial"), True, 2), ((32, 1, "tf32x3"), True, 2),
+                   ((64, 2, "dot"), True, None), ((16, 1, "dot"), True, None)]}
 
 
 def timer(device):
@@ -59,8 +65,9 @@ def run(kind, b, device, shapes, configs):
         res["eager_us"] = bench(lambda: mamba2_decode(st, x, dt, A, B, C, D, bias, sid, z))
         del st
         alloc = lambda lo: mamba2_replay_alloc(b, H, P, N, G, L, lo_dtype=lo, device=device)  # noqa: E731
-        step = lambda c, cfg: mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias,  # noqa: E731
-                                                   slot_ids=sid, z=z, L=L, advance=False, config=cfg)
+        step = lambda c, cfg: launch_m2(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid,  # noqa: E731
+                                        z=z, y=torch.empty_like(x), L=L, config=cfg[0], split=cfg[1],
+                                        flush_warps=cfg[2])
         rings = (("ring_x", 1.0), ("ring_B", 1.0))
     else:
         HV, Hk, K, V = shapes
@@ -70,8 +77,10 @@ def run(kind, b, device, shapes, configs):
         res["eager_us"] = bench(lambda: gdn_decode(st, q, k, v, gg, beta, sid))
         del st
         alloc = lambda lo: gdn_replay_alloc(b, HV, V, K, Hk, L, lo_dtype=lo, device=device)  # noqa: E731
-        step = lambda c, cfg: gdn_replay_decode(**c, q=q, k=k, v=v, g=gg, beta=beta, slot_ids=sid, L=L,  # noqa: E731
-                                                advance=False, impl="v2", config=cfg)
+        step = lambda c, cfg: launch_gdn(c["ckpt"], c["ring_u"], c["ring_k"], c["ring_g"], c["write_pos"],  # noqa: E731
+                                         q, k, v, gg, beta, sid, torch.empty_like(v), L=L, scale=None,
+                                         use_qk_l2norm=True, ckpt_lo=c.get("ckpt_lo"), config=cfg[0], split=cfg[1],
+                                         flush_warps=cfg[2])
         rings = (("ring_u", 0.1), ("ring_k", 0.1))
     for mode, lo in (("fp32", None), ("dual_bf16", torch.bfloat16)):
         c = alloc(lo)
@@ -110,7 +119,8 @@ def main(argv=None):
     configs = CONFIGS
     if device == "cpu":  # smoke: tiny shapes, tile configs that fit them
         a.batch, shapes = 2, {"mamba2": (2, 16, 16, 1), "gdn": (2, 1, 16, 16)}
-        configs = {"mamba2": [(16, 1, "serial")], "gdn": [(16, 1, "dot")]}
+        configs = {"mamba2": [((16, 1, "serial"), False, None), ((16, 1, "serial"), True, None)],
+                   "gdn": [((16, 1, "dot"), False, None), ((16, 1, "dot"), True, None)]}
     out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "batch": a.batch}
     for kind in a.kinds.split(","):
         out[kind] = run(kind, a.batch, device, shapes[kind], configs[kind])

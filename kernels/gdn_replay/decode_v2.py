@@ -44,11 +44,40 @@ def _gdn_replay_decode_v2_kernel(
     LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, USE_L2: tl.constexpr,
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
-    ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
+    ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr,
+):
+    """ROUTE 0: every row (both routes, one kernel); 1: output-only rows only (a flushing row is left
+    alone: no output, no append); 2: flushing rows only (the cursor is read first; other rows exit)."""
+    row, hv, vt, hk = _head_tile(V, BV, HV // Hk)
+    slot, valid = _slot_of(sid_ptr, row)
+    if ROUTE == 2:
+        if valid & (tl.load(wp_ptr + slot, mask=valid, other=0) >= L - 1):
+            _gdn_decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
+                               q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
+                               sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
+                               row, hv, vt, hk, slot, valid, HV, Hk, V, K, L, LP, BV, BK, USE_L2, CK_FP8, HAS_LO,
+                               LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU, ROUND_RK, ROUND_OUT, FOLD, ROUTE)
+    else:
+        _gdn_decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
+                           q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
+                           sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
+                           row, hv, vt, hk, slot, valid, HV, Hk, V, K, L, LP, BV, BK, USE_L2, CK_FP8, HAS_LO,
+                           LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU, ROUND_RK, ROUND_OUT, FOLD, ROUTE)
+
+
+@triton.jit
+def _gdn_decode_v2_row(
+    ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
+    sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
+    row, hv, vt, hk, slot, valid,
+    HV: tl.constexpr, Hk: tl.constexpr, V: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
+    LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, USE_L2: tl.constexpr,
+    CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
+    ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
+    ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr,
 ):
     REP: tl.constexpr = HV // Hk
-    row, hv, vt, hk = _head_tile(V, BV, REP)
-    slot, valid = _slot_of(sid_ptr, row)
 
     # masks from scalar limits; the K axis is masked only when K is not a power of two
     offs_v, offs_k, offs_l, vm, km, rl = _limit_masks(vt, valid, V, BV, K, BK, L, LP)
@@ -59,8 +88,9 @@ def _gdn_replay_decode_v2_kernel(
     sh = slot * HV + hv                            # (slot, value head)
     skh = slot * Hk + hk                           # (slot, key head)
 
-    # ---- 1) the step's big read: checkpoint tile (or its low-precision copy) ----
-    if HAS_LO:
+    # ---- 1) the step's big read: checkpoint tile (or its low-precision copy; a flush-only launch reads
+    #         the fp32 checkpoint straight away) ----
+    if HAS_LO and ROUTE != 2:
         S0 = tl.load(lo_ptr + sh * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
         if LO_FP8:
             S0 = S0 * tl.load(los_ptr + sh * V + offs_v, mask=vm, other=0.0)[:, None]
@@ -94,45 +124,26 @@ def _gdn_replay_decode_v2_kernel(
     Gam = tl.cumsum(rg, axis=0)
     Gt = tl.sum(rg, axis=0) + gt
     flush = valid & (wp >= L - 1)
-    if flush:
-        # serial replay on the fp32 checkpoint (dual precision: S0 above was the copy)
-        if HAS_LO:
-            S = tl.load(ck_ptr + sh * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-            if CK_FP8:
-                S = S * tl.load(cks_ptr + sh * V + offs_v, mask=vm, other=0.0)[:, None]
-        else:
-            S = S0
-        if FOLD == 0:
-            S = _serial_fold(S, ru_base + offs_v, rk_base + offs_k, rg_base, V, K, wp, 1.0, vm, km, L, False)
-        else:
-            # S_wp = e^{Gam_wp} S + sum_{j<wp} e^{Gam_wp - Gam_j} u_j k_j^T as one [BV, LP] x [LP, BK] dot over
-            # the ring already in registers (fp32 FMA "dot" or 3-pass tf32 "tf32x3")
-            wj = tl.where(lm, tl.exp(Gt - gt - Gam), 0.0)
-            uw = tl.trans(tl.where(lm[:, None], ru_raw.to(tl.float32), 0.0) * wj[:, None])        # [BV, LP]
-            rkf = tl.where(lm[:, None], rk_raw.to(tl.float32), 0.0)                                # [LP, BK]
-            if FOLD == 1:
-                S = tl.exp(Gt - gt) * S + tl.dot(uw, rkf, input_precision="ieee")
-            else:
-                S = tl.exp(Gt - gt) * S + tl.dot(uw, rkf, input_precision="tf32x3")
-        S = tl.exp(gt) * S
-        ut = bt * (vt_ - tl.sum(S * kt[None, :], axis=1))
-        S = S + ut[:, None] * kt[None, :]
-        _store_tile(ck_ptr + sh * V * K, cks_ptr + sh * V, st_off, S, offs_v, vm, tile_mask, CK_FP8, ROUND_CK)
-        if HAS_LO:
-            _store_tile(lo_ptr + sh * V * K, los_ptr + sh * V, st_off, S, offs_v, vm, tile_mask, LO_FP8,
-                        ROUND_LO)
-        ot = tl.sum(S * qt[None, :], axis=1)
+    if ROUTE == 1:
+        ut, ot = _gdn_output_only(S0, ru_raw, rk_raw, lm, Gt, Gam, kt, qt, vt_, bt)
+    elif ROUTE == 2:
+        ut, ot = _gdn_flush(S0, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ru_raw, rk_raw, lm, Gt, Gam,
+                            gt, bt, vt_, kt, qt, ru_base, rk_base, rg_base, wp, offs_v, offs_k, vm, km, V, K, L,
+                            CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, FOLD)
     else:
-        rk = tl.where(lm[:, None], rk_raw.to(tl.float32), 0.0)                   # [LP, BK]
-        ru = tl.where(lm[:, None], ru_raw.to(tl.float32), 0.0)                   # [LP, BV]
-        er = tl.where(lm, tl.exp(Gt - Gam), 0.0)
-        wk = er * tl.sum(rk * kt[None, :], axis=1)                                 # [LP]
-        wq = er * tl.sum(rk * qt[None, :], axis=1)
-        eG = tl.exp(Gt)
-        Sk = eG * tl.sum(S0 * kt[None, :], axis=1) + tl.sum(wk[:, None] * ru, axis=0)
-        Sq = eG * tl.sum(S0 * qt[None, :], axis=1) + tl.sum(wq[:, None] * ru, axis=0)
-        ut = bt * (vt_ - Sk)
-        ot = Sq + ut * tl.sum(kt * qt, axis=0)
+        if flush:
+            # serial replay on the fp32 checkpoint (dual precision: S0 above was the copy)
+            if HAS_LO:
+                S = tl.load(ck_ptr + sh * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+                if CK_FP8:
+                    S = S * tl.load(cks_ptr + sh * V + offs_v, mask=vm, other=0.0)[:, None]
+            else:
+                S = S0
+            ut, ot = _gdn_flush(S, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ru_raw, rk_raw, lm, Gt,
+                                Gam, gt, bt, vt_, kt, qt, ru_base, rk_base, rg_base, wp, offs_v, offs_k, vm, km, V, K,
+                                L, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, FOLD)
+        else:
+            ut, ot = _gdn_output_only(S0, ru_raw, rk_raw, lm, Gt, Gam, kt, qt, vt_, bt)
     # ---- append at ring position wp (output-only route of a real row) ----
     app = valid & (wp < L - 1)
     wpa = tl.where(app, wp, 0)
@@ -150,7 +161,54 @@ def _gdn_replay_decode_v2_kernel(
     ot = tl.where(valid, ot, 0.0)
     if ROUND_OUT:
         ot = _round_bf16(ot)
-    tl.store(o_ptr + row * so_b + hv * so_h + offs_v, ot.to(o_ptr.dtype.element_ty), mask=offs_v < V)
+    if ROUTE == 1:  # a plain-only launch leaves a flushing row to the flush launch
+        om = offs_v < tl.where(flush, 0, V)
+    else:
+        om = offs_v < V
+    tl.store(o_ptr + row * so_b + hv * so_h + offs_v, ot.to(o_ptr.dtype.element_ty), mask=om)
+
+
+@triton.jit
+def _gdn_flush(S, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ru_raw, rk_raw, lm, Gt, Gam, gt, bt, vt_,
+               kt, qt, ru_base, rk_base, rg_base, wp, offs_v, offs_k, vm, km, V: tl.constexpr, K: tl.constexpr,
+               L: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
+               ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, FOLD: tl.constexpr):
+    """Flush: the ring folded into the fp32 checkpoint S, this token's delta rule, S_t written to ckpt (and the
+    copy); returns (u_t, o)."""
+    if FOLD == 0:
+        S = _serial_fold(S, ru_base + offs_v, rk_base + offs_k, rg_base, V, K, wp, 1.0, vm, km, L, False)
+    else:
+        # S_wp = e^{Gam_wp} S + sum_{j<wp} e^{Gam_wp - Gam_j} u_j k_j^T as one [BV, LP] x [LP, BK] dot over
+        # the ring already in registers (fp32 FMA "dot" or 3-pass tf32 "tf32x3")
+        wj = tl.where(lm, tl.exp(Gt - gt - Gam), 0.0)
+        uw = tl.trans(tl.where(lm[:, None], ru_raw.to(tl.float32), 0.0) * wj[:, None])        # [BV, LP]
+        rkf = tl.where(lm[:, None], rk_raw.to(tl.float32), 0.0)                                # [LP, BK]
+        if FOLD == 1:
+            S = tl.exp(Gt - gt) * S + tl.dot(uw, rkf, input_precision="ieee")
+        else:
+            S = tl.exp(Gt - gt) * S + tl.dot(uw, rkf, input_precision="tf32x3")
+    S = tl.exp(gt) * S
+    ut = bt * (vt_ - tl.sum(S * kt[None, :], axis=1))
+    S = S + ut[:, None] * kt[None, :]
+    _store_tile(ck_ptr + sh * V * K, cks_ptr + sh * V, st_off, S, offs_v, vm, tile_mask, CK_FP8, ROUND_CK)
+    if HAS_LO:
+        _store_tile(lo_ptr + sh * V * K, los_ptr + sh * V, st_off, S, offs_v, vm, tile_mask, LO_FP8, ROUND_LO)
+    return ut, tl.sum(S * qt[None, :], axis=1)
+
+
+@triton.jit
+def _gdn_output_only(S0, ru_raw, rk_raw, lm, Gt, Gam, kt, qt, vt_, bt):
+    """Adjoint route: S k and S q from S0 and the ring, then the delta rule's u_t; returns (u_t, o)."""
+    rk = tl.where(lm[:, None], rk_raw.to(tl.float32), 0.0)                   # [LP, BK]
+    ru = tl.where(lm[:, None], ru_raw.to(tl.float32), 0.0)                   # [LP, BV]
+    er = tl.where(lm, tl.exp(Gt - Gam), 0.0)
+    wk = er * tl.sum(rk * kt[None, :], axis=1)                                 # [LP]
+    wq = er * tl.sum(rk * qt[None, :], axis=1)
+    eG = tl.exp(Gt)
+    Sk = eG * tl.sum(S0 * kt[None, :], axis=1) + tl.sum(wk[:, None] * ru, axis=0)
+    Sq = eG * tl.sum(S0 * qt[None, :], axis=1) + tl.sum(wq[:, None] * ru, axis=0)
+    ut = bt * (vt_ - Sk)
+    return ut, Sq + ut * tl.sum(kt * qt, axis=0)
 
 
 def pick_config_v2(batch: int, HV: int, V: int, lo: bool) -> tuple[int, int]:
@@ -177,9 +235,18 @@ def pick_fold(ckpt_lo, BV: int, nw: int) -> str:
     return "serial"
 
 
+def split_default(ckpt_lo, rows: int) -> bool:
+    """Two launches (output-only rows, then flushing rows), as `mamba2_replay.triton_v2.split_default`: for a
+    low-precision copy at full-GPU batches (rows = batch x value heads >= 1024)."""
+    return ckpt_lo is not None and rows >= 1024
+
+
 def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,
-                     use_qk_l2norm, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None):
-    """q/k [b,Hk,K], v [b,HV,V], g/beta [b,HV], o [b,HV,V] (written). Inner strides 1."""
+                     use_qk_l2norm, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
+                     flush_warps: int | None = None):
+    """q/k [b,Hk,K], v [b,HV,V], g/beta [b,HV], o [b,HV,V] (written). Inner strides 1.
+    split: None = `split_default`; True = output-only launch + flush launch (the latter on flush_warps warps,
+    default the config's; same tile and fold), False = one fused launch."""
     slots, HV, V, K = ckpt.shape
     Hk = ring_k.shape[1]
     b = slot_ids.shape[0]
@@ -187,25 +254,30 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
         return o
     bv, nw, fold, maxnreg = decode_config(config, pick_config_v2(b, HV, V, ckpt_lo is not None),
                                           lambda block, warps: pick_fold(ckpt_lo, block, warps))
+    if split is None:
+        split = split_default(ckpt_lo, b * HV)
     extra = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     low = (torch.bfloat16, torch.float8_e4m3fn)
     dummy = ckpt
     grid = (HV * triton.cdiv(V, bv), b)
-    _gdn_replay_decode_v2_kernel[grid](
-        ckpt, ckpt_scale if ckpt_scale is not None else dummy,
-        ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
-        ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, o, slot_ids,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), o.stride(0), o.stride(1),
-        float(K ** -0.5 if scale is None else scale),
-        HV=HV, Hk=Hk, V=V, K=K, L=L, LP=max(16, triton.next_power_of_2(L)), BV=bv,
-        BK=triton.next_power_of_2(K), USE_L2=bool(use_qk_l2norm),
-        CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
-        ROUND_CK=interp and ckpt.dtype in low,
-        ROUND_LO=interp and ckpt_lo is not None and ckpt_lo.dtype in low,
-        ROUND_RU=interp and ring_u.dtype == torch.bfloat16, ROUND_RK=interp and ring_k.dtype == torch.bfloat16,
-        ROUND_OUT=interp and o.dtype == torch.bfloat16, FOLD=FOLDS[fold],
-        num_warps=nw, **extra,
-    )
+    args = (ckpt, ckpt_scale if ckpt_scale is not None else dummy,
+            ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
+            ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, o, slot_ids,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), o.stride(0), o.stride(1),
+            float(K ** -0.5 if scale is None else scale))
+    meta = dict(HV=HV, Hk=Hk, V=V, K=K, L=L, LP=max(16, triton.next_power_of_2(L)), BV=bv,
+                BK=triton.next_power_of_2(K), USE_L2=bool(use_qk_l2norm),
+                CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
+                ROUND_CK=interp and ckpt.dtype in low,
+                ROUND_LO=interp and ckpt_lo is not None and ckpt_lo.dtype in low,
+                ROUND_RU=interp and ring_u.dtype == torch.bfloat16, ROUND_RK=interp and ring_k.dtype == torch.bfloat16,
+                ROUND_OUT=interp and o.dtype == torch.bfloat16, FOLD=FOLDS[fold])
+    if not split:
+        _gdn_replay_decode_v2_kernel[grid](*args, **meta, ROUTE=0, num_warps=nw, **extra)
+        return o
+    # the two launches touch disjoint rows (by cursor), so their order is free
+    _gdn_replay_decode_v2_kernel[grid](*args, **meta, ROUTE=1, num_warps=nw, **extra)
+    _gdn_replay_decode_v2_kernel[grid](*args, **meta, ROUTE=2, num_warps=flush_warps or nw)
     return o

@@ -66,6 +66,34 @@ def _store_tile(ptr, sc_ptr, off, S, offs_p, pm, mask, IS_FP8: tl.constexpr, ROU
 
 
 @triton.jit
+def _fold_ring(S, ct, wr, xr, rB, rdt_base, rx_base, rB_base, A_h, wp, offs_p, offs_n, pm, nm,
+               P: tl.constexpr, N: tl.constexpr, L: tl.constexpr, FOLD: tl.constexpr):
+    """S_t before this token: e^{c_t} S0 + the ring's rank-1 terms (see pick_config_v2 for the folds)."""
+    if FOLD == 1:    # one fp32 dot over the ring: [BP, LP] x [LP, BN] (FMA; ~190 regs)
+        S = tl.exp(ct) * S + tl.dot(tl.trans(wr[:, None] * xr), rB, input_precision="ieee")
+    elif FOLD == 2:  # the same on tensor cores, 3-pass tf32 (~fp32 accuracy; 95-115 regs)
+        S = tl.exp(ct) * S + tl.dot(tl.trans(wr[:, None] * xr), rB, input_precision="tf32x3")
+    else:            # serial rank-1 updates, ring rows re-read (L1/L2-hot): 79 regs, eager has 80
+        S = tl.exp(ct) * S
+        run = ct * 0.0
+        # next entry prefetched: two in flight, +1 register
+        dj = tl.load(rdt_base)
+        xj = tl.load(rx_base + offs_p, mask=pm, other=0.0)
+        bj = tl.load(rB_base + offs_n, mask=nm, other=0.0)
+        for j in range(0, wp):
+            jn = tl.minimum(j + 1, L - 1)  # in bounds; unused after the last entry
+            dn = tl.load(rdt_base + jn)
+            xn = tl.load(rx_base + jn * P + offs_p, mask=pm, other=0.0)
+            bn = tl.load(rB_base + jn * N + offs_n, mask=nm, other=0.0)
+            run += dj
+            S += ((dj * tl.exp(ct - A_h * run)) * xj.to(tl.float32))[:, None] * bj.to(tl.float32)[None, :]
+            dj = dn
+            xj = xn
+            bj = bn
+    return S
+
+
+@triton.jit
 def _mamba2_replay_decode_v2_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
@@ -75,11 +103,40 @@ def _mamba2_replay_decode_v2_kernel(
     LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
+    ROUTE: tl.constexpr,
+):
+    """ROUTE 0: every row (both routes, one kernel); 1: output-only rows only (a flushing row is left
+    alone: no output, no append); 2: flushing rows only (the cursor is read first; other rows exit)."""
+    row, h, pt, g = _head_tile(P, BP, H // G)
+    slot, valid = _slot_of(sid_ptr, row)
+    if ROUTE == 2:
+        if valid & (tl.load(wp_ptr + slot, mask=valid, other=0) >= L - 1):
+            _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
+                           x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
+                           sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
+                           row, h, pt, g, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8,
+                           ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE)
+    else:
+        _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
+                       x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
+                       sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
+                       row, h, pt, g, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8,
+                       ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE)
+
+
+@triton.jit
+def _decode_v2_row(
+    ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
+    sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
+    row, h, pt, g, slot, valid,
+    H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
+    LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+    HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
+    ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
+    ROUTE: tl.constexpr,
 ):
     HPG: tl.constexpr = H // G
-    row, h, pt, g = _head_tile(P, BP, HPG)
-    slot, valid = _slot_of(sid_ptr, row)
-
     # row masks from scalar limits; the N axis is masked only when N is not a power of two (as in eager)
     offs_p, offs_n, offs_l, pm, nm, rl = _limit_masks(pt, valid, P, BP, N, BN, L, LP)
     tile_mask = _tile_mask(pm, nm, N, BN)
@@ -89,8 +146,9 @@ def _mamba2_replay_decode_v2_kernel(
     sh = slot * H + h                             # (slot, head)
     sg = slot * G + g                             # (slot, group)
 
-    # ---- 1) the step's big read: checkpoint tile (or its low-precision copy) ----
-    if HAS_LO:
+    # ---- 1) the step's big read: checkpoint tile (or its low-precision copy; a flush-only launch reads
+    #         the fp32 checkpoint straight away) ----
+    if HAS_LO and ROUTE != 2:
         S0 = tl.load(lo_ptr + sh * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
         if LO_FP8:
             S0 = S0 * tl.load(los_ptr + sh * P + offs_p, mask=pm, other=0.0)[:, None]
@@ -128,46 +186,26 @@ def _mamba2_replay_decode_v2_kernel(
     ct = A_h * (tl.sum(dtr, axis=0) + dtt)
     wr = tl.where(lm, dtr * tl.exp(ct - c_r), 0.0)                                # [LP]
     flush = valid & (wp >= L - 1)
-    if flush:
-        # state route from the fp32 checkpoint (dual precision: S0 above was the copy)
-        if HAS_LO:
-            S = tl.load(ck_ptr + sh * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-            if CK_FP8:
-                S = S * tl.load(cks_ptr + sh * P + offs_p, mask=pm, other=0.0)[:, None]
-        else:
-            S = S0
-        if FOLD == 1:    # one fp32 dot over the ring: [BP, LP] x [LP, BN] (FMA; ~190 regs)
-            S = tl.exp(ct) * S + tl.dot(tl.trans(wr[:, None] * xr), rB, input_precision="ieee")
-        elif FOLD == 2:  # the same on tensor cores, 3-pass tf32 (~fp32 accuracy; 95-115 regs)
-            S = tl.exp(ct) * S + tl.dot(tl.trans(wr[:, None] * xr), rB, input_precision="tf32x3")
-        else:            # serial rank-1 updates, ring rows re-read (L1/L2-hot): 79 regs, eager has 80
-            S = tl.exp(ct) * S
-            run = ct * 0.0
-            # next entry prefetched: two in flight, +1 register
-            dj = tl.load(rdt_base)
-            xj = tl.load(rx_base + offs_p, mask=pm, other=0.0)
-            bj = tl.load(rB_base + offs_n, mask=nm, other=0.0)
-            for j in range(0, wp):
-                jn = tl.minimum(j + 1, L - 1)  # in bounds; unused after the last entry
-                dn = tl.load(rdt_base + jn)
-                xn = tl.load(rx_base + jn * P + offs_p, mask=pm, other=0.0)
-                bn = tl.load(rB_base + jn * N + offs_n, mask=nm, other=0.0)
-                run += dj
-                S += ((dj * tl.exp(ct - A_h * run)) * xj.to(tl.float32))[:, None] * bj.to(tl.float32)[None, :]
-                dj = dn
-                xj = xn
-                bj = bn
-        S += (dtt * xt)[:, None] * Bt[None, :]
-        _store_tile(ck_ptr + sh * P * N, cks_ptr + sh * P, st_off, S, offs_p, pm, tile_mask, CK_FP8, ROUND_CK)
-        if HAS_LO:
-            _store_tile(lo_ptr + sh * P * N, los_ptr + sh * P, st_off, S, offs_p, pm, tile_mask, LO_FP8,
-                        ROUND_LO)
-        yv = tl.sum(S * Ct[None, :], axis=1)
+    if ROUTE == 1:
+        yv = _output_only(S0, ct, wr, xr, rB, Bt, Ct, xt, dtt)
+    elif ROUTE == 2:
+        yv = _state_route(S0, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ct, wr, xr, rB, rdt_base,
+                          rx_base, rB_base, A_h, wp, dtt, xt, Bt, Ct, offs_p, offs_n, pm, nm, P, N, L, CK_FP8,
+                          HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, FOLD)
     else:
-        BCr = tl.sum(rB * Ct[None, :], axis=1)                                    # [LP]
-        BCt = tl.sum(Bt * Ct, axis=0)
-        yv = (tl.exp(ct) * tl.sum(S0 * Ct[None, :], axis=1)
-              + tl.sum((wr * BCr)[:, None] * xr, axis=0) + (dtt * BCt) * xt)
+        if flush:
+            # state route from the fp32 checkpoint (dual precision: S0 above was the copy)
+            if HAS_LO:
+                S = tl.load(ck_ptr + sh * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+                if CK_FP8:
+                    S = S * tl.load(cks_ptr + sh * P + offs_p, mask=pm, other=0.0)[:, None]
+            else:
+                S = S0
+            yv = _state_route(S, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ct, wr, xr, rB,
+                              rdt_base, rx_base, rB_base, A_h, wp, dtt, xt, Bt, Ct, offs_p, offs_n, pm, nm, P, N, L,
+                              CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, FOLD)
+        else:
+            yv = _output_only(S0, ct, wr, xr, rB, Bt, Ct, xt, dtt)
     # ---- append at ring position wp (output-only route of a real row) ----
     app = valid & (wp < L - 1)
     wpa = tl.where(app, wp, 0)
@@ -176,14 +214,41 @@ def _mamba2_replay_decode_v2_kernel(
     b_writer = app & (pt == 0) & ((h % HPG) == 0)
     tl.store(rB_base + wpa * N + offs_n, Bt_raw.to(rB_ptr.dtype.element_ty),
              mask=offs_n < tl.where(b_writer, N, 0))
-    # ---- output ----
+    # ---- output (a plain-only launch leaves a flushing row to the flush launch) ----
     yv = yv + D_h * xt
     if HAS_Z:
         yv = yv * (zt * tl.sigmoid(zt))
     yv = tl.where(valid, yv, 0.0)
     if ROUND_OUT:
         yv = _round_bf16(yv)
-    tl.store(y_ptr + row * sy_b + h * sy_h + offs_p, yv.to(y_ptr.dtype.element_ty), mask=offs_p < P)
+    if ROUTE == 1:
+        ym = offs_p < tl.where(flush, 0, P)
+    else:
+        ym = offs_p < P
+    tl.store(y_ptr + row * sy_b + h * sy_h + offs_p, yv.to(y_ptr.dtype.element_ty), mask=ym)
+
+
+@triton.jit
+def _state_route(S, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ct, wr, xr, rB, rdt_base, rx_base,
+                 rB_base, A_h, wp, dtt, xt, Bt, Ct, offs_p, offs_n, pm, nm, P: tl.constexpr, N: tl.constexpr,
+                 L: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
+                 ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, FOLD: tl.constexpr):
+    """Flush: S_t from the fp32 checkpoint S + ring + this token, written to ckpt (and the copy); returns y."""
+    S = _fold_ring(S, ct, wr, xr, rB, rdt_base, rx_base, rB_base, A_h, wp, offs_p, offs_n, pm, nm, P, N, L, FOLD)
+    S += (dtt * xt)[:, None] * Bt[None, :]
+    _store_tile(ck_ptr + sh * P * N, cks_ptr + sh * P, st_off, S, offs_p, pm, tile_mask, CK_FP8, ROUND_CK)
+    if HAS_LO:
+        _store_tile(lo_ptr + sh * P * N, los_ptr + sh * P, st_off, S, offs_p, pm, tile_mask, LO_FP8, ROUND_LO)
+    return tl.sum(S * Ct[None, :], axis=1)
+
+
+@triton.jit
+def _output_only(S0, ct, wr, xr, rB, Bt, Ct, xt, dtt):
+    """y (before D x and the gate) of the output-only route: e^{c_t} S0.C_t + ring terms + this token's."""
+    BCr = tl.sum(rB * Ct[None, :], axis=1)                                        # [LP]
+    BCt = tl.sum(Bt * Ct, axis=0)
+    return (tl.exp(ct) * tl.sum(S0 * Ct[None, :], axis=1)
+            + tl.sum((wr * BCr)[:, None] * xr, axis=0) + (dtt * BCt) * xt)
 
 
 FOLDS = {"serial": 0, "dot": 1, "tf32x3": 2}
@@ -232,9 +297,22 @@ def decode_config(config, block_warps: tuple[int, int], fold_for) -> tuple[int, 
     return block, nw, fold, (c[3] if len(c) > 3 else None)
 
 
+def split_default(ckpt_lo, rows: int) -> bool:
+    """Two launches (output-only rows, then flushing rows) instead of one fused kernel: the fused kernel's
+    register budget is set by its rarely taken flush branch (dual bf16 [64, N] on 2 warps: 255 registers and
+    spills, the output-only path alone 168; Triton 3.9 sm_90 compile), so the common step runs at low
+    occupancy. Split for a low-precision copy at full-GPU batches (rows = batch x heads >= 1024); the second
+    launch costs one cursor load per program on a plain step."""
+    return ckpt_lo is not None and rows >= 1024
+
+
 def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
-                     L, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None):
-    """x [b,H,P], dt [b,H], B/C [b,G,N], z [b,H,P] or None, y [b,H,P] (written). Inner strides 1."""
+                     L, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
+                     flush_warps: int | None = None):
+    """x [b,H,P], dt [b,H], B/C [b,G,N], z [b,H,P] or None, y [b,H,P] (written). Inner strides 1.
+    split: None = `split_default`; True = output-only launch + flush launch (the latter on flush_warps warps,
+    default twice the config's: the flush holds S and the ring fold, dual [64, N] on 2 warps spills; same tile
+    and fold), False = one fused launch."""
     slots, H, P, N = ckpt.shape
     G = ring_B.shape[1]
     b = slot_ids.shape[0]
@@ -242,23 +320,29 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
         return y
     bp, nw, fold, maxnreg = decode_config(config, pick_config_v2(ckpt, ckpt_lo, P, N, b * H)[:2],
                                           lambda block, _: pick_fold(ckpt_lo, block))
+    if split is None:
+        split = split_default(ckpt_lo, b * H)
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     dummy = ckpt
     zz = z if z is not None else x
     grid = (H * triton.cdiv(P, bp), b)
-    _mamba2_replay_decode_v2_kernel[grid](
-        ckpt, ckpt_scale if ckpt_scale is not None else dummy,
-        ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
-        ring_x, ring_dt, ring_B, write_pos,
-        x, dt, A, B, C, D, dt_bias, zz, y, slot_ids,
-        x.stride(0), x.stride(1), zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
-        dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
-        H=H, G=G, P=P, N=N, L=L, LP=max(16, triton.next_power_of_2(L)), BP=bp,
-        BN=triton.next_power_of_2(N),
-        HAS_Z=z is not None, CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
-        ROUND_CK=interp and ckpt.dtype in (torch.bfloat16, torch.float8_e4m3fn),
-        ROUND_LO=interp and ckpt_lo is not None and ckpt_lo.dtype in (torch.bfloat16, torch.float8_e4m3fn),
-        ROUND_OUT=interp and y.dtype == torch.bfloat16, FOLD=FOLDS[fold],
-        num_warps=nw, **({} if maxnreg is None else {"maxnreg": int(maxnreg)}),
-    )
+    args = (ckpt, ckpt_scale if ckpt_scale is not None else dummy,
+            ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
+            ring_x, ring_dt, ring_B, write_pos,
+            x, dt, A, B, C, D, dt_bias, zz, y, slot_ids,
+            x.stride(0), x.stride(1), zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
+            dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1))
+    meta = dict(H=H, G=G, P=P, N=N, L=L, LP=max(16, triton.next_power_of_2(L)), BP=bp,
+                BN=triton.next_power_of_2(N),
+                HAS_Z=z is not None, CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
+                ROUND_CK=interp and ckpt.dtype in (torch.bfloat16, torch.float8_e4m3fn),
+                ROUND_LO=interp and ckpt_lo is not None and ckpt_lo.dtype in (torch.bfloat16, torch.float8_e4m3fn),
+                ROUND_OUT=interp and y.dtype == torch.bfloat16, FOLD=FOLDS[fold])
+    regs = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
+    if not split:
+        _mamba2_replay_decode_v2_kernel[grid](*args, **meta, ROUTE=0, num_warps=nw, **regs)
+        return y
+    # the two launches touch disjoint rows (by cursor), so their order is free
+    _mamba2_replay_decode_v2_kernel[grid](*args, **meta, ROUTE=1, num_warps=nw, **regs)
+    _mamba2_replay_decode_v2_kernel[grid](*args, **meta, ROUTE=2, num_warps=flush_warps or 2 * nw)
     return y

@@ -14,4 +14,5 @@ def topk_select_ref(scores: torch.Tensor, pos: torch.Tensor, top_k: int) -> torc
     if order.shape[1] < top_k:
         order = torch.cat([order, order.new_zeros(N, top_k - order.shape[1])], 1)
     rank = torch.arange(top_k, device=scores.device)
-    return torch.where(rank[None, :] <= pos[:, None], order, -1).to(torch.int32)
+    # a row has at most T positions: past them the padding is no selection, also when pos >= T
+    return torch.where(rank[None, :] <= pos.clamp(max=T - 1)[:, None], order, -1).to(torch.int32)

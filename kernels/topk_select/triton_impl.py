@@ -1,13 +1,26 @@
-"""Triton kernel of `topk_select`: one program per row, the row's scores held in registers.
+"""Triton kernels of `topk_select`: one program per row for short rows, a row split over many programs for long ones.
 
 Each score becomes an order-preserving int32 key (the float's bits with the low 31 flipped when negative; -0
 mapped to +0 and every NaN to the largest key, as torch's sort orders them; positions past `pos` below every
-real key). A 32-step bitwise search finds the n-th largest key (n = min(top_k, pos + 1)): each step counts the
-keys at or above a candidate with one block reduction. Keys above it are selected, and of the keys equal to it
-the lowest positions (a prefix sum in position order), which is exactly the stable sort's tie rule. The n
-selected (key, position) pairs are compacted through a scratch row (prefix-sum slots), joined into int64
-(key, then reversed position) and sorted descending with tl.sort, so the output order is the stable sort's.
-This replaces a full segmented radix sort of the row (several launches) with one launch.
+real key). Both paths find the n-th largest key th (n = min(top_k, pos + 1)), select every key above th and, of
+the keys equal to it, the lowest positions (exactly the stable sort's tie rule), and order the n selected
+(key, position) pairs by the int64 (key, then reversed position), so the output order is the stable sort's.
+
+Single program (rows up to SPLIT_T scores): the row held in registers; a 32-step bitwise search finds th (each
+step counts the keys at or above a candidate with one block reduction); the selected pairs are compacted through
+a scratch row (prefix-sum slots) and sorted with tl.sort. One launch, but only N programs: at N = 1..8 rows most
+of the 132 SMs idle and the program's latency grows with the row (H200: 50 µs at 16384 scores, 87 at 32768).
+
+Split (longer rows): grid (chunks of CHUNK scores, rows) so every SM works, six launches after one memset:
+ - 4 radix passes of 8 bits: each program histograms (tl.histogram) the current digit of its keys whose higher
+   digits match th's found so far, and adds the histogram into the row's global one (int32 atomics: the counts,
+   and so th, are deterministic). Every program re-derives th's higher digits from the earlier histograms, so
+   no per-row launch sits between passes. The last pass also stores each chunk's histogram.
+ - compaction: keys above th take scratch slots [0, n - need) through a per-row atomic counter (any order: the
+   last launch orders them); keys equal to th take [n - need, n) in position order, ranked after the equal keys
+   of earlier chunks (read from their stored last-digit histograms).
+ - ranking: each program takes a block of scratch entries and counts, per entry, the larger (key, position)
+   pairs of its row: that count is its output slot (all pairs differ), so no single-program sort is needed.
 """
 from __future__ import annotations
 
@@ -15,20 +28,51 @@ import torch
 import triton
 import triton.language as tl
 
+SPLIT_T = 16384  # rows longer than this take the split path (measured slower single-program above; see module doc)
+CHUNK = 2048     # scores per program of the split path
+RANK_BLOCK = 64  # scratch entries ranked per program
+
+
+@triton.jit
+def _row_n(pos_ptr, row, T, top_k):
+    # (last visible position, n = selection size) of a row
+    pos = tl.minimum(tl.load(pos_ptr + row).to(tl.int64), T - 1).to(tl.int32)
+    return pos, tl.minimum(top_k, pos + 1)
+
+
+@triton.jit
+def _keys(s_row_ptr, offs, pos, T):
+    x = tl.load(s_row_ptr + offs, mask=offs < T, other=0.0)
+    x = tl.where(x == 0.0, 0.0, x)                        # -0 ties with +0
+    bits = x.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)              # signed int32 order == float order
+    key = tl.where(x != x, 0x7FFFFFFF, key)               # NaN above +inf
+    return tl.where(offs <= pos, key, -2147483648)        # also past T: pos <= T - 1
+
+
+@triton.jit
+def _th_digits(hist_ptr, n, LEVELS: tl.constexpr):
+    # th's top LEVELS digits (in place, of the unsigned key) from the row's first LEVELS histograms, and how many
+    # keys matching them rank at or above th (the n-th largest overall)
+    b = tl.arange(0, 256)
+    pref = tl.zeros((), dtype=tl.int32)
+    rem = n
+    for lvl in tl.static_range(LEVELS):
+        h = tl.load(hist_ptr + lvl * 256 + b)
+        at_or_above = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h
+        d = tl.sum((at_or_above >= rem).to(tl.int32), axis=0) - 1  # the largest digit with >= rem at or above
+        rem -= tl.sum(tl.where(b > d, h, 0), axis=0)
+        pref |= d << (24 - 8 * lvl)
+    return pref, rem
+
 
 @triton.jit
 def _topk_select_kernel(s_ptr, pos_ptr, out_ptr, sk_ptr, sp_ptr, T, top_k, s_stride, o_stride,
                         BT: tl.constexpr, BK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BT)
-    pos = tl.load(pos_ptr + row).to(tl.int32)
-    x = tl.load(s_ptr + row * s_stride + offs, mask=offs < T, other=0.0)
-    x = tl.where(x == 0.0, 0.0, x)                        # -0 ties with +0
-    bits = x.to(tl.int32, bitcast=True)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)              # signed int32 order == float order
-    key = tl.where(x != x, 0x7FFFFFFF, key)               # NaN above +inf
-    key = tl.where((offs <= pos) & (offs < T), key, -2147483648)
-    n = tl.minimum(tl.minimum(top_k, pos + 1), T)
+    pos, n = _row_n(pos_ptr, row, T, top_k)
+    key = _keys(s_ptr + row * s_stride, offs, pos, T)
     # the n-th largest key: bits of its unsigned form (key + 2^31) from the top
     thr = tl.zeros((), dtype=tl.int64)
     for b in tl.static_range(31, -1, -1):
@@ -52,17 +96,102 @@ def _topk_select_kernel(s_ptr, pos_ptr, out_ptr, sk_ptr, sp_ptr, T, top_k, s_str
     tl.store(out_ptr + row * o_stride + r, tl.where(r < n, res, -1), mask=r < top_k)
 
 
-def topk_select_triton(scores: torch.Tensor, pos: torch.Tensor, top_k: int) -> torch.Tensor:
+@triton.jit
+def _radix_pass_kernel(s_ptr, pos_ptr, hist_ptr, chist_ptr, T, top_k, s_stride, n_chunks,
+                       LVL: tl.constexpr, CH: tl.constexpr):
+    chunk = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    offs = chunk * CH + tl.arange(0, CH)
+    pos, n = _row_n(pos_ptr, row, T, top_k)
+    key = _keys(s_ptr + row * s_stride, offs, pos, T)
+    pref, _ = _th_digits(hist_ptr + row * (4 * 256 + 1), n, LVL)
+    u = key ^ -2147483648                                 # unsigned order in the bits
+    live = offs <= pos
+    if LVL > 0:
+        live &= (u & (-1 << (32 - 8 * LVL))) == pref
+    h = tl.histogram((u >> (24 - 8 * LVL)) & 255, 256, mask=live)
+    b = tl.arange(0, 256)
+    tl.atomic_add(hist_ptr + row * (4 * 256 + 1) + LVL * 256 + b, h, mask=h > 0, sem="relaxed")
+    if LVL == 3:
+        tl.store(chist_ptr + (row * n_chunks + chunk) * 256 + b, h)
+
+
+@triton.jit
+def _compact_kernel(s_ptr, pos_ptr, hist_ptr, chist_ptr, sk_ptr, sp_ptr, T, top_k, s_stride, n_chunks,
+                    CH: tl.constexpr, NCH: tl.constexpr):
+    chunk = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    offs = chunk * CH + tl.arange(0, CH)
+    pos, n = _row_n(pos_ptr, row, T, top_k)
+    key = _keys(s_ptr + row * s_stride, offs, pos, T)
+    hrow = hist_ptr + row * (4 * 256 + 1)
+    pref, need = _th_digits(hrow, n, 4)                   # need: keys equal to th to take (0 when n <= 0)
+    th = pref ^ -2147483648
+    gt = key > th                                         # th is a visible key when n > 0: hidden ones lie below
+    eq = (key == th) & (offs <= pos)
+    c = tl.arange(0, NCH)
+    eq_before = tl.sum(tl.load(chist_ptr + (row * n_chunks + c) * 256 + (pref & 255), mask=c < chunk, other=0),
+                       axis=0)
+    eq_rank = eq_before + tl.cumsum(eq.to(tl.int32), axis=0) - 1
+    base = tl.atomic_add(hrow + 4 * 256, tl.sum(gt.to(tl.int32), axis=0), sem="relaxed")
+    slot = tl.where(gt, base + tl.cumsum(gt.to(tl.int32), axis=0) - 1, n - need + eq_rank)
+    sel = gt | (eq & (eq_rank < need))
+    tl.store(sk_ptr + row * top_k + slot, key, mask=sel)
+    tl.store(sp_ptr + row * top_k + slot, offs, mask=sel)
+
+
+@triton.jit
+def _rank_kernel(sk_ptr, sp_ptr, pos_ptr, out_ptr, T, top_k, o_stride, RB: tl.constexpr, CB: tl.constexpr):
+    row = tl.program_id(1).to(tl.int64)
+    i = tl.program_id(0) * RB + tl.arange(0, RB)
+    _, n = _row_n(pos_ptr, row, T, top_k)
+    ki = tl.load(sk_ptr + row * top_k + i, mask=i < n, other=0).to(tl.int64) + 2147483648
+    pi = tl.load(sp_ptr + row * top_k + i, mask=i < n, other=0)
+    ci = (ki << 31) | (2147483647 - pi.to(tl.int64))
+    rank = tl.zeros((RB,), dtype=tl.int32)
+    for j0 in range(0, n, CB):
+        j = j0 + tl.arange(0, CB)
+        kj = tl.load(sk_ptr + row * top_k + j, mask=j < n, other=-2147483648).to(tl.int64) + 2147483648
+        pj = tl.load(sp_ptr + row * top_k + j, mask=j < n, other=2147483647).to(tl.int64)
+        cj = (kj << 31) | (2147483647 - pj)               # below every real pair when masked
+        rank += tl.sum((cj[None, :] > ci[:, None]).to(tl.int32), axis=1)
+    tl.store(out_ptr + row * o_stride + rank, pi, mask=i < n)
+    tl.store(out_ptr + row * o_stride + i, -1, mask=(i >= n) & (i < top_k))
+
+
+def topk_select_triton(scores: torch.Tensor, pos: torch.Tensor, top_k: int, *, split: bool | None = None,
+                       chunk: int = CHUNK) -> torch.Tensor:
+    """split: None = the split path for rows longer than SPLIT_T scores, the single program otherwise; True /
+    False force one. chunk: scores per program of the split path (a power of 2)."""
     N, T = scores.shape
     out = torch.empty(N, top_k, dtype=torch.int32, device=scores.device)
     if N == 0 or top_k == 0:
         return out
     if scores.dtype != torch.float32 or scores.stride(-1) != 1:
         scores = scores.float().contiguous()
-    BT, BK = triton.next_power_of_2(max(T, 2)), triton.next_power_of_2(max(top_k, 2))
-    sk = torch.empty(N, BK, dtype=torch.int32, device=scores.device)
-    sp = torch.empty(N, BK, dtype=torch.int32, device=scores.device)
-    nw = 16 if BT >= 8192 else (8 if BT >= 2048 else 4)
-    _topk_select_kernel[(N,)](scores, pos, out, sk, sp, T, top_k, scores.stride(0), out.stride(0), BT=BT, BK=BK,
-                              num_warps=nw)
+    if split is None:
+        split = T > SPLIT_T
+    dev = scores.device
+    if not split:
+        BT, BK = triton.next_power_of_2(max(T, 2)), triton.next_power_of_2(max(top_k, 2))
+        sk = torch.empty(N, BK, dtype=torch.int32, device=dev)
+        sp = torch.empty(N, BK, dtype=torch.int32, device=dev)
+        nw = 16 if BT >= 8192 else (8 if BT >= 2048 else 4)
+        _topk_select_kernel[(N,)](scores, pos, out, sk, sp, T, top_k, scores.stride(0), out.stride(0), BT=BT,
+                                  BK=BK, num_warps=nw)
+        return out
+    n_chunks = triton.cdiv(T, chunk)
+    # per row: the 4 digit histograms (8-bit digits: tl.histogram's cost grows with its bins), then the slot counter
+    hist = torch.zeros(N, 4 * 256 + 1, dtype=torch.int32, device=dev)
+    chist = torch.empty(N, n_chunks, 256, dtype=torch.int32, device=dev)  # per chunk: its last-digit histogram
+    sk = torch.empty(N, top_k, dtype=torch.int32, device=dev)
+    sp = torch.empty(N, top_k, dtype=torch.int32, device=dev)
+    nw = 8 if chunk >= 2048 else 4
+    for lvl in range(4):
+        _radix_pass_kernel[(n_chunks, N)](scores, pos, hist, chist, T, top_k, scores.stride(0), n_chunks, LVL=lvl,
+                                          CH=chunk, num_warps=nw)
+    _compact_kernel[(n_chunks, N)](scores, pos, hist, chist, sk, sp, T, top_k, scores.stride(0), n_chunks, CH=chunk,
+                                   NCH=triton.next_power_of_2(n_chunks), num_warps=nw)
+    _rank_kernel[(triton.cdiv(top_k, RANK_BLOCK), N)](sk, sp, pos, out, T, top_k, out.stride(0), RB=RANK_BLOCK,
+                                                      CB=128, num_warps=4)
     return out

@@ -36,32 +36,37 @@ def inputs(gen, b, HV, Hk, V, K, dtype=torch.float32):
     return dict(q=q, k=k, v=v, g=g, beta=beta)
 
 
-def v2_step(c, step, config, **kw):
+def v2_step(c, step, config, split=None, **kw):
     """Even steps through the public dispatch, odd steps straight into the launcher with a
     NaN-poisoned output buffer (every element, padding rows included, must be written)."""
     if step % 2 == 0:
-        return gdn_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="v2", config=config)
+        return gdn_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="v2", config=config,
+                                 split=split)
     o = torch.full_like(kw["v"], float("nan"))
     launch_decode_v2(c["ckpt"], c["ring_u"], c["ring_k"], c["ring_g"], c["write_pos"], kw["q"], kw["k"], kw["v"],
                      kw["g"], kw["beta"], kw["slot_ids"], o, L=L, scale=None, use_qk_l2norm=True,
                      ckpt_scale=c.get("ckpt_scale"), ckpt_lo=c.get("ckpt_lo"), ckpt_lo_scale=c.get("ckpt_lo_scale"),
-                     config=config)
+                     config=config, split=split)
     return o
 
 
-CASES = [  # (HV, Hk, V, K, mode, config (BLOCK_V, warps[, fold]) or None = pick_config_v2)
-    (6, 3, 5, 7, "fp32", (4, 2)),          # two V-tiles, the second partial; K masked
-    (4, 2, 8, 16, "fp32", (8, 1)),         # V a multiple of BLOCK_V, K a power of two (unmasked loads)
-    (6, 3, 5, 7, "dual_bf16", None),
-    (3, 1, 5, 7, "dual_fp8", (4, 2)),      # per-row fp8 scales written by two V-tiles; 3 value heads / key head
-    (6, 3, 5, 16, "single_fp8", None),
-    (4, 2, 20, 24, "fp32", (16, 2, "dot")),       # flush as one fp32 dot over the ring; V-tile 2 partial
-    (4, 2, 16, 16, "dual_bf16", (16, 1, "tf32x3")),  # the same on tensor cores (3-pass tf32)
+CASES = [  # (HV, Hk, V, K, mode, config (BLOCK_V, warps[, fold]) or None = pick_config_v2, split)
+    (6, 3, 5, 7, "fp32", (4, 2), False),          # two V-tiles, the second partial; K masked
+    (4, 2, 8, 16, "fp32", (8, 1), False),         # V a multiple of BLOCK_V, K a power of two (unmasked loads)
+    (6, 3, 5, 7, "dual_bf16", None, False),
+    (3, 1, 5, 7, "dual_fp8", (4, 2), False),      # per-row fp8 scales written by two V-tiles; 3 value heads / key head
+    (6, 3, 5, 16, "single_fp8", None, False),
+    (4, 2, 20, 24, "fp32", (16, 2, "dot"), False),       # flush as one fp32 dot over the ring; V-tile 2 partial
+    (4, 2, 16, 16, "dual_bf16", (16, 1, "tf32x3"), False),  # the same on tensor cores (3-pass tf32)
+    # two launches (output-only rows, then flushing rows): rows at different cursors flush in different steps
+    (6, 3, 5, 7, "dual_bf16", (4, 2, "dot"), True),
+    (3, 1, 5, 7, "dual_fp8", (4, 2), True),
+    (6, 3, 5, 7, "fp32", (4, 2), True),
 ]
 
 
-@pytest.mark.parametrize("HV,Hk,V,K,mode,config", CASES)
-def test_v2_decode_matches_ref_across_flushes(HV, Hk, V, K, mode, config, device):
+@pytest.mark.parametrize("HV,Hk,V,K,mode,config,split", CASES)
+def test_v2_decode_matches_ref_across_flushes(HV, Hk, V, K, mode, config, split, device):
     gen = torch.Generator().manual_seed(20 + HV + len(mode))
     c, _ = fresh(gen, HV, Hk, V, K, mode)
     c = {k: v.to(device) for k, v in c.items()}
@@ -73,7 +78,7 @@ def test_v2_decode_matches_ref_across_flushes(HV, Hk, V, K, mode, config, device
         kw = {k: t.to(device) for k, t in inputs(gen, len(sid), HV, Hk, V, K).items()}
         kw["slot_ids"] = sid
         wp = c["write_pos"].clone()
-        o = v2_step(c, step, config, **kw)
+        o = v2_step(c, step, config, split, **kw)
         o_ref = gdn_replay_decode(**c_ref, **kw, L=L, advance=False, backend="ref")
         assert torch.equal(c["write_pos"], wp)  # v2 never moves the cursor
         assert not torch.isnan(o).any(), step
@@ -107,7 +112,8 @@ def test_v2_matches_eager_fp32(device):
     assert c["write_pos"].tolist() == [2, 2, 0, 2]
 
 
-def test_v2_full_ring_and_cursor_at_L(device):
+@pytest.mark.parametrize("split", [False, True])
+def test_v2_full_ring_and_cursor_at_L(split, device):
     """Cursor at L (a verify committed a full window): the step flushes all L entries + this token;
     at L-1 it flushes too; bf16 ring / activations."""
     HV, Hk, V, K = 6, 3, 5, 7
@@ -121,7 +127,7 @@ def test_v2_full_ring_and_cursor_at_L(device):
     c_ref = {k: v.clone() for k, v in c.items()}
     sid = torch.tensor([0, 1, -1, 2, 3], dtype=torch.int32, device=device)
     kw = {k: t.to(device) for k, t in inputs(gen, 5, HV, Hk, V, K, dtype=torch.bfloat16).items()}
-    o = v2_step(c, 1, (4, 2), **kw, slot_ids=sid)
+    o = v2_step(c, 1, (4, 2), split, **kw, slot_ids=sid)
     o_ref = gdn_replay_decode(**c_ref, **kw, slot_ids=sid, L=L, advance=False, backend="ref")
     assert o.dtype == torch.bfloat16
     assert rel(o, o_ref) <= 1e-2  # bf16 outputs

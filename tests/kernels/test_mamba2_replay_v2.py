@@ -43,32 +43,38 @@ def params(gen, H):
     return -(torch.rand(H, generator=gen) + 0.3), torch.randn(H, generator=gen), torch.randn(H, generator=gen) * 0.5
 
 
-def v2_step(c, step, config, **kw):
+def v2_step(c, step, config, split=None, **kw):
     """Even steps through the public dispatch, odd steps straight into the launcher with a
     NaN-poisoned output buffer (every element, padding rows included, must be written)."""
     if step % 2 == 0:
-        return mamba2_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="v2", config=config)
+        return mamba2_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="v2", config=config,
+                                    split=split)
     y = torch.full_like(kw["x"], float("nan"))
     keys = ("x", "dt", "A", "B", "C", "D", "dt_bias", "slot_ids", "z")
     launch_decode_v2(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], *(kw[k] for k in keys), y,
                      L=L, ckpt_scale=c.get("ckpt_scale"), ckpt_lo=c.get("ckpt_lo"),
-                     ckpt_lo_scale=c.get("ckpt_lo_scale"), config=config)
+                     ckpt_lo_scale=c.get("ckpt_lo_scale"), config=config, split=split)
     return y
 
 
-CASES = [  # (H, G, P, N, mode, config (BLOCK_P, warps[, fold]) or None = the eager rule, serial fold)
-    (3, 1, 5, 7, "fp32", (4, 4, "dot")),   # two P-tiles, the second partial; flush by one fp32 dot
-    (6, 3, 12, 16, "fp32", (8, 4)),        # 3 groups of 2 heads, two P-tiles
-    (3, 1, 5, 7, "dual_bf16", None),
-    (6, 3, 8, 16, "dual_bf16", None),      # P a multiple of BLOCK_P (unmasked ring x tile)
-    (3, 1, 5, 7, "dual_fp8", (4, 4)),      # per-row fp8 scales written by two P-tiles
-    (6, 3, 5, 16, "single_fp8", None),
-    (3, 1, 20, 16, "dual_bf16", (16, 2, "tf32x3")),  # flush as one 3-pass tf32 dot (the dual default at 256)
+CASES = [  # (H, G, P, N, mode, config (BLOCK_P, warps[, fold]) or None = the eager rule, serial fold, split)
+    (3, 1, 5, 7, "fp32", (4, 4, "dot"), False),   # two P-tiles, the second partial; flush by one fp32 dot
+    (6, 3, 12, 16, "fp32", (8, 4), False),        # 3 groups of 2 heads, two P-tiles
+    (3, 1, 5, 7, "dual_bf16", None, False),
+    (6, 3, 8, 16, "dual_bf16", None, False),      # P a multiple of BLOCK_P (unmasked ring x tile)
+    (3, 1, 5, 7, "dual_fp8", (4, 4), False),      # per-row fp8 scales written by two P-tiles
+    (6, 3, 5, 16, "single_fp8", None, False),
+    (3, 1, 20, 16, "dual_bf16", (16, 2, "tf32x3"), False),  # flush as one 3-pass tf32 dot (dual default at 256)
+    # two launches (output-only rows, then flushing rows): rows at different cursors flush in different steps
+    (3, 1, 20, 16, "dual_bf16", (16, 2, "tf32x3"), True),
+    (3, 1, 5, 7, "dual_fp8", (4, 4), True),
+    (6, 3, 12, 16, "fp32", (8, 4), True),
+    (6, 3, 5, 16, "single_fp8", None, True),
 ]
 
 
-@pytest.mark.parametrize("H,G,P,N,mode,config", CASES)
-def test_v2_decode_matches_ref_across_flushes(H, G, P, N, mode, config, device):
+@pytest.mark.parametrize("H,G,P,N,mode,config,split", CASES)
+def test_v2_decode_matches_ref_across_flushes(H, G, P, N, mode, config, split, device):
     gen = torch.Generator().manual_seed(10 + H + len(mode))
     A, D, bias = params(gen, H)
     c, _ = fresh(gen, H, G, P, N, mode)
@@ -84,7 +90,7 @@ def test_v2_decode_matches_ref_across_flushes(H, G, P, N, mode, config, device):
             z = None
         kw = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, z=z)
         wp = c["write_pos"].clone()
-        y = v2_step(c, step, config, **kw)
+        y = v2_step(c, step, config, split, **kw)
         y_ref = mamba2_replay_decode(**c_ref, **kw, L=L, advance=False, backend="ref")
         assert torch.equal(c["write_pos"], wp)  # v2 never moves the cursor
         assert not torch.isnan(y).any(), step
@@ -128,8 +134,8 @@ def test_v2_matches_eager_fp32(device):
     assert c["write_pos"].tolist() == [2, 2, 0, 2]
 
 
-@pytest.mark.parametrize("fold", ["serial", "dot", "tf32x3"])
-def test_v2_full_ring_and_cursor_at_L(fold, device):
+@pytest.mark.parametrize("fold,split", [("serial", False), ("dot", False), ("tf32x3", False), ("tf32x3", True)])
+def test_v2_full_ring_and_cursor_at_L(fold, split, device):
     """Cursor at L (a verify committed a full window): the step flushes all L entries + this token;
     at L-1 it flushes too; bf16 ring / activations."""
     H, G, P, N = 6, 3, 5, 7
@@ -145,7 +151,7 @@ def test_v2_full_ring_and_cursor_at_L(fold, device):
     sid = torch.tensor([0, 1, -1, 2, 3], dtype=torch.int32, device=device)
     x, dt, B, C, z = (t.to(device) for t in inputs(gen, 5, H, G, P, N, dtype=torch.bfloat16))
     kw = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, z=z)
-    y = v2_step(c, 1, (4, 4, fold), **kw)
+    y = v2_step(c, 1, (4, 4, fold), split, **kw)
     y_ref = mamba2_replay_decode(**c_ref, **kw, L=L, advance=False, backend="ref")
     assert y.dtype == torch.bfloat16
     assert rel(y, y_ref) <= 1e-2  # bf16 outputs
