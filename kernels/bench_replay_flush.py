@@ -29,13 +29,19 @@ from synodic.kernels.mamba2_replay import mamba2_replay_alloc  # noqa: E402
 from synodic.kernels.mamba2_replay.triton_v2 import launch_decode_v2 as launch_m2  # noqa: E402
 
 L = 16
-# (config, split, flush_warps): split = an output-only launch + a flush launch (flush_warps None: the default)
+# (config, split, flush config): split = an output-only launch (config) + a flush launch (flush config
+# (BLOCK, warps, fold, tiles per program); None = the launcher's default)
 CONFIGS = {"mamba2": [((64, 2, "serial"), False, None), ((64, 2, "tf32x3"), False, None),
-                      ((64, 2, "tf32x3"), True, None), ((64, 2, "serial"), True, None), ((64, 2, "tf32x3"), True, 8),
-                      ((64, 4, "tf32x3"), True, None), ((32, 2, "tf32x3"), True, 4)],
+                      ((64, 2, "tf32x3"), True, None), ((64, 2, "tf32x3"), True, (64, 4, "tf32x3", 8)),
+                      ((64, 2, "tf32x3"), True, (32, 4, "tf32x3", 16)),
+                      ((64, 2, "tf32x3"), True, (32, 2, "serial", 16)),
+                      ((64, 2, "tf32x3"), True, (64, 4, "serial", 16)),
+                      ((64, 2, "tf32x3"), True, (64, 8, "tf32x3", 16)),
+                      ((64, 2, "serial"), True, (64, 4, "serial", 16))],
            "gdn": [((32, 1, "serial"), False, None), ((32, 1, "dot"), False, None), ((32, 1, "dot"), True, None),
-                   ((32, 1, "serial"), True, None), ((32, 1, "serial"), True, 2), ((32, 1, "tf32x3"), True, 2),
-                   ((64, 2, "dot"), True, None), ((16, 1, "dot"), True, None)]}
+                   ((32, 1, "serial"), True, None), ((32, 1, "dot"), True, (32, 2, "tf32x3", 16)),
+                   ((32, 1, "dot"), True, (16, 1, "dot", 16)), ((32, 1, "dot"), True, (32, 1, "dot", 8)),
+                   ((32, 1, "dot"), True, (32, 2, "serial", 16))]}
 
 
 def timer(device):
@@ -67,7 +73,7 @@ def run(kind, b, device, shapes, configs):
         alloc = lambda lo: mamba2_replay_alloc(b, H, P, N, G, L, lo_dtype=lo, device=device)  # noqa: E731
         step = lambda c, cfg: launch_m2(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid,  # noqa: E731
                                         z=z, y=torch.empty_like(x), L=L, config=cfg[0], split=cfg[1],
-                                        flush_warps=cfg[2])
+                                        flush_config=cfg[2])
         rings = (("ring_x", 1.0), ("ring_B", 1.0))
     else:
         HV, Hk, K, V = shapes
@@ -80,7 +86,7 @@ def run(kind, b, device, shapes, configs):
         step = lambda c, cfg: launch_gdn(c["ckpt"], c["ring_u"], c["ring_k"], c["ring_g"], c["write_pos"],  # noqa: E731
                                          q, k, v, gg, beta, sid, torch.empty_like(v), L=L, scale=None,
                                          use_qk_l2norm=True, ckpt_lo=c.get("ckpt_lo"), config=cfg[0], split=cfg[1],
-                                         flush_warps=cfg[2])
+                                         flush_config=cfg[2])
         rings = (("ring_u", 0.1), ("ring_k", 0.1))
     for mode, lo in (("fp32", None), ("dual_bf16", torch.bfloat16)):
         c = alloc(lo)
@@ -119,8 +125,8 @@ def main(argv=None):
     configs = CONFIGS
     if device == "cpu":  # smoke: tiny shapes, tile configs that fit them
         a.batch, shapes = 2, {"mamba2": (2, 16, 16, 1), "gdn": (2, 1, 16, 16)}
-        configs = {"mamba2": [((16, 1, "serial"), False, None), ((16, 1, "serial"), True, None)],
-                   "gdn": [((16, 1, "dot"), False, None), ((16, 1, "dot"), True, None)]}
+        configs = {"mamba2": [((16, 1, "serial"), False, None), ((16, 1, "serial"), True, (8, 1, "serial", 2))],
+                   "gdn": [((16, 1, "dot"), False, None), ((16, 1, "dot"), True, (8, 1, "dot", 2))]}
     out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "batch": a.batch}
     for kind in a.kinds.split(","):
         out[kind] = run(kind, a.batch, device, shapes[kind], configs[kind])

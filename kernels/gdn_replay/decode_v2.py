@@ -44,20 +44,31 @@ def _gdn_replay_decode_v2_kernel(
     LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, USE_L2: tl.constexpr,
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
-    ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr,
+    ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr, TPP: tl.constexpr = 1,
 ):
     """ROUTE 0: every row (both routes, one kernel); 1: output-only rows only (a flushing row is left
-    alone: no output, no append); 2: flushing rows only (the cursor is read first; other rows exit)."""
-    row, hv, vt, hk = _head_tile(V, BV, HV // Hk)
-    slot, valid = _slot_of(sid_ptr, row)
+    alone: no output, no append); 2: flushing rows only, TPP (value head, V-tile)s per program, grid
+    (cdiv(HV * V-tiles, TPP), batch): the cursor is read first and a program of a non-flushing row exits
+    (as in ``mamba2_replay.triton_v2``)."""
+    REP: tl.constexpr = HV // Hk
     if ROUTE == 2:
+        NUM_T: tl.constexpr = (V + BV - 1) // BV
+        row = tl.program_id(1).to(tl.int64)
+        slot, valid = _slot_of(sid_ptr, row)
         if valid & (tl.load(wp_ptr + slot, mask=valid, other=0) >= L - 1):
-            _gdn_decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
-                               q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
-                               sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
-                               row, hv, vt, hk, slot, valid, HV, Hk, V, K, L, LP, BV, BK, USE_L2, CK_FP8, HAS_LO,
-                               LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU, ROUND_RK, ROUND_OUT, FOLD, ROUTE)
+            for i in range(TPP):
+                tile = tl.program_id(0) * TPP + i
+                if tile < HV * NUM_T:
+                    hv = tile // NUM_T
+                    _gdn_decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
+                                       q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
+                                       sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h,
+                                       scale, row, hv, tile % NUM_T, hv // REP, slot, valid, HV, Hk, V, K, L, LP,
+                                       BV, BK, USE_L2, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU,
+                                       ROUND_RK, ROUND_OUT, FOLD, ROUTE)
     else:
+        row, hv, vt, hk = _head_tile(V, BV, REP)
+        slot, valid = _slot_of(sid_ptr, row)
         _gdn_decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
                            q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
                            sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
@@ -241,12 +252,24 @@ def split_default(ckpt_lo, rows: int) -> bool:
     return ckpt_lo is not None and rows >= 1024
 
 
+def resolve_flush_config(config, block: int, warps: int, fold: str) -> tuple[int, int, str, int]:
+    """(BLOCK_V, num_warps, fold, tiles per program) of the flush launch of a split step: config over
+    (block, warps, fold, 16)."""
+    c = tuple(config or ())
+    if c and not 2 <= len(c) <= 4:
+        raise ValueError(f"flush_config: expected (BLOCK, num_warps[, fold[, tiles per program]]), got {config!r}")
+    out = c + (block, warps, fold, 16)[len(c):]
+    if out[2] not in FOLDS:
+        raise ValueError(f"flush_config: fold {out[2]!r}, expected one of {sorted(FOLDS)}")
+    return out
+
+
 def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,
                      use_qk_l2norm, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
-                     flush_warps: int | None = None):
+                     flush_config=None):
     """q/k [b,Hk,K], v [b,HV,V], g/beta [b,HV], o [b,HV,V] (written). Inner strides 1.
-    split: None = `split_default`; True = output-only launch + flush launch (the latter on flush_warps warps,
-    default the config's; same tile and fold), False = one fused launch."""
+    split: None = `split_default`; True = output-only launch (config) + flush launch (`resolve_flush_config`),
+    False = one fused launch (config)."""
     slots, HV, V, K = ckpt.shape
     Hk = ring_k.shape[1]
     b = slot_ids.shape[0]
@@ -260,24 +283,26 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     low = (torch.bfloat16, torch.float8_e4m3fn)
     dummy = ckpt
-    grid = (HV * triton.cdiv(V, bv), b)
     args = (ckpt, ckpt_scale if ckpt_scale is not None else dummy,
             ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
             ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, o, slot_ids,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), o.stride(0), o.stride(1),
             float(K ** -0.5 if scale is None else scale))
-    meta = dict(HV=HV, Hk=Hk, V=V, K=K, L=L, LP=max(16, triton.next_power_of_2(L)), BV=bv,
+    meta = dict(HV=HV, Hk=Hk, V=V, K=K, L=L, LP=max(16, triton.next_power_of_2(L)),
                 BK=triton.next_power_of_2(K), USE_L2=bool(use_qk_l2norm),
                 CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
                 ROUND_CK=interp and ckpt.dtype in low,
                 ROUND_LO=interp and ckpt_lo is not None and ckpt_lo.dtype in low,
                 ROUND_RU=interp and ring_u.dtype == torch.bfloat16, ROUND_RK=interp and ring_k.dtype == torch.bfloat16,
-                ROUND_OUT=interp and o.dtype == torch.bfloat16, FOLD=FOLDS[fold])
+                ROUND_OUT=interp and o.dtype == torch.bfloat16)
+    grid = (HV * triton.cdiv(V, bv), b)
     if not split:
-        _gdn_replay_decode_v2_kernel[grid](*args, **meta, ROUTE=0, num_warps=nw, **extra)
+        _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw, **extra)
         return o
     # the two launches touch disjoint rows (by cursor), so their order is free
-    _gdn_replay_decode_v2_kernel[grid](*args, **meta, ROUTE=1, num_warps=nw, **extra)
-    _gdn_replay_decode_v2_kernel[grid](*args, **meta, ROUTE=2, num_warps=flush_warps or nw)
+    _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw, **extra)
+    fbv, fnw, ffold, tpp = resolve_flush_config(flush_config, bv, nw, fold)
+    _gdn_replay_decode_v2_kernel[(triton.cdiv(HV * triton.cdiv(V, fbv), tpp), b)](
+        *args, **meta, BV=fbv, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
     return o

@@ -103,20 +103,31 @@ def _mamba2_replay_decode_v2_kernel(
     LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
-    ROUTE: tl.constexpr,
+    ROUTE: tl.constexpr, TPP: tl.constexpr = 1,
 ):
     """ROUTE 0: every row (both routes, one kernel); 1: output-only rows only (a flushing row is left
-    alone: no output, no append); 2: flushing rows only (the cursor is read first; other rows exit)."""
-    row, h, pt, g = _head_tile(P, BP, H // G)
-    slot, valid = _slot_of(sid_ptr, row)
+    alone: no output, no append); 2: flushing rows only, TPP (head, P-tile)s per program, grid
+    (cdiv(H * P-tiles, TPP), batch): the cursor is read first and a program of a non-flushing row exits
+    (few, short programs on a plain step; one per tile cost ~40 µs at batch 256 when the flush kernel's
+    registers allow 3 programs per SM)."""
+    HPG: tl.constexpr = H // G
     if ROUTE == 2:
+        NUM_T: tl.constexpr = (P + BP - 1) // BP
+        row = tl.program_id(1).to(tl.int64)
+        slot, valid = _slot_of(sid_ptr, row)
         if valid & (tl.load(wp_ptr + slot, mask=valid, other=0) >= L - 1):
-            _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
-                           x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
-                           sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
-                           row, h, pt, g, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8,
-                           ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE)
+            for i in range(TPP):
+                tile = tl.program_id(0) * TPP + i
+                if tile < H * NUM_T:
+                    h = tile // NUM_T
+                    _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
+                                   x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
+                                   sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
+                                   row, h, tile % NUM_T, h // HPG, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z,
+                                   CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE)
     else:
+        row, h, pt, g = _head_tile(P, BP, HPG)
+        slot, valid = _slot_of(sid_ptr, row)
         _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
                        x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
                        sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
@@ -301,18 +312,32 @@ def split_default(ckpt_lo, rows: int) -> bool:
     """Two launches (output-only rows, then flushing rows) instead of one fused kernel: the fused kernel's
     register budget is set by its rarely taken flush branch (dual bf16 [64, N] on 2 warps: 255 registers and
     spills, the output-only path alone 168; Triton 3.9 sm_90 compile), so the common step runs at low
-    occupancy. Split for a low-precision copy at full-GPU batches (rows = batch x heads >= 1024); the second
-    launch costs one cursor load per program on a plain step."""
+    occupancy. H200, batch 256, bench_replay_flush 2026-11-30 ~07:30 UTC (flush launch one program per tile):
+    dual_bf16 plain step 235 -> 208 µs, cycle 1.85x -> 1.99x eager; fp32 gains nothing (228 vs 232 registers:
+    the fp32 tile itself is the budget) and pays the flush launch (290 -> 353 µs). So: a low-precision copy
+    at full-GPU batches (rows = batch x heads >= 1024)."""
     return ckpt_lo is not None and rows >= 1024
+
+
+def resolve_flush_config(config, block: int, warps: int, fold: str) -> tuple[int, int, str, int]:
+    """(BLOCK, num_warps, fold, tiles per program) of the flush launch of a split step: config over
+    (block, 2 x warps, fold, 16)."""
+    c = tuple(config or ())
+    if c and not 2 <= len(c) <= 4:
+        raise ValueError(f"flush_config: expected (BLOCK, num_warps[, fold[, tiles per program]]), got {config!r}")
+    out = (block, 2 * warps, fold, 16)
+    out = c + out[len(c):]
+    if out[2] not in FOLDS:
+        raise ValueError(f"flush_config: fold {out[2]!r}, expected one of {sorted(FOLDS)}")
+    return out
 
 
 def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
                      L, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
-                     flush_warps: int | None = None):
+                     flush_config=None):
     """x [b,H,P], dt [b,H], B/C [b,G,N], z [b,H,P] or None, y [b,H,P] (written). Inner strides 1.
-    split: None = `split_default`; True = output-only launch + flush launch (the latter on flush_warps warps,
-    default twice the config's: the flush holds S and the ring fold, dual [64, N] on 2 warps spills; same tile
-    and fold), False = one fused launch."""
+    split: None = `split_default`; True = output-only launch (config) + flush launch (`resolve_flush_config`),
+    False = one fused launch (config)."""
     slots, H, P, N = ckpt.shape
     G = ring_B.shape[1]
     b = slot_ids.shape[0]
@@ -325,24 +350,26 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     dummy = ckpt
     zz = z if z is not None else x
-    grid = (H * triton.cdiv(P, bp), b)
     args = (ckpt, ckpt_scale if ckpt_scale is not None else dummy,
             ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
             ring_x, ring_dt, ring_B, write_pos,
             x, dt, A, B, C, D, dt_bias, zz, y, slot_ids,
             x.stride(0), x.stride(1), zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
             dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1))
-    meta = dict(H=H, G=G, P=P, N=N, L=L, LP=max(16, triton.next_power_of_2(L)), BP=bp,
+    meta = dict(H=H, G=G, P=P, N=N, L=L, LP=max(16, triton.next_power_of_2(L)),
                 BN=triton.next_power_of_2(N),
                 HAS_Z=z is not None, CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
                 ROUND_CK=interp and ckpt.dtype in (torch.bfloat16, torch.float8_e4m3fn),
                 ROUND_LO=interp and ckpt_lo is not None and ckpt_lo.dtype in (torch.bfloat16, torch.float8_e4m3fn),
-                ROUND_OUT=interp and y.dtype == torch.bfloat16, FOLD=FOLDS[fold])
+                ROUND_OUT=interp and y.dtype == torch.bfloat16)
     regs = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
+    grid = (H * triton.cdiv(P, bp), b)
     if not split:
-        _mamba2_replay_decode_v2_kernel[grid](*args, **meta, ROUTE=0, num_warps=nw, **regs)
+        _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw, **regs)
         return y
     # the two launches touch disjoint rows (by cursor), so their order is free
-    _mamba2_replay_decode_v2_kernel[grid](*args, **meta, ROUTE=1, num_warps=nw, **regs)
-    _mamba2_replay_decode_v2_kernel[grid](*args, **meta, ROUTE=2, num_warps=flush_warps or 2 * nw)
+    _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw, **regs)
+    fbp, fnw, ffold, tpp = resolve_flush_config(flush_config, bp, nw, fold)
+    _mamba2_replay_decode_v2_kernel[(triton.cdiv(H * triton.cdiv(P, fbp), tpp), b)](
+        *args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
     return y

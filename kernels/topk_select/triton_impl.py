@@ -14,8 +14,8 @@ of the 132 SMs idle and the program's latency grows with the row (H200: 50 µs a
 Split (longer rows): grid (chunks of CHUNK scores, rows) so every SM works, six launches after one memset:
  - 4 radix passes of 8 bits: each program histograms (tl.histogram) the current digit of its keys whose higher
    digits match th's found so far, and adds the histogram into the row's global one (int32 atomics: the counts,
-   and so th, are deterministic). Every program re-derives th's higher digits from the earlier histograms, so
-   no per-row launch sits between passes. The last pass also stores each chunk's histogram.
+   and so th, are deterministic). Each program reads th's digit from the histogram the previous pass completed
+   (no per-row launch between passes); the last pass also stores each chunk's histogram.
  - compaction: keys above th take scratch slots [0, n - need) through a per-row atomic counter (any order: the
    last launch orders them); keys equal to th take [n - need, n) in position order, ranked after the equal keys
    of earlier chunks (read from their stored last-digit histograms).
@@ -51,19 +51,21 @@ def _keys(s_row_ptr, offs, pos, T):
 
 
 @triton.jit
-def _th_digits(hist_ptr, n, LEVELS: tl.constexpr):
-    # th's top LEVELS digits (in place, of the unsigned key) from the row's first LEVELS histograms, and how many
-    # keys matching them rank at or above th (the n-th largest overall)
+def _th_digit(hrow, n, LVL: tl.constexpr):
+    # th's digits 0..LVL (in place, of the unsigned key) and how many of the keys matching them rank at or above th
+    # (the n-th largest), from the state after digit LVL - 1 (stored by radix pass LVL) and histogram LVL.
+    # hrow: [0, 1024) the 4 digit histograms, [1024, 1030) (digits, rem) after digits 0, 1, 2, 1030 the slot counter
+    if LVL == 0:
+        pref = tl.zeros((), dtype=tl.int32)
+        rem = n
+    else:
+        pref = tl.load(hrow + 1022 + 2 * LVL)
+        rem = tl.load(hrow + 1023 + 2 * LVL)
     b = tl.arange(0, 256)
-    pref = tl.zeros((), dtype=tl.int32)
-    rem = n
-    for lvl in tl.static_range(LEVELS):
-        h = tl.load(hist_ptr + lvl * 256 + b)
-        at_or_above = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h
-        d = tl.sum((at_or_above >= rem).to(tl.int32), axis=0) - 1  # the largest digit with >= rem at or above
-        rem -= tl.sum(tl.where(b > d, h, 0), axis=0)
-        pref |= d << (24 - 8 * lvl)
-    return pref, rem
+    h = tl.load(hrow + LVL * 256 + b)
+    at_or_above = tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h
+    d = tl.sum((at_or_above >= rem).to(tl.int32), axis=0) - 1  # the largest digit with >= rem at or above it
+    return pref | (d << (24 - 8 * LVL)), rem - tl.sum(tl.where(b > d, h, 0), axis=0)
 
 
 @triton.jit
@@ -97,35 +99,38 @@ def _topk_select_kernel(s_ptr, pos_ptr, out_ptr, sk_ptr, sp_ptr, T, top_k, s_str
 
 
 @triton.jit
-def _radix_pass_kernel(s_ptr, pos_ptr, hist_ptr, chist_ptr, T, top_k, s_stride, n_chunks,
+def _radix_pass_kernel(s_ptr, pos_ptr, hist_ptr, chist_ptr, T, top_k, s_stride, h_stride, n_chunks,
                        LVL: tl.constexpr, CH: tl.constexpr):
     chunk = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     offs = chunk * CH + tl.arange(0, CH)
     pos, n = _row_n(pos_ptr, row, T, top_k)
     key = _keys(s_ptr + row * s_stride, offs, pos, T)
-    pref, _ = _th_digits(hist_ptr + row * (4 * 256 + 1), n, LVL)
+    hrow = hist_ptr + row * h_stride
     u = key ^ -2147483648                                 # unsigned order in the bits
     live = offs <= pos
     if LVL > 0:
+        pref, rem = _th_digit(hrow, n, LVL - 1)
+        tl.store(hrow + 1022 + 2 * LVL, pref, mask=chunk == 0)  # the state the next launch starts from
+        tl.store(hrow + 1023 + 2 * LVL, rem, mask=chunk == 0)
         live &= (u & (-1 << (32 - 8 * LVL))) == pref
     h = tl.histogram((u >> (24 - 8 * LVL)) & 255, 256, mask=live)
     b = tl.arange(0, 256)
-    tl.atomic_add(hist_ptr + row * (4 * 256 + 1) + LVL * 256 + b, h, mask=h > 0, sem="relaxed")
+    tl.atomic_add(hrow + LVL * 256 + b, h, mask=h > 0, sem="relaxed")
     if LVL == 3:
         tl.store(chist_ptr + (row * n_chunks + chunk) * 256 + b, h)
 
 
 @triton.jit
-def _compact_kernel(s_ptr, pos_ptr, hist_ptr, chist_ptr, sk_ptr, sp_ptr, T, top_k, s_stride, n_chunks,
+def _compact_kernel(s_ptr, pos_ptr, hist_ptr, chist_ptr, sk_ptr, sp_ptr, T, top_k, s_stride, h_stride, n_chunks,
                     CH: tl.constexpr, NCH: tl.constexpr):
     chunk = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     offs = chunk * CH + tl.arange(0, CH)
     pos, n = _row_n(pos_ptr, row, T, top_k)
     key = _keys(s_ptr + row * s_stride, offs, pos, T)
-    hrow = hist_ptr + row * (4 * 256 + 1)
-    pref, need = _th_digits(hrow, n, 4)                   # need: keys equal to th to take (0 when n <= 0)
+    hrow = hist_ptr + row * h_stride
+    pref, need = _th_digit(hrow, n, 3)                    # need: keys equal to th to take (0 when n <= 0)
     th = pref ^ -2147483648
     gt = key > th                                         # th is a visible key when n > 0: hidden ones lie below
     eq = (key == th) & (offs <= pos)
@@ -133,7 +138,7 @@ def _compact_kernel(s_ptr, pos_ptr, hist_ptr, chist_ptr, sk_ptr, sp_ptr, T, top_
     eq_before = tl.sum(tl.load(chist_ptr + (row * n_chunks + c) * 256 + (pref & 255), mask=c < chunk, other=0),
                        axis=0)
     eq_rank = eq_before + tl.cumsum(eq.to(tl.int32), axis=0) - 1
-    base = tl.atomic_add(hrow + 4 * 256, tl.sum(gt.to(tl.int32), axis=0), sem="relaxed")
+    base = tl.atomic_add(hrow + 1030, tl.sum(gt.to(tl.int32), axis=0), sem="relaxed")
     slot = tl.where(gt, base + tl.cumsum(gt.to(tl.int32), axis=0) - 1, n - need + eq_rank)
     sel = gt | (eq & (eq_rank < need))
     tl.store(sk_ptr + row * top_k + slot, key, mask=sel)
@@ -181,17 +186,17 @@ def topk_select_triton(scores: torch.Tensor, pos: torch.Tensor, top_k: int, *, s
                                   BK=BK, num_warps=nw)
         return out
     n_chunks = triton.cdiv(T, chunk)
-    # per row: the 4 digit histograms (8-bit digits: tl.histogram's cost grows with its bins), then the slot counter
-    hist = torch.zeros(N, 4 * 256 + 1, dtype=torch.int32, device=dev)
+    # per row: 4 digit histograms (8-bit digits: tl.histogram's cost grows with its bins), state, slot counter
+    hist = torch.zeros(N, 4 * 256 + 7, dtype=torch.int32, device=dev)
     chist = torch.empty(N, n_chunks, 256, dtype=torch.int32, device=dev)  # per chunk: its last-digit histogram
     sk = torch.empty(N, top_k, dtype=torch.int32, device=dev)
     sp = torch.empty(N, top_k, dtype=torch.int32, device=dev)
     nw = 8 if chunk >= 2048 else 4
     for lvl in range(4):
-        _radix_pass_kernel[(n_chunks, N)](scores, pos, hist, chist, T, top_k, scores.stride(0), n_chunks, LVL=lvl,
-                                          CH=chunk, num_warps=nw)
-    _compact_kernel[(n_chunks, N)](scores, pos, hist, chist, sk, sp, T, top_k, scores.stride(0), n_chunks, CH=chunk,
-                                   NCH=triton.next_power_of_2(n_chunks), num_warps=nw)
+        _radix_pass_kernel[(n_chunks, N)](scores, pos, hist, chist, T, top_k, scores.stride(0), hist.stride(0),
+                                          n_chunks, LVL=lvl, CH=chunk, num_warps=nw)
+    _compact_kernel[(n_chunks, N)](scores, pos, hist, chist, sk, sp, T, top_k, scores.stride(0), hist.stride(0),
+                                   n_chunks, CH=chunk, NCH=triton.next_power_of_2(n_chunks), num_warps=nw)
     _rank_kernel[(triton.cdiv(top_k, RANK_BLOCK), N)](sk, sp, pos, out, T, top_k, out.stride(0), RB=RANK_BLOCK,
                                                       CB=128, num_warps=4)
     return out

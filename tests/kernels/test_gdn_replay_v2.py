@@ -38,15 +38,18 @@ def inputs(gen, b, HV, Hk, V, K, dtype=torch.float32):
 
 def v2_step(c, step, config, split=None, **kw):
     """Even steps through the public dispatch, odd steps straight into the launcher with a
-    NaN-poisoned output buffer (every element, padding rows included, must be written)."""
+    NaN-poisoned output buffer (every element, padding rows included, must be written).
+    split: None / False / True, or a flush launch config (split=True with that config)."""
+    flush = split if isinstance(split, tuple) else None
+    split = True if flush else split
     if step % 2 == 0:
         return gdn_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="v2", config=config,
-                                 split=split)
+                                 split=split, flush_config=flush)
     o = torch.full_like(kw["v"], float("nan"))
     launch_decode_v2(c["ckpt"], c["ring_u"], c["ring_k"], c["ring_g"], c["write_pos"], kw["q"], kw["k"], kw["v"],
                      kw["g"], kw["beta"], kw["slot_ids"], o, L=L, scale=None, use_qk_l2norm=True,
                      ckpt_scale=c.get("ckpt_scale"), ckpt_lo=c.get("ckpt_lo"), ckpt_lo_scale=c.get("ckpt_lo_scale"),
-                     config=config, split=split)
+                     config=config, split=split, flush_config=flush)
     return o
 
 
@@ -58,10 +61,11 @@ CASES = [  # (HV, Hk, V, K, mode, config (BLOCK_V, warps[, fold]) or None = pick
     (6, 3, 5, 16, "single_fp8", None, False),
     (4, 2, 20, 24, "fp32", (16, 2, "dot"), False),       # flush as one fp32 dot over the ring; V-tile 2 partial
     (4, 2, 16, 16, "dual_bf16", (16, 1, "tf32x3"), False),  # the same on tensor cores (3-pass tf32)
-    # two launches (output-only rows, then flushing rows): rows at different cursors flush in different steps
+    # two launches (output-only rows, then flushing rows): rows at different cursors flush in different steps;
+    # a flush config (BLOCK_V, warps, fold, tiles per program) other than the output-only launch's
     (6, 3, 5, 7, "dual_bf16", (4, 2, "dot"), True),
-    (3, 1, 5, 7, "dual_fp8", (4, 2), True),
-    (6, 3, 5, 7, "fp32", (4, 2), True),
+    (3, 1, 5, 7, "dual_fp8", (4, 2), (8, 1, "tf32x3", 1)),       # one partial flush tile
+    (6, 3, 5, 7, "fp32", (4, 2), (2, 1, "serial", 5)),           # 18 flush tiles, 5 per program: last partial
 ]
 
 

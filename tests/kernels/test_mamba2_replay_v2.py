@@ -45,15 +45,18 @@ def params(gen, H):
 
 def v2_step(c, step, config, split=None, **kw):
     """Even steps through the public dispatch, odd steps straight into the launcher with a
-    NaN-poisoned output buffer (every element, padding rows included, must be written)."""
+    NaN-poisoned output buffer (every element, padding rows included, must be written).
+    split: None / False / True, or a flush launch config (split=True with that config)."""
+    flush = split if isinstance(split, tuple) else None
+    split = True if flush else split
     if step % 2 == 0:
         return mamba2_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="v2", config=config,
-                                    split=split)
+                                    split=split, flush_config=flush)
     y = torch.full_like(kw["x"], float("nan"))
     keys = ("x", "dt", "A", "B", "C", "D", "dt_bias", "slot_ids", "z")
     launch_decode_v2(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], *(kw[k] for k in keys), y,
                      L=L, ckpt_scale=c.get("ckpt_scale"), ckpt_lo=c.get("ckpt_lo"),
-                     ckpt_lo_scale=c.get("ckpt_lo_scale"), config=config, split=split)
+                     ckpt_lo_scale=c.get("ckpt_lo_scale"), config=config, split=split, flush_config=flush)
     return y
 
 
@@ -65,10 +68,11 @@ CASES = [  # (H, G, P, N, mode, config (BLOCK_P, warps[, fold]) or None = the ea
     (3, 1, 5, 7, "dual_fp8", (4, 4), False),      # per-row fp8 scales written by two P-tiles
     (6, 3, 5, 16, "single_fp8", None, False),
     (3, 1, 20, 16, "dual_bf16", (16, 2, "tf32x3"), False),  # flush as one 3-pass tf32 dot (dual default at 256)
-    # two launches (output-only rows, then flushing rows): rows at different cursors flush in different steps
+    # two launches (output-only rows, then flushing rows): rows at different cursors flush in different steps;
+    # a flush config (BLOCK_P, warps, fold, tiles per program) other than the output-only launch's
     (3, 1, 20, 16, "dual_bf16", (16, 2, "tf32x3"), True),
-    (3, 1, 5, 7, "dual_fp8", (4, 4), True),
-    (6, 3, 12, 16, "fp32", (8, 4), True),
+    (3, 1, 5, 7, "dual_fp8", (4, 4), (8, 2, "dot", 1)),           # one partial flush tile
+    (6, 3, 12, 16, "fp32", (8, 4), (4, 2, "serial", 4)),          # 18 flush tiles, 4 per program: last partial
     (6, 3, 5, 16, "single_fp8", None, True),
 ]
 
