@@ -29,19 +29,17 @@ from synodic.kernels.mamba2_replay import mamba2_replay_alloc  # noqa: E402
 from synodic.kernels.mamba2_replay.triton_v2 import launch_decode_v2 as launch_m2  # noqa: E402
 
 L = 16
-# (config, split, flush config): split = an output-only launch (config) + a flush launch (flush config
-# (BLOCK, warps, fold, tiles per program); None = the launcher's default)
-CONFIGS = {"mamba2": [((64, 2, "serial"), False, None), ((64, 2, "tf32x3"), False, None),
-                      ((64, 2, "tf32x3"), True, None), ((64, 2, "tf32x3"), True, (64, 4, "tf32x3", 8)),
-                      ((64, 2, "tf32x3"), True, (32, 4, "tf32x3", 16)),
-                      ((64, 2, "tf32x3"), True, (32, 2, "serial", 16)),
-                      ((64, 2, "tf32x3"), True, (64, 4, "serial", 16)),
-                      ((64, 2, "tf32x3"), True, (64, 8, "tf32x3", 16)),
-                      ((64, 2, "serial"), True, (64, 4, "serial", 16))],
-           "gdn": [((32, 1, "serial"), False, None), ((32, 1, "dot"), False, None), ((32, 1, "dot"), True, None),
-                   ((32, 1, "serial"), True, None), ((32, 1, "dot"), True, (32, 2, "tf32x3", 16)),
-                   ((32, 1, "dot"), True, (16, 1, "dot", 16)), ((32, 1, "dot"), True, (32, 1, "dot", 8)),
-                   ((32, 1, "dot"), True, (32, 2, "serial", 16))]}
+# (config, split, flush config, cursor first): split = an output-only launch (config) + a flush launch (flush
+# config (BLOCK, warps, fold, tiles per program); None = the launcher's default); cursor first (Mamba-2): the
+# output-only launch reads the cursor before its tile
+CONFIGS = {"mamba2": [((64, 2, "serial"), False, None, False), ((64, 2, "tf32x3"), False, None, False),
+                      ((64, 2, "tf32x3"), True, None, False), ((64, 2, "tf32x3"), True, None, True),
+                      ((64, 2, "tf32x3"), True, (64, 4, "dot", 16), True),
+                      ((64, 2, "tf32x3"), True, (64, 8, "dot", 16), True),
+                      ((64, 2, "tf32x3"), True, (64, 4, "tf32x3", 4), True),
+                      ((64, 2, "tf32x3"), True, (32, 4, "dot", 16), True)],
+           "gdn": [((32, 1, "serial"), False, None, False), ((32, 1, "dot"), False, None, False),
+                   ((32, 1, "dot"), True, None, False), ((32, 1, "serial"), True, None, False)]}
 
 
 def timer(device):
@@ -73,7 +71,7 @@ def run(kind, b, device, shapes, configs):
         alloc = lambda lo: mamba2_replay_alloc(b, H, P, N, G, L, lo_dtype=lo, device=device)  # noqa: E731
         step = lambda c, cfg: launch_m2(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid,  # noqa: E731
                                         z=z, y=torch.empty_like(x), L=L, config=cfg[0], split=cfg[1],
-                                        flush_config=cfg[2])
+                                        flush_config=cfg[2], cursor_first=cfg[3])
         rings = (("ring_x", 1.0), ("ring_B", 1.0))
     else:
         HV, Hk, K, V = shapes
@@ -125,8 +123,9 @@ def main(argv=None):
     configs = CONFIGS
     if device == "cpu":  # smoke: tiny shapes, tile configs that fit them
         a.batch, shapes = 2, {"mamba2": (2, 16, 16, 1), "gdn": (2, 1, 16, 16)}
-        configs = {"mamba2": [((16, 1, "serial"), False, None), ((16, 1, "serial"), True, (8, 1, "serial", 2))],
-                   "gdn": [((16, 1, "dot"), False, None), ((16, 1, "dot"), True, (8, 1, "dot", 2))]}
+        configs = {"mamba2": [((16, 1, "serial"), False, None, False),
+                              ((16, 1, "serial"), True, (8, 1, "serial", 2), True)],
+                   "gdn": [((16, 1, "dot"), False, None, False), ((16, 1, "dot"), True, (8, 1, "dot", 2), False)]}
     out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "batch": a.batch}
     for kind in a.kinds.split(","):
         out[kind] = run(kind, a.batch, device, shapes[kind], configs[kind])

@@ -248,8 +248,8 @@ def pick_fold(ckpt_lo, BV: int, nw: int) -> str:
 
 def split_default(ckpt_lo, rows: int) -> bool:
     """Two launches (output-only rows, then flushing rows), as `mamba2_replay.triton_v2.split_default`: for a
-    low-precision copy at full-GPU batches (rows = batch x value heads >= 1024)."""
-    return ckpt_lo is not None and rows >= 1024
+    low-precision copy at full-GPU batches (rows = batch x value heads >= 4096)."""
+    return ckpt_lo is not None and rows >= 4096
 
 
 def resolve_flush_config(config, block: int, warps: int, fold: str) -> tuple[int, int, str, int]:

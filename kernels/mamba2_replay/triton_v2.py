@@ -103,10 +103,11 @@ def _mamba2_replay_decode_v2_kernel(
     LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
-    ROUTE: tl.constexpr, TPP: tl.constexpr = 1,
+    ROUTE: tl.constexpr, TPP: tl.constexpr = 1, CURSOR_FIRST: tl.constexpr = False,
 ):
     """ROUTE 0: every row (both routes, one kernel); 1: output-only rows only (a flushing row is left
-    alone: no output, no append); 2: flushing rows only, TPP (head, P-tile)s per program, grid
+    alone: no output, no append; CURSOR_FIRST: its program reads the cursor before anything and exits, else it
+    issues its tile loads first and discards them); 2: flushing rows only, TPP (head, P-tile)s per program, grid
     (cdiv(H * P-tiles, TPP), batch): the cursor is read first and a program of a non-flushing row exits
     (few, short programs on a plain step; one per tile cost ~40 µs at batch 256 when the flush kernel's
     registers allow 3 programs per SM)."""
@@ -128,11 +129,19 @@ def _mamba2_replay_decode_v2_kernel(
     else:
         row, h, pt, g = _head_tile(P, BP, HPG)
         slot, valid = _slot_of(sid_ptr, row)
-        _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
-                       x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
-                       sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
-                       row, h, pt, g, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8,
-                       ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE)
+        if ROUTE == 1 and CURSOR_FIRST:
+            if tl.load(wp_ptr + slot, mask=valid, other=0) < L - 1:  # padding rows read 0: they run
+                _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
+                               x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
+                               sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
+                               row, h, pt, g, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8,
+                               ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE)
+        else:
+            _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
+                           x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
+                           sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
+                           row, h, pt, g, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8,
+                           ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE)
 
 
 @triton.jit
@@ -315,8 +324,9 @@ def split_default(ckpt_lo, rows: int) -> bool:
     occupancy. H200, batch 256, bench_replay_flush 2026-11-30 ~07:30 UTC (flush launch one program per tile):
     dual_bf16 plain step 235 -> 208 µs, cycle 1.85x -> 1.99x eager; fp32 gains nothing (228 vs 232 registers:
     the fp32 tile itself is the budget) and pays the flush launch (290 -> 353 µs). So: a low-precision copy
-    at full-GPU batches (rows = batch x heads >= 1024)."""
-    return ckpt_lo is not None and rows >= 1024
+    at full-GPU batches; at batch 8 (1024 rows) the second launch made the step slower (15.5 vs 14.0 µs, graph),
+    so rows = batch x heads >= 4096."""
+    return ckpt_lo is not None and rows >= 4096
 
 
 def resolve_flush_config(config, block: int, warps: int, fold: str) -> tuple[int, int, str, int]:
@@ -334,10 +344,11 @@ def resolve_flush_config(config, block: int, warps: int, fold: str) -> tuple[int
 
 def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
                      L, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
-                     flush_config=None):
+                     flush_config=None, cursor_first: bool = False):
     """x [b,H,P], dt [b,H], B/C [b,G,N], z [b,H,P] or None, y [b,H,P] (written). Inner strides 1.
     split: None = `split_default`; True = output-only launch (config) + flush launch (`resolve_flush_config`),
-    False = one fused launch (config)."""
+    False = one fused launch (config). cursor_first (split): the output-only launch reads the cursor before its
+    tile, so a flushing row's program reads nothing more (kernel CURSOR_FIRST)."""
     slots, H, P, N = ckpt.shape
     G = ring_B.shape[1]
     b = slot_ids.shape[0]
@@ -368,7 +379,8 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
         _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw, **regs)
         return y
     # the two launches touch disjoint rows (by cursor), so their order is free
-    _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw, **regs)
+    _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
+                                          CURSOR_FIRST=cursor_first, **regs)
     fbp, fnw, ffold, tpp = resolve_flush_config(flush_config, bp, nw, fold)
     _mamba2_replay_decode_v2_kernel[(triton.cdiv(H * triton.cdiv(P, fbp), tpp), b)](
         *args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)

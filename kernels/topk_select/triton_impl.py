@@ -11,11 +11,12 @@ step counts the keys at or above a candidate with one block reduction); the sele
 a scratch row (prefix-sum slots) and sorted with tl.sort. One launch, but only N programs: at N = 1..8 rows most
 of the 132 SMs idle and the program's latency grows with the row (H200: 50 µs at 16384 scores, 87 at 32768).
 
-Split (longer rows): grid (chunks of CHUNK scores, rows) so every SM works, six launches after one memset:
+Split (longer rows): grid (rows, chunks of CHUNK scores) so every SM works, six launches after one memset:
  - 4 radix passes of 8 bits: each program histograms (tl.histogram) the current digit of its keys whose higher
    digits match th's found so far, and adds the histogram into the row's global one (int32 atomics: the counts,
-   and so th, are deterministic). Each program reads th's digit from the histogram the previous pass completed
-   (no per-row launch between passes); the last pass also stores each chunk's histogram.
+   and so th, are deterministic). Each program derives th's next digit from the histogram the previous pass
+   completed, on top of the digits its first program stored: no per-row launch between passes. The last pass
+   also stores each chunk's histogram.
  - compaction: keys above th take scratch slots [0, n - need) through a per-row atomic counter (any order: the
    last launch orders them); keys equal to th take [n - need, n) in position order, ranked after the equal keys
    of earlier chunks (read from their stored last-digit histograms).
@@ -28,9 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
-SPLIT_T = 16384  # rows longer than this take the split path (measured slower single-program above; see module doc)
+SPLIT_T = 16384  # rows longer than this take the split path by default (the single program's measured range)
 CHUNK = 2048     # scores per program of the split path
-RANK_BLOCK = 64  # scratch entries ranked per program
+RANK_BLOCK = 32  # scratch entries ranked per program of the split path
 
 
 @triton.jit
@@ -101,8 +102,8 @@ def _topk_select_kernel(s_ptr, pos_ptr, out_ptr, sk_ptr, sp_ptr, T, top_k, s_str
 @triton.jit
 def _radix_pass_kernel(s_ptr, pos_ptr, hist_ptr, chist_ptr, T, top_k, s_stride, h_stride, n_chunks,
                        LVL: tl.constexpr, CH: tl.constexpr):
-    chunk = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
     offs = chunk * CH + tl.arange(0, CH)
     pos, n = _row_n(pos_ptr, row, T, top_k)
     key = _keys(s_ptr + row * s_stride, offs, pos, T)
@@ -124,8 +125,8 @@ def _radix_pass_kernel(s_ptr, pos_ptr, hist_ptr, chist_ptr, T, top_k, s_stride, 
 @triton.jit
 def _compact_kernel(s_ptr, pos_ptr, hist_ptr, chist_ptr, sk_ptr, sp_ptr, T, top_k, s_stride, h_stride, n_chunks,
                     CH: tl.constexpr, NCH: tl.constexpr):
-    chunk = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
     offs = chunk * CH + tl.arange(0, CH)
     pos, n = _row_n(pos_ptr, row, T, top_k)
     key = _keys(s_ptr + row * s_stride, offs, pos, T)
@@ -147,19 +148,20 @@ def _compact_kernel(s_ptr, pos_ptr, hist_ptr, chist_ptr, sk_ptr, sp_ptr, T, top_
 
 @triton.jit
 def _rank_kernel(sk_ptr, sp_ptr, pos_ptr, out_ptr, T, top_k, o_stride, RB: tl.constexpr, CB: tl.constexpr):
-    row = tl.program_id(1).to(tl.int64)
-    i = tl.program_id(0) * RB + tl.arange(0, RB)
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1) * RB + tl.arange(0, RB)
     _, n = _row_n(pos_ptr, row, T, top_k)
     ki = tl.load(sk_ptr + row * top_k + i, mask=i < n, other=0).to(tl.int64) + 2147483648
     pi = tl.load(sp_ptr + row * top_k + i, mask=i < n, other=0)
     ci = (ki << 31) | (2147483647 - pi.to(tl.int64))
-    rank = tl.zeros((RB,), dtype=tl.int32)
+    above = tl.zeros((RB, CB), dtype=tl.int32)           # reduced once, after the loop
     for j0 in range(0, n, CB):
         j = j0 + tl.arange(0, CB)
         kj = tl.load(sk_ptr + row * top_k + j, mask=j < n, other=-2147483648).to(tl.int64) + 2147483648
         pj = tl.load(sp_ptr + row * top_k + j, mask=j < n, other=2147483647).to(tl.int64)
         cj = (kj << 31) | (2147483647 - pj)               # below every real pair when masked
-        rank += tl.sum((cj[None, :] > ci[:, None]).to(tl.int32), axis=1)
+        above += (cj[None, :] > ci[:, None]).to(tl.int32)
+    rank = tl.sum(above, axis=1)
     tl.store(out_ptr + row * o_stride + rank, pi, mask=i < n)
     tl.store(out_ptr + row * o_stride + i, -1, mask=(i >= n) & (i < top_k))
 
@@ -193,10 +195,10 @@ def topk_select_triton(scores: torch.Tensor, pos: torch.Tensor, top_k: int, *, s
     sp = torch.empty(N, top_k, dtype=torch.int32, device=dev)
     nw = 8 if chunk >= 2048 else 4
     for lvl in range(4):
-        _radix_pass_kernel[(n_chunks, N)](scores, pos, hist, chist, T, top_k, scores.stride(0), hist.stride(0),
+        _radix_pass_kernel[(N, n_chunks)](scores, pos, hist, chist, T, top_k, scores.stride(0), hist.stride(0),
                                           n_chunks, LVL=lvl, CH=chunk, num_warps=nw)
-    _compact_kernel[(n_chunks, N)](scores, pos, hist, chist, sk, sp, T, top_k, scores.stride(0), hist.stride(0),
+    _compact_kernel[(N, n_chunks)](scores, pos, hist, chist, sk, sp, T, top_k, scores.stride(0), hist.stride(0),
                                    n_chunks, CH=chunk, NCH=triton.next_power_of_2(n_chunks), num_warps=nw)
-    _rank_kernel[(triton.cdiv(top_k, RANK_BLOCK), N)](sk, sp, pos, out, T, top_k, out.stride(0), RB=RANK_BLOCK,
-                                                      CB=128, num_warps=4)
+    _rank_kernel[(N, triton.cdiv(top_k, RANK_BLOCK))](sk, sp, pos, out, T, top_k, out.stride(0), RB=RANK_BLOCK,
+                                                      CB=256, num_warps=4)
     return out

@@ -46,9 +46,11 @@ def params(gen, H):
 def v2_step(c, step, config, split=None, **kw):
     """Even steps through the public dispatch, odd steps straight into the launcher with a
     NaN-poisoned output buffer (every element, padding rows included, must be written).
-    split: None / False / True, or a flush launch config (split=True with that config)."""
+    split: None / False / True, a flush launch config (split=True with that config), or "cursor_first"
+    (split=True, the output-only launch reading the cursor first; launcher steps only)."""
     flush = split if isinstance(split, tuple) else None
-    split = True if flush else split
+    first = split == "cursor_first"
+    split = True if (flush or first) else split
     if step % 2 == 0:
         return mamba2_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="v2", config=config,
                                     split=split, flush_config=flush)
@@ -56,7 +58,8 @@ def v2_step(c, step, config, split=None, **kw):
     keys = ("x", "dt", "A", "B", "C", "D", "dt_bias", "slot_ids", "z")
     launch_decode_v2(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], *(kw[k] for k in keys), y,
                      L=L, ckpt_scale=c.get("ckpt_scale"), ckpt_lo=c.get("ckpt_lo"),
-                     ckpt_lo_scale=c.get("ckpt_lo_scale"), config=config, split=split, flush_config=flush)
+                     ckpt_lo_scale=c.get("ckpt_lo_scale"), config=config, split=split, flush_config=flush,
+                     cursor_first=first)
     return y
 
 
@@ -138,7 +141,8 @@ def test_v2_matches_eager_fp32(device):
     assert c["write_pos"].tolist() == [2, 2, 0, 2]
 
 
-@pytest.mark.parametrize("fold,split", [("serial", False), ("dot", False), ("tf32x3", False), ("tf32x3", True)])
+@pytest.mark.parametrize("fold,split", [("serial", False), ("dot", False), ("tf32x3", False), ("tf32x3", True),
+                                        ("tf32x3", "cursor_first")])
 def test_v2_full_ring_and_cursor_at_L(fold, split, device):
     """Cursor at L (a verify committed a full window): the step flushes all L entries + this token;
     at L-1 it flushes too; bf16 ring / activations."""
