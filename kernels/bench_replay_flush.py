@@ -34,12 +34,14 @@ L = 16
 # output-only launch reads the cursor before its tile
 CONFIGS = {"mamba2": [((64, 2, "serial"), False, None, False), ((64, 2, "tf32x3"), False, None, False),
                       ((64, 2, "tf32x3"), True, None, False), ((64, 2, "tf32x3"), True, None, True),
-                      ((64, 2, "tf32x3"), True, (64, 4, "dot", 16), True),
-                      ((64, 2, "tf32x3"), True, (64, 8, "dot", 16), True),
-                      ((64, 2, "tf32x3"), True, (64, 4, "tf32x3", 4), True),
-                      ((64, 2, "tf32x3"), True, (32, 4, "dot", 16), True)],
+                      ((32, 2, "tf32x3"), True, (64, 4, "tf32x3", 16), False),
+                      ((64, 4, "tf32x3"), True, (64, 4, "tf32x3", 16), False),
+                      ((32, 1, "tf32x3"), True, (64, 4, "tf32x3", 16), False),
+                      ((16, 1, "tf32x3"), True, (64, 4, "tf32x3", 16), False)],
            "gdn": [((32, 1, "serial"), False, None, False), ((32, 1, "dot"), False, None, False),
-                   ((32, 1, "dot"), True, None, False), ((32, 1, "serial"), True, None, False)]}
+                   ((32, 1, "dot"), True, None, False), ((16, 1, "dot"), True, (32, 1, "dot", 16), False),
+                   ((32, 2, "dot"), True, (32, 1, "dot", 16), False), ((64, 2, "dot"), True, (32, 1, "dot", 16), False),
+                   ((64, 4, "dot"), True, (32, 1, "dot", 16), False)]}
 
 
 def timer(device):
@@ -54,7 +56,7 @@ def timer(device):
     return once
 
 
-def run(kind, b, device, shapes, configs):
+def run(kind, b, device, shapes, configs, modes=("fp32", "dual_bf16")):
     g = torch.Generator(device=device).manual_seed(0)
     bench = timer(device)
     rn = lambda *s: torch.randn(*s, device=device, generator=g)  # noqa: E731
@@ -87,6 +89,8 @@ def run(kind, b, device, shapes, configs):
                                          flush_config=cfg[2])
         rings = (("ring_u", 0.1), ("ring_k", 0.1))
     for mode, lo in (("fp32", None), ("dual_bf16", torch.bfloat16)):
+        if mode not in modes:
+            continue
         c = alloc(lo)
         c["ckpt"].normal_(0, 0.1, generator=g)
         if lo is not None:
@@ -117,6 +121,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--kinds", default="mamba2,gdn")
+    ap.add_argument("--modes", default="fp32,dual_bf16", help="checkpoint modes: fp32, dual_bf16")
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shapes = {"mamba2": (128, 64, 128, 8), "gdn": (32, 16, 128, 128)}
@@ -128,7 +133,7 @@ def main(argv=None):
                    "gdn": [((16, 1, "dot"), False, None, False), ((16, 1, "dot"), True, (8, 1, "dot", 2), False)]}
     out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "batch": a.batch}
     for kind in a.kinds.split(","):
-        out[kind] = run(kind, a.batch, device, shapes[kind], configs[kind])
+        out[kind] = run(kind, a.batch, device, shapes[kind], configs[kind], a.modes.split(","))
     if a.out:
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)
