@@ -247,8 +247,12 @@ def pick_fold(ckpt_lo, BV: int, nw: int) -> str:
 
 
 def split_default(ckpt_lo, rows: int) -> bool:
-    """Two launches (output-only rows, then flushing rows), as `mamba2_replay.triton_v2.split_default`: for a
-    low-precision copy at full-GPU batches (rows = batch x value heads >= 4096)."""
+    """Two launches (output-only rows, then flushing rows), as `mamba2_replay.triton_v2.split_default`: the
+    fused dual kernel has 255 registers and spills, its output-only path 154. H200, batch 256,
+    bench_replay_flush 2026-11-30 07:50 UTC, dual_bf16 (32, 1 warp, dot), plain / flush step: fused 148 / 483 µs,
+    split 123 / 649 µs; cycle 1.61x -> 1.75x eager (graph-timed bench_replay: 1.89x). fp32: 195 vs 254
+    registers, yet plain 166 -> 197 µs with the flush launch, so fused. Split for a low-precision copy at
+    rows = batch x value heads >= 4096."""
     return ckpt_lo is not None and rows >= 4096
 
 
