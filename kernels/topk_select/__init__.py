@@ -13,8 +13,8 @@ __all__ = ["topk_select", "topk_select_ref"]
 
 def topk_select(scores: torch.Tensor, pos: torch.Tensor, top_k: int, *, backend: str = "auto") -> torch.Tensor:
     """See the module docstring. backend: "auto" (Triton on CUDA, the reference otherwise) | "triton" | "ref".
-    The Triton path takes rows of any length: one program per row up to `triton_impl.SPLIT_T` scores, the row
-    split over many programs above (see `triton_impl`)."""
+    The Triton path takes rows of any length: each row split over many programs for a few rows or long rows,
+    one program per row otherwise (`triton_impl.SPLIT_ROWS`, `SPLIT_T`)."""
     if scores.dim() != 2:
         raise ValueError(f"scores: expected shape [N, T], got {tuple(scores.shape)}")
     if pos.shape != (scores.shape[0],):

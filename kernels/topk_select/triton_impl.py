@@ -1,4 +1,4 @@
-"""Triton kernels of `topk_select`: one program per row for short rows, a row split over many programs for long ones.
+"""Triton kernels of `topk_select`: one program per row, or each row split over many programs.
 
 Each score becomes an order-preserving int32 key (the float's bits with the low 31 flipped when negative; -0
 mapped to +0 and every NaN to the largest key, as torch's sort orders them; positions past `pos` below every
@@ -6,12 +6,14 @@ real key). Both paths find the n-th largest key th (n = min(top_k, pos + 1)), se
 the keys equal to it, the lowest positions (exactly the stable sort's tie rule), and order the n selected
 (key, position) pairs by the int64 (key, then reversed position), so the output order is the stable sort's.
 
-Single program (rows up to SPLIT_T scores): the row held in registers; a 32-step bitwise search finds th (each
-step counts the keys at or above a candidate with one block reduction); the selected pairs are compacted through
-a scratch row (prefix-sum slots) and sorted with tl.sort. One launch, but only N programs: at N = 1..8 rows most
-of the 132 SMs idle and the program's latency grows with the row (H200: 50 µs at 16384 scores, 87 at 32768).
+Single program (more than SPLIT_ROWS rows of up to SPLIT_T scores): the row held in registers; a 32-step
+bitwise search finds th (each step counts the keys at or above a candidate with one block reduction); the
+selected pairs are compacted through a scratch row (prefix-sum slots) and sorted with tl.sort. One launch, but
+only N programs: at N = 1..8 rows most of the 132 SMs idle and the program's latency grows with the row (H200:
+50 µs at 16384 scores, 87 at 32768).
 
-Split (longer rows): grid (rows, chunks of CHUNK scores) so every SM works, six launches after one memset:
+Split (a few rows, or longer ones): grid (rows, chunks of CHUNK scores) so every SM works, six launches after one
+memset:
  - 4 radix passes of 8 bits: each program histograms (tl.histogram) the current digit of its keys whose higher
    digits match th's found so far, and adds the histogram into the row's global one (int32 atomics: the counts,
    and so th, are deterministic). Each program derives th's next digit from the histogram the previous pass
@@ -29,7 +31,12 @@ import torch
 import triton
 import triton.language as tl
 
-SPLIT_T = 16384  # rows longer than this take the split path by default (the single program's measured range)
+# Default path (H200, bench_index_scores 2026-11-30 07:50 UTC, top-k 2048; single program / split, µs): 1 and 4
+# rows: 50 / 24-26 at 16384 scores, 86-88 / 24-26 at 16448-32768, split 25-27 at 65536; 32 rows: 51 / 81 at
+# 16384, 87-88 / 87-96 at 16448-32768, split 124 at 65536 (the stable sort: 64-248). So the split path for a
+# few rows (the SMs the single program leaves idle) or rows past SPLIT_T, one program per row otherwise.
+SPLIT_T = 32768  # the single program holds at most this many scores in registers (measured up to here)
+SPLIT_ROWS = 8   # at most this many rows take the split path whatever their length
 CHUNK = 2048     # scores per program of the split path
 RANK_BLOCK = 32  # scratch entries ranked per program of the split path
 
@@ -168,8 +175,8 @@ def _rank_kernel(sk_ptr, sp_ptr, pos_ptr, out_ptr, T, top_k, o_stride, RB: tl.co
 
 def topk_select_triton(scores: torch.Tensor, pos: torch.Tensor, top_k: int, *, split: bool | None = None,
                        chunk: int = CHUNK) -> torch.Tensor:
-    """split: None = the split path for rows longer than SPLIT_T scores, the single program otherwise; True /
-    False force one. chunk: scores per program of the split path (a power of 2)."""
+    """split: None = the split path for at most SPLIT_ROWS rows or rows longer than SPLIT_T scores, the single
+    program otherwise; True / False force one. chunk: scores per program of the split path (a power of 2)."""
     N, T = scores.shape
     out = torch.empty(N, top_k, dtype=torch.int32, device=scores.device)
     if N == 0 or top_k == 0:
@@ -177,7 +184,7 @@ def topk_select_triton(scores: torch.Tensor, pos: torch.Tensor, top_k: int, *, s
     if scores.dtype != torch.float32 or scores.stride(-1) != 1:
         scores = scores.float().contiguous()
     if split is None:
-        split = T > SPLIT_T
+        split = N <= SPLIT_ROWS or T > SPLIT_T
     dev = scores.device
     if not split:
         BT, BK = triton.next_power_of_2(max(T, 2)), triton.next_power_of_2(max(top_k, 2))

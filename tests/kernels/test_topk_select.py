@@ -31,8 +31,9 @@ CASES = [  # N, T, top_k, kind
 ]
 
 
+@pytest.mark.parametrize("split", [False, None])  # the single program, and the default (split for <= 8 rows)
 @pytest.mark.parametrize("N,T,top_k,kind", CASES)
-def test_triton_matches_stable_sort(N, T, top_k, kind, device):
+def test_triton_matches_stable_sort(N, T, top_k, kind, split, device):
     gen = torch.Generator().manual_seed(N * 1000 + T)
     s = scores_for(N, T, gen, kind).to(device)
     pos = torch.randint(0, T, (N,), generator=gen)
@@ -42,7 +43,11 @@ def test_triton_matches_stable_sort(N, T, top_k, kind, device):
     if N > 2:
         pos[2] = min(T - 1, max(0, top_k // 2))  # fewer candidates than top_k
     pos = pos.to(device)
-    got = topk_select(s, pos, top_k, backend="triton")
+    if split is None:
+        got = topk_select(s, pos, top_k, backend="triton")
+    else:
+        from synodic.kernels.topk_select.triton_impl import topk_select_triton
+        got = topk_select_triton(s, pos, top_k, split=split)
     want = topk_select_ref(s, pos, top_k)
     assert got.dtype == torch.int32 and got.shape == (N, top_k)
     assert torch.equal(got, want), (got, want)
