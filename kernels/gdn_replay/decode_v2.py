@@ -31,7 +31,7 @@ import triton.language as tl
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _tile_mask
 from ..mamba2_replay.common import is_fp8
 from ..mamba2_replay.triton_impl import _serial_fold
-from ..mamba2_replay.triton_v2 import FOLDS, _store_tile, decode_config
+from ..mamba2_replay.triton_v2 import FOLDS, _store_tile, decode_config, resolve_flush_config
 
 
 @triton.jit
@@ -254,18 +254,6 @@ def split_default(ckpt_lo, rows: int) -> bool:
     registers, yet plain 166 -> 197 µs with the flush launch, so fused. Split for a low-precision copy at
     rows = batch x value heads >= 4096."""
     return ckpt_lo is not None and rows >= 4096
-
-
-def resolve_flush_config(config, block: int, warps: int, fold: str) -> tuple[int, int, str, int]:
-    """(BLOCK_V, num_warps, fold, tiles per program) of the flush launch of a split step: config over
-    (block, warps, fold, 16)."""
-    c = tuple(config or ())
-    if c and not 2 <= len(c) <= 4:
-        raise ValueError(f"flush_config: expected (BLOCK, num_warps[, fold[, tiles per program]]), got {config!r}")
-    out = c + (block, warps, fold, 16)[len(c):]
-    if out[2] not in FOLDS:
-        raise ValueError(f"flush_config: fold {out[2]!r}, expected one of {sorted(FOLDS)}")
-    return out
 
 
 def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,

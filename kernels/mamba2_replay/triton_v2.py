@@ -332,13 +332,12 @@ def split_default(ckpt_lo, rows: int) -> bool:
 
 
 def resolve_flush_config(config, block: int, warps: int, fold: str) -> tuple[int, int, str, int]:
-    """(BLOCK, num_warps, fold, tiles per program) of the flush launch of a split step: config over
-    (block, 2 x warps, fold, 16)."""
+    """(BLOCK, num_warps, fold, tiles per program) of the flush launch of a split step (shared with the GDN
+    kernel): config over (block, warps, fold, 16)."""
     c = tuple(config or ())
     if c and not 2 <= len(c) <= 4:
         raise ValueError(f"flush_config: expected (BLOCK, num_warps[, fold[, tiles per program]]), got {config!r}")
-    out = (block, 2 * warps, fold, 16)
-    out = c + out[len(c):]
+    out = c + (block, warps, fold, 16)[len(c):]
     if out[2] not in FOLDS:
         raise ValueError(f"flush_config: fold {out[2]!r}, expected one of {sorted(FOLDS)}")
     return out
@@ -348,7 +347,8 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
                      L, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
                      flush_config=None, cursor_first: bool = False):
     """x [b,H,P], dt [b,H], B/C [b,G,N], z [b,H,P] or None, y [b,H,P] (written). Inner strides 1.
-    split: None = `split_default`; True = output-only launch (config) + flush launch (`resolve_flush_config`),
+    split: None = `split_default`; True = output-only launch (config) + flush launch (`resolve_flush_config`,
+    twice config's warps by default),
     False = one fused launch (config). cursor_first (split): the output-only launch reads the cursor before its
     tile, so a flushing row's program reads nothing more (kernel CURSOR_FIRST)."""
     slots, H, P, N = ckpt.shape
@@ -383,7 +383,8 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     # the two launches touch disjoint rows (by cursor), so their order is free
     _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
                                           CURSOR_FIRST=cursor_first, **regs)
-    fbp, fnw, ffold, tpp = resolve_flush_config(flush_config, bp, nw, fold)
+    # default flush launch: twice the warps (the flush holds S and the ring fold; dual [64, N] on 2 warps spills)
+    fbp, fnw, ffold, tpp = resolve_flush_config(flush_config, bp, 2 * nw, fold)
     _mamba2_replay_decode_v2_kernel[(triton.cdiv(H * triton.cdiv(P, fbp), tpp), b)](
         *args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
     return y

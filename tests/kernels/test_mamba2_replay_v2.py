@@ -184,5 +184,11 @@ def test_v2_needs_advance_false(device):
     with pytest.raises(ValueError, match=r"expected \(BLOCK, num_warps"):
         mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
                              advance=False, backend="triton", config=(8,))
+    with pytest.raises(ValueError, match="flush_config: fold"):
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
+                             advance=False, backend="triton", split=True, flush_config=(8, 2, "fma"))
+    with pytest.raises(ValueError, match=r"flush_config: expected \(BLOCK, num_warps"):
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
+                             advance=False, backend="triton", split=True, flush_config=(8, 2, "dot", 4, 1))
     with pytest.raises(ValueError, match="impl"):
         mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v3")
