@@ -107,14 +107,19 @@ def _topk_select_kernel(s_ptr, pos_ptr, out_ptr, sk_ptr, sp_ptr, T, top_k, s_str
 
 
 @triton.jit
-def _radix_pass_kernel(s_ptr, pos_ptr, hist_ptr, chist_ptr, T, top_k, s_stride, h_stride, n_chunks,
-                       LVL: tl.constexpr, CH: tl.constexpr):
+def _chunk_keys(s_ptr, pos_ptr, hist_ptr, T, top_k, s_stride, h_stride, CH: tl.constexpr):
+    # a split-path program's (row, chunk, positions, last visible position, n, keys, the row's histogram row)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     offs = chunk * CH + tl.arange(0, CH)
     pos, n = _row_n(pos_ptr, row, T, top_k)
-    key = _keys(s_ptr + row * s_stride, offs, pos, T)
-    hrow = hist_ptr + row * h_stride
+    return row, chunk, offs, pos, n, _keys(s_ptr + row * s_stride, offs, pos, T), hist_ptr + row * h_stride
+
+
+@triton.jit
+def _radix_pass_kernel(s_ptr, pos_ptr, hist_ptr, chist_ptr, T, top_k, s_stride, h_stride, n_chunks,
+                       LVL: tl.constexpr, CH: tl.constexpr):
+    row, chunk, offs, pos, n, key, hrow = _chunk_keys(s_ptr, pos_ptr, hist_ptr, T, top_k, s_stride, h_stride, CH)
     u = key ^ -2147483648                                 # unsigned order in the bits
     live = offs <= pos
     if LVL > 0:
@@ -132,12 +137,7 @@ def _radix_pass_kernel(s_ptr, pos_ptr, hist_ptr, chist_ptr, T, top_k, s_stride, 
 @triton.jit
 def _compact_kernel(s_ptr, pos_ptr, hist_ptr, chist_ptr, sk_ptr, sp_ptr, T, top_k, s_stride, h_stride, n_chunks,
                     CH: tl.constexpr, NCH: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    offs = chunk * CH + tl.arange(0, CH)
-    pos, n = _row_n(pos_ptr, row, T, top_k)
-    key = _keys(s_ptr + row * s_stride, offs, pos, T)
-    hrow = hist_ptr + row * h_stride
+    row, chunk, offs, pos, n, key, hrow = _chunk_keys(s_ptr, pos_ptr, hist_ptr, T, top_k, s_stride, h_stride, CH)
     pref, need = _th_digit(hrow, n, 3)                    # need: keys equal to th to take (0 when n <= 0)
     th = pref ^ -2147483648
     gt = key > th                                         # th is a visible key when n > 0: hidden ones lie below
