@@ -1,7 +1,7 @@
 """Top-k KV policies through the engine: identical logits and tokens across kv=resident (top-k),
 kv=hisparse and kv=adaptive under hot-buffer misses and demotions; admission follows each policy's
 device footprint; under memory pressure nothing crashes and every request finishes; verify windows
-over adaptive reproduce plain greedy decoding."""
+over adaptive and over hisparse (draft pages) reproduce plain greedy decoding."""
 import torch
 
 from synodic.config.compose import compose
@@ -88,11 +88,23 @@ def test_verify_windows_over_adaptive_reproduce_greedy():
     assert [r.output_ids for r in reqs] == [ref[r.id] for r in reqs]
 
 
+def test_verify_windows_over_hisparse_reproduce_greedy():
+    """Windows of 3 (drafts every third corrupted) over a hot buffer of 6 slots with misses: short rows whose
+    window crosses B, long rows, rejected rows left behind; the same tokens as plain greedy decoding."""
+    _, plain, _ = serve(["kv=resident", *TOPK, "kv.num_blocks=128"], PROMPTS)
+    ref = {r.id: r.output_ids for r in plain}
+    eng, reqs, _ = serve(["kv=hisparse", *TIERED, "kv.num_blocks=64", "kv.draft_pages=2"], PROMPTS,
+                         window=3, drafter=corrupting_drafter(ref))
+    assert [r.output_ids for r in reqs] == [ref[r.id] for r in reqs]
+    assert eng.ledger.summary()["kv"]["host_fetched_rows"] > 0
+
+
 def test_window_limits_fail_at_build_with_one_line():
     import pytest
 
     from synodic.config.errors import ConfigError
-    for ov, needle in ((["kv=hisparse", *TIERED], "kv=hisparse with a verify window of 4 tokens"),
+    for ov, needle in ((["kv=hisparse", *TIERED], "kv.draft_pages=0 with a verify window of 4 tokens"),
+                       (["kv=hisparse", *TIERED, "kv.draft_pages=2"], "expected kv.draft_pages >= 3"),
                        (["kv=adaptive", *TIERED, "kv.tail_pages=1"], "kv.tail_pages=1 with a verify window of 4")):
         with pytest.raises(ConfigError) as e:
             build_graph(compose([*MODEL, *ov]), max_seq_len=64, window=4)

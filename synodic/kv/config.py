@@ -91,6 +91,10 @@ class _HostTiered(Component):
     def B(self) -> int:
         return self.hot_buffer or 2 * self.top_k
 
+    def window_pages(self, window: int) -> int:
+        """Pages a verify window of `window` tokens can touch (adaptive: tail pages; hisparse: draft pages)."""
+        return 1 if window <= 1 else -(-(window - 1) // self.block_size) + 1
+
     def capacity_tokens(self) -> int:
         return self.block_size * self.host_num_blocks
 
@@ -100,13 +104,19 @@ class HiSparseKV(_HostTiered):
     """Full KV in host memory; per (request, layer) a device hot buffer of B slots + a newest-token slot
     under per-layer LRU, one fused resolve per layer (hits, victims, recency, host→device copy of misses)."""
     kind: Literal["hisparse"] = "hisparse"
+    draft_pages: int = Field(0, ge=0, description="device pages per request for a speculative verify window "
+                             "(the draft zone: the window's tail pages, outside the hot buffer's LRU); 0 = no "
+                             "verify windows")
 
     def build(self, ctx):
         index_kind(self, ctx.model)
-        if getattr(ctx, "window", 1) > 1:
+        window = getattr(ctx, "window", 1)
+        need = self.window_pages(window)
+        if window > 1 and need > self.draft_pages:
             from synodic.config.errors import ConfigError
-            raise ConfigError([f"kv=hisparse with a verify window of {ctx.window} tokens: the hot buffer has no "
-                               "draft zone yet; expected kv=adaptive or kv=resident (top_k) with speculative decoding"])
+            raise ConfigError([f"kv.draft_pages={self.draft_pages} with a verify window of {window} tokens and "
+                               f"kv.block_size={self.block_size}: expected kv.draft_pages >= {need} (kv=hisparse "
+                               "keeps a window's rows in draft pages outside the hot buffer)"])
         from synodic.kv.hisparse import HiSparsePolicy
         return HiSparsePolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len)
 
@@ -123,10 +133,6 @@ class AdaptiveKV(_HostTiered):
                                          "while at least this fraction of device pages stays free afterwards")
     promote_pages_per_step: int = Field(8, ge=0, description="most pages promoted back (host → device) per "
                                         "decode step; 0 = never promote")
-
-    def window_pages(self, window: int) -> int:
-        """Pages a verify window of `window` tokens can touch (they must all be tail pages)."""
-        return 1 if window <= 1 else -(-(window - 1) // self.block_size) + 1
 
     def build(self, ctx):
         index_kind(self, ctx.model)

@@ -10,10 +10,23 @@ at position 0, always take it and touch no hot-buffer state).
 
 Device footprint per request: its hot buffer pages (ceil(min(tokens, B+1) / bs), so short requests
 hold little) plus its indexer key pages; the host pool holds every row. Admission spends all three.
+
+Speculative verify windows (`kv.draft_pages` > 0): each request slot owns draft pages after the pool. A
+window step maps the window's tail pages (the page of its first position and the next ones) to them in a
+per-step page table, copies that first page's committed rows from the host, and writes every window row
+there as well as where a plain step would put it. Each query's resolve takes the draft table as resident
+pages: window rows and the rest of their pages are found there, outside the LRU, the reverse map and the
+host (their backups land at the end of the step); everything else resolves as in a plain step. The fast
+path is chosen by the window's first position: a row that starts its window below B finds every earlier
+position in slot = position and every window position in the draft pages, so it needs no lookups and
+evicts nothing, even for queries past B. Queries resolve and attend one after another (`attend_window`):
+a row missed by one query is a hit for the next, and a later query's victims never hold a row an earlier
+query still reads.
 """
 from __future__ import annotations
 
 import torch
+from synodic.kernels.row_copy import copy_rows
 
 from .blocks import BlockManager
 from .hot import HotBufferPolicy
@@ -65,13 +78,48 @@ class HiSparsePolicy(HotBufferPolicy):
         self.dev_blocks = BlockManager(cfg.num_blocks, self.bs, max_slots, self.HP, device)
         self.hot_table = self.dev_blocks.table
         self.blocks = HiSparseBlocks(self)
+        self.DP = cfg.draft_pages
+        self.draft_base = cfg.num_blocks + 1   # slot r's draft pages: draft_base + r * DP + 0..DP-1
+        self._win = 1                           # tokens per row of the current step's window
+
+    def _extra_pages(self, cfg, S1: int) -> int:
+        return S1 * cfg.draft_pages
 
     def may_fetch(self) -> bool:
         return True
 
+    def bind(self, rows, positions, view_blocks):
+        self._win = 1
+        super().bind(rows, positions, view_blocks)
+
     def check_window(self, T: int) -> None:
-        raise NotImplementedError("kv=hisparse: speculative verify windows need a draft zone in the hot buffer "
-                                  "(not built yet); use kv=adaptive or kv=resident with top_k")
+        need = self.cfg.window_pages(T)
+        if need > self.DP:
+            raise ValueError(f"kv=hisparse: a verify window of {T} tokens spans {need} pages; expected "
+                             f"kv.draft_pages >= {need}, got {self.DP}")
+
+    def begin_window(self, i, T):
+        """Layer i of a window step: the committed rows of each row's first window page, host → draft page."""
+        self._win = T
+        _, dst, src = self._draft()
+        copy_rows(self.kv[i].view(-1, self.W), dst, self.host.layer(i).view(-1, self.W), src)
+
+    def _draft(self):
+        """(page table [S1, max_pages] mapping each bound row's window pages to its draft pages, else -1;
+        device rows and host rows of the first window page), the same in every layer of the step."""
+        def plan():
+            lp0 = self._pos() // self.bs
+            d = torch.arange(self.DP, device=self.device)
+            lp = lp0[:, None] + d
+            pages = self.draft_base + self.rows.long()[:, None] * self.DP + d
+            ok = lp < self.max_pages
+            table = torch.full((self.S + 1, self.max_pages), -1, dtype=torch.int32, device=self.device)
+            table[self.rows.long()[:, None].expand_as(lp)[ok], lp[ok]] = pages[ok].int()
+            off = torch.arange(self.bs, device=self.device)
+            dst = (pages[:, :1] * self.bs + off).flatten()
+            src = self.host.rows(self.rows[:, None], lp0[:, None] * self.bs + off).flatten()
+            return table, dst, src
+        return self._per_step(("draft", self._win), plan)
 
     def _newest_at(self, pos):
         """Where the newest rows go, the same in every layer: (device row, flat hot_pos entry, position as
@@ -86,10 +134,16 @@ class HiSparsePolicy(HotBufferPolicy):
         self.kv[i].view(-1, self.W)[dst] = kv
         self.hot_pos[i].view(-1)[hot] = p32
         self.slot_of[i].view(-1)[irow] = slot
+        if self._win > 1:  # and in the draft page, where the window's queries find it
+            self.kv[i].view(-1, self.W)[self._per_step(("draft_row", t), lambda: self._rows_of(
+                self._draft()[0], self.rows, pos))] = kv
         self._backup(i, kv, t)
 
     def resolve(self, i, sel, pos):
-        ids, n_miss = self._resolve(i, sel, self.rows, pos, None, True)
+        if self._win > 1:  # window pages resident (draft table); fast path by the window's first position
+            ids, n_miss = self._resolve(i, sel, self.rows, self._pos(), self._draft()[0], True)
+        else:
+            ids, n_miss = self._resolve(i, sel, self.rows, pos, None, True)
         self._count_misses(i, n_miss)
         return ids
 

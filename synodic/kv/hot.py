@@ -30,8 +30,8 @@ class HotBufferPolicy(TopKPolicy):
         self.idx_blocks = BlockManager(cfg.index_num_blocks, self.bs, max_slots, self.max_pages, device)
         self.host = HostKVPool(self.NL, cfg.host_num_blocks, self.bs, self.W, self.dtype, max_slots,
                                self.max_pages, device)
-        self.kv = [torch.zeros(cfg.num_blocks + 1, self.bs, self.W, dtype=self.dtype, device=device)
-                   for _ in range(self.NL)]
+        self.kv = [torch.zeros(cfg.num_blocks + 1 + self._extra_pages(cfg, S1), self.bs, self.W, dtype=self.dtype,
+                               device=device) for _ in range(self.NL)]
         self.hot_pos = torch.full((self.NL, S1, self.B + 1), -1, dtype=torch.int32, device=device)
         self.lru = torch.arange(self.B, dtype=torch.int32, device=device).repeat(self.NL, S1, 1)
         self.slot_of = torch.full((self.NL, cfg.index_num_blocks + 1, self.bs), -1, dtype=torch.int32, device=device)
@@ -41,6 +41,10 @@ class HotBufferPolicy(TopKPolicy):
             from synodic.kernels.kv_resolve.triton_impl import ResolveScratch
             self.scratch = ResolveScratch(S1, self.top_k, S1, self.B, device)
         self.hot_table: torch.Tensor  # [S1, >= HP] device pages of each request's hot buffer
+
+    def _extra_pages(self, cfg, S1: int) -> int:
+        """Device pages after the pool (and its scratch page) that the policy keeps for itself."""
+        return 0
 
     def index_table(self):
         return self.idx_blocks.table

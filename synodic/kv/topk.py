@@ -209,6 +209,7 @@ class TopKPolicy:
                                index=None if index is None else index.at(slice(None), 0))[:, None]
         self.check_window(T)
         self._begin(i)
+        self.begin_window(i, T)
         iqk = [self._index_qk(q[:, t], k_new[:, t], None if index is None else index.at(slice(None), t))
                for t in range(T)]
         for t in range(T):
@@ -218,6 +219,9 @@ class TopKPolicy:
 
     def check_window(self, T: int) -> None:
         pass
+
+    def begin_window(self, i: int, T: int) -> None:
+        """Layer i is about to place and attend a verify window of T tokens (after check_window)."""
 
     def write_prefill(self, i: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor,
                       sel_last: torch.Tensor | None = None, index_k: torch.Tensor | None = None) -> None:

@@ -36,8 +36,10 @@ def build(gen, device, adaptive):
     return {k: (v.to(device) if v is not None else None) for k, v in t.items()}
 
 
-def write_newest(st, rows, pos, adaptive):
-    """What the policy does before resolving: the newest token's row lands in its slot."""
+def write_newest(st, rows, pos, adaptive, fast=None):
+    """What the policy does before resolving: the newest token's row lands in its slot (fast: short rows
+    keep slot = position, as hisparse does)."""
+    fast = not adaptive if fast is None else fast
     for r, P in zip(rows.tolist(), pos.tolist()):
         if r == S - 1:
             continue
@@ -45,7 +47,7 @@ def write_newest(st, rows, pos, adaptive):
         if adaptive and st["res_table"][r, P // BS] >= 0:  # resident page: written in place
             st["dev"].view(-1, W)[st["res_table"][r, P // BS].long() * BS + P % BS] = srow
             continue
-        s = P if P < B and not adaptive else B
+        s = P if P < B and fast else B
         hot = st["hot_table"][r].long()
         st["dev"].view(-1, W)[hot[s // BS] * BS + s % BS] = srow
         st["hot_pos"][r, s] = P
@@ -68,11 +70,13 @@ def selection(gen, pos, rows):
     return sel
 
 
-@pytest.mark.parametrize("adaptive,split", [(False, None), (True, None), (False, 0), (True, 2), (False, 3)])
-def test_triton_matches_ref_over_steps(adaptive, split, device):
+@pytest.mark.parametrize("adaptive,split,fast", [(False, None, True), (True, None, False), (False, 0, True),
+                                                (True, 2, False), (False, 3, True), (True, None, True)])
+def test_triton_matches_ref_over_steps(adaptive, split, fast, device):
     """split: None = default second copy launch, 0 = copy inside the resolve program, 2 = two programs
     sharing 2-row chunks, 3 = one 2-row chunk per program (K = 5 rows at most) copied 4 columns at a time
-    (a row of W = 6 in two column steps, the second partial)."""
+    (a row of W = 6 in two column steps, the second partial). adaptive = resident pages; with fast, the
+    short-row fast path too (hisparse verify windows: draft pages as resident ones)."""
     gen = torch.Generator().manual_seed(7 + adaptive)
     a, b = build(gen, device, adaptive), build(torch.Generator().manual_seed(7 + adaptive), device, adaptive)
     rows = torch.tensor([2, 0, 1, S - 1], dtype=torch.long, device=device)   # the last row is padding
@@ -81,17 +85,17 @@ def test_triton_matches_ref_over_steps(adaptive, split, device):
     for st in (a, b):  # prefill: every earlier position written once, in order
         for P in range(int(start.max())):
             live = [n for n in range(3) if P < start[n]]
-            write_newest(st, rows.cpu()[live], torch.full((len(live),), P), adaptive)
+            write_newest(st, rows.cpu()[live], torch.full((len(live),), P), adaptive, fast)
     for step in range(12):
         pos = (start + step).clamp(max=23)
         pos[-1] = 0
         pos = pos.to(device)
         sel = selection(gen, pos.cpu(), rows.cpu()).to(device)
         for st in (a, b):
-            write_newest(st, rows.cpu(), pos.cpu(), adaptive)
-        ids_t, nm_t = kv_resolve_triton(sel, rows, pos, block_size=BS, fast_path=not adaptive, split=split,
+            write_newest(st, rows.cpu(), pos.cpu(), adaptive, fast)
+        ids_t, nm_t = kv_resolve_triton(sel, rows, pos, block_size=BS, fast_path=fast, split=split,
                                        copy_j=2 if split in (2, 3) else 16, block_w=4 if split == 3 else None, **a)
-        ids_r, nm_r = kv_resolve(sel, rows, pos, block_size=BS, fast_path=not adaptive, backend="ref", **b)
+        ids_r, nm_r = kv_resolve(sel, rows, pos, block_size=BS, fast_path=fast, backend="ref", **b)
         assert torch.equal(ids_t, ids_r), (step, ids_t, ids_r)
         assert torch.equal(nm_t, nm_r)
         for key in ("hot_pos", "lru", "slot_of"):
