@@ -1,0 +1,32 @@
+"""reg_usage: the replay decode kernels compile offline for sm_90, and the reason for the split decode step
+holds: the dual-precision Mamba-2 kernel's output-only launch needs fewer registers than the fused one.
+Compiled in a subprocess: the test session runs Triton's interpreter, which cannot compile."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import triton
+
+TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+CODE = """
+import json
+from synodic.kernels import reg_usage
+from synodic.kernels.mamba2_replay.triton_v2 import FOLDS, _mamba2_replay_decode_v2_kernel as m2
+ptrs = dict(reg_usage.M2_PTRS, lo_ptr="*bf16")
+c = dict(H=128, G=8, P=64, N=128, L=16, LP=16, BP=64, BN=128, HAS_Z=True, FOLD=FOLDS["tf32x3"], TPP=1,
+         HAS_LO=True, CK_FP8=False, LO_FP8=False, ROUND_CK=False, ROUND_LO=False, ROUND_OUT=False)
+print(json.dumps([reg_usage.compile_usage(m2, ptrs, dict(c, ROUTE=r), 2) for r in (0, 1)]))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists(TOOL), reason="Triton's NVIDIA backend tools are not installed")
+def test_output_only_launch_needs_fewer_registers():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    res = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    fused, plain = json.loads(res.stdout.strip().splitlines()[-1])
+    assert 0 < plain["regs"] < fused["regs"] <= 255
+    assert plain["spill_bytes"] == 0
