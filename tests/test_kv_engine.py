@@ -97,6 +97,9 @@ def test_verify_windows_over_hisparse_reproduce_greedy():
                          window=3, drafter=corrupting_drafter(ref))
     assert [r.output_ids for r in reqs] == [ref[r.id] for r in reqs]
     assert eng.ledger.summary()["kv"]["host_fetched_rows"] > 0
+    per_step = eng.ledger.summary()["bytes_per_step"]
+    assert per_step["kv_draft_copy_bytes"] > 0  # window steps copy their first page's rows host -> draft
+    assert per_step["kv_h2d_bytes"] >= per_step["kv_draft_copy_bytes"]
 
 
 def test_window_limits_fail_at_build_with_one_line():

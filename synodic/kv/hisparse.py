@@ -81,6 +81,7 @@ class HiSparsePolicy(HotBufferPolicy):
         self.DP = cfg.draft_pages
         self.draft_base = cfg.num_blocks + 1   # slot r's draft pages: draft_base + r * DP + 0..DP-1
         self._win = 1                           # tokens per row of the current step's window
+        self._draft_rows = 0                    # host rows copied into draft pages since the ledger last read
 
     def _extra_pages(self, cfg, S1: int) -> int:
         return S1 * cfg.draft_pages
@@ -103,6 +104,7 @@ class HiSparsePolicy(HotBufferPolicy):
         self._win = T
         _, dst, src = self._draft()
         copy_rows(self.kv[i].view(-1, self.W), dst, self.host.layer(i).view(-1, self.W), src)
+        self._draft_rows += dst.numel()
 
     def _draft(self):
         """(page table [S1, max_pages] mapping each bound row's window pages to its draft pages, else -1;
@@ -168,4 +170,5 @@ class HiSparsePolicy(HotBufferPolicy):
         return max(1, len(self.dev_blocks.owned))
 
     def extra_bytes(self, lengths):
-        return {"kv_host_bytes": self.host_bytes_held()}
+        draft, self._draft_rows = self._draft_rows * self.row_bytes(), 0
+        return {"kv_host_bytes": self.host_bytes_held(), "_h2d_extra": draft, "kv_draft_copy_bytes": draft}
