@@ -100,6 +100,8 @@ def test_verify_windows_over_hisparse_reproduce_greedy():
     per_step = eng.ledger.summary()["bytes_per_step"]
     assert per_step["kv_draft_copy_bytes"] > 0  # window steps copy their first page's rows host -> draft
     assert per_step["kv_h2d_bytes"] >= per_step["kv_draft_copy_bytes"]
+    kv = eng.graph.kv
+    assert kv.device_bytes_held() >= (kv.S + 1) * kv.DP * kv.bs * kv.NL * kv.row_bytes()  # draft pages held
 
 
 def test_window_limits_fail_at_build_with_one_line():

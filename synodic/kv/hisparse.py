@@ -11,7 +11,8 @@ at position 0, always take it and touch no hot-buffer state).
 Device footprint per request: its hot buffer pages (ceil(min(tokens, B+1) / bs), so short requests
 hold little) plus its indexer key pages; the host pool holds every row. Admission spends all three.
 
-Speculative verify windows (`kv.draft_pages` > 0): each request slot owns draft pages after the pool. A
+Speculative verify windows (`kv.draft_pages` > 0): each request slot owns draft pages after the pool
+(fixed device memory, counted in `device_bytes_held`, outside what admission spends). A
 window step maps the window's tail pages (the page of its first position and the next ones) to them in a
 per-step page table, copies that first page's committed rows from the host, and writes every window row
 there as well as where a plain step would put it. Each query's resolve takes the draft table as resident
@@ -163,7 +164,9 @@ class HiSparsePolicy(HotBufferPolicy):
             self.preload(i, slot, kv, pos, sel_last)
 
     def device_bytes_held(self) -> int:
-        return (self.dev_blocks.used() * self.bs * self.NL * self.row_bytes()
+        """Hot-buffer and index pages in use, plus the draft pages (allocated for every slot up front)."""
+        pages = self.dev_blocks.used() + (self.S + 1) * self.DP
+        return (pages * self.bs * self.NL * self.row_bytes()
                 + self.idx_blocks.used() * self.bs * self.NL * self.indexer.row_bytes())
 
     def running_requests(self) -> int:

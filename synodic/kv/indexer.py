@@ -101,8 +101,9 @@ class KeyIndexer:
     @staticmethod
     def select(scores: torch.Tensor, pos: torch.Tensor, top_k: int) -> torch.Tensor:
         """Top min(top_k, pos+1) of positions [0, pos] per row, ties to the lower position; [N, top_k] int32.
-        `synodic.kernels.topk_select`: Triton on CUDA (one program per row up to 16384 scores, longer rows split
-        over many programs), the stable-sort reference elsewhere; both give the same ids in the same order."""
+        `synodic.kernels.topk_select`: Triton on CUDA (each row split over many programs for up to 8 rows or rows
+        past 32768 scores, one program per row otherwise), the stable-sort reference elsewhere; both give the
+        same ids in the same order."""
         return topk_select(scores, pos, top_k)
 
     def prefill_select(self, q: torch.Tensor, k: torch.Tensor, top_k: int, chunk: int = 256,
