@@ -30,8 +30,8 @@ from synodic.kernels.mamba2_replay.triton_v2 import launch_decode_v2 as launch_m
 
 L = 16
 # (config, split, flush config, cursor first): split = an output-only launch (config) + a flush launch (flush
-# config (BLOCK, warps, fold, tiles per program); None = the launcher's default); cursor first (Mamba-2): the
-# output-only launch reads the cursor before its tile
+# config (BLOCK, warps, fold, tiles per program[, kernel]); None = the launcher's default); cursor first (Mamba-2):
+# the output-only launch reads the cursor before its tile (True: write_pos[slot]; "row": a per-row copy)
 CONFIGS = {"mamba2": [((64, 2, "serial"), False, None, False), ((64, 2, "tf32x3"), False, None, False),
                       ((64, 2, "tf32x3"), True, None, False), ((64, 2, "tf32x3"), True, None, True),
                       ((32, 2, "tf32x3"), True, (64, 4, "tf32x3", 16), False),
@@ -42,6 +42,16 @@ CONFIGS = {"mamba2": [((64, 2, "serial"), False, None, False), ((64, 2, "tf32x3"
                    ((32, 1, "dot"), True, None, False), ((16, 1, "dot"), True, (32, 1, "dot", 16), False),
                    ((32, 2, "dot"), True, (32, 1, "dot", 16), False), ((64, 2, "dot"), True, (32, 1, "dot", 16), False),
                    ((64, 4, "dot"), True, (32, 1, "dot", 16), False)]}
+
+# --flush-sweep (Mamba-2, split, default output-only launch): flush launch configs (BLOCK, warps, fold, tiles per
+# program, kernel): the decode kernel's flush route ("route2") against the lean flush kernel, with and without
+# the next tile's prefetch; tiles per program 1 shows what the flush costs when a plain step's extra programs
+# are ignored
+FLUSH_SWEEP = [(64, 4, "tf32x3", 16, "route2"), (64, 4, "tf32x3", 8, "route2"), (64, 4, "tf32x3", 1, "route2"),
+               (64, 8, "tf32x3", 16, "route2"), (32, 4, "tf32x3", 16, "route2"), (64, 8, "serial", 16, "route2"),
+               (64, 4, "tf32x3", 16, "lean"), (64, 8, "tf32x3", 16, "lean"), (64, 8, "tf32x3", 16, "lean_prefetch"),
+               (32, 4, "tf32x3", 32, "lean_prefetch"), (32, 4, "tf32x3", 16, "lean"), (64, 8, "serial", 16, "lean"),
+               (64, 8, "tf32x3", 4, "lean"), (64, 8, "tf32x3", 1, "lean")]
 
 
 def timer(device):
@@ -71,9 +81,15 @@ def run(kind, b, device, shapes, configs, modes=("fp32", "dual_bf16")):
         res["eager_us"] = bench(lambda: mamba2_decode(st, x, dt, A, B, C, D, bias, sid, z))
         del st
         alloc = lambda lo: mamba2_replay_alloc(b, H, P, N, G, L, lo_dtype=lo, device=device)  # noqa: E731
-        step = lambda c, cfg: launch_m2(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid,  # noqa: E731
-                                        z=z, y=torch.empty_like(x), L=L, config=cfg[0], split=cfg[1],
-                                        flush_config=cfg[2], cursor_first=cfg[3])
+        sid_l = sid.long()
+
+        def step(c, cfg):
+            # cursor first "row": the per-row cursor gather (one per step in the engine, shared by every
+            # layer) is timed inside each step here
+            row_wp = c["write_pos"].index_select(0, sid_l) if cfg[3] == "row" else None
+            return launch_m2(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, z=z,
+                             y=torch.empty_like(x), L=L, config=cfg[0], split=cfg[1], flush_config=cfg[2],
+                             cursor_first=cfg[3] is True, row_wp=row_wp)
         rings = (("ring_x", 1.0), ("ring_B", 1.0))
     else:
         HV, Hk, K, V = shapes
@@ -122,13 +138,20 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--kinds", default="mamba2,gdn")
     ap.add_argument("--modes", default="fp32,dual_bf16", help="checkpoint modes: fp32, dual_bf16")
+    ap.add_argument("--flush-sweep", action="store_true",
+                    help="Mamba-2 only: the split step with each FLUSH_SWEEP flush launch config")
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shapes = {"mamba2": (128, 64, 128, 8), "gdn": (32, 16, 128, 128)}
     configs = CONFIGS
+    if a.flush_sweep:
+        a.kinds = "mamba2"
+        configs = {"mamba2": [((64, 2, "tf32x3"), True, f, False) for f in FLUSH_SWEEP]
+                   + [((64, 2, "tf32x3"), True, f, "row") for f in FLUSH_SWEEP[:1] + FLUSH_SWEEP[8:9]]}
     if device == "cpu":  # smoke: tiny shapes, tile configs that fit them
         a.batch, shapes = 2, {"mamba2": (2, 16, 16, 1), "gdn": (2, 1, 16, 16)}
         configs = {"mamba2": [((16, 1, "serial"), False, None, False),
+                              ((16, 1, "serial"), True, (8, 1, "serial", 2, "lean_prefetch"), "row"),
                               ((16, 1, "serial"), True, (8, 1, "serial", 2), True)],
                    "gdn": [((16, 1, "dot"), False, None, False), ((16, 1, "dot"), True, (8, 1, "dot", 2), False)]}
     out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "batch": a.batch}

@@ -294,7 +294,9 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
         return o
     # the two launches touch disjoint rows (by cursor), so their order is free
     _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw, **extra)
-    fbv, fnw, ffold, tpp = resolve_flush_config(flush_config, bv, nw, fold)
+    fbv, fnw, ffold, tpp, fkern = resolve_flush_config(flush_config, bv, nw, fold)
+    if fkern != "route2":
+        raise ValueError(f"flush_config: kernel {fkern!r}, the GDN flush launch has only 'route2'")
     _gdn_replay_decode_v2_kernel[(triton.cdiv(HV * triton.cdiv(V, fbv), tpp), b)](
         *args, **meta, BV=fbv, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
     return o

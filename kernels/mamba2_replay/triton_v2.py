@@ -97,17 +97,20 @@ def _fold_ring(S, ct, wr, xr, rB, rdt_base, rx_base, rB_base, A_h, wp, offs_p, o
 def _mamba2_replay_decode_v2_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr, rwp_ptr,
     sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
     H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
     ROUTE: tl.constexpr, TPP: tl.constexpr = 1, CURSOR_FIRST: tl.constexpr = False,
+    ROW_CURSOR: tl.constexpr = False,
 ):
     """ROUTE 0: every row (both routes, one kernel); 1: output-only rows only (a flushing row is left
     alone: no output, no append; CURSOR_FIRST: its program reads the cursor before anything and exits, else it
-    issues its tile loads first and discards them); 2: flushing rows only, TPP (head, P-tile)s per program, grid
+    issues its tile loads first and discards them; ROW_CURSOR: that cursor comes from rwp_ptr[row], the caller's
+    write_pos[slot_ids] gathered once per step, so its load runs beside the slot id's instead of after it);
+    2: flushing rows only, TPP (head, P-tile)s per program, grid
     (cdiv(H * P-tiles, TPP), batch): the cursor is read first and a program of a non-flushing row exits
     (few, short programs on a plain step; one per tile cost ~40 µs at batch 256 when the flush kernel's
     registers allow 3 programs per SM)."""
@@ -130,7 +133,11 @@ def _mamba2_replay_decode_v2_kernel(
         row, h, pt, g = _head_tile(P, BP, HPG)
         slot, valid = _slot_of(sid_ptr, row)
         if ROUTE == 1 and CURSOR_FIRST:
-            if tl.load(wp_ptr + slot, mask=valid, other=0) < L - 1:  # padding rows read 0: they run
+            if ROW_CURSOR:  # the caller's per-row copy: loaded beside the slot id, not after it
+                wp_first = tl.load(rwp_ptr + row)
+            else:
+                wp_first = tl.load(wp_ptr + slot, mask=valid, other=0)
+            if tl.where(valid, wp_first, 0) < L - 1:  # padding rows run (they write zeros)
                 _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
                                x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
                                sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
@@ -249,6 +256,98 @@ def _decode_v2_row(
 
 
 @triton.jit
+def _ckpt_tile(ck_row, st_off0, ar_p, nm, tile, ok, P: tl.constexpr, N: tl.constexpr, BP: tl.constexpr,
+               BN: tl.constexpr):
+    """Checkpoint tile `tile` (head * P-tiles + P-tile) of one slot (ck_row: its first element); 0 unless ok."""
+    NUM_T: tl.constexpr = (P + BP - 1) // BP
+    pt = tile % NUM_T
+    return tl.load(ck_row + ((tile // NUM_T) * P + pt * BP) * N + st_off0,
+                   mask=_tile_mask(pt * BP + ar_p < tl.where(ok, P, 0), nm, N, BN), other=0.0)
+
+
+@triton.jit
+def _mamba2_replay_flush_kernel(
+    ck_ptr, cks_ptr, lo_ptr, los_ptr,
+    rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr, rwp_ptr,
+    sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
+    H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
+    LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+    HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
+    ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
+    TPP: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """The flush launch of a split step: flushing rows only (wp >= L-1), TPP (head, P-tile)s of one row per
+    program, grid (cdiv(H * P-tiles, TPP), batch). A program of a non-flushing row exits after the cursor.
+    Only what a flush needs (no append, no output-only branch), and with PREFETCH the next tile's checkpoint
+    load is issued before this tile's fold and stores, so two tiles' reads are in flight per program."""
+    HPG: tl.constexpr = H // G
+    NUM_T: tl.constexpr = (P + BP - 1) // BP
+    row = tl.program_id(1).to(tl.int64)
+    slot, valid = _slot_of(sid_ptr, row)
+    wp = tl.load(wp_ptr + slot, mask=valid, other=0)
+    if valid & (wp >= L - 1):
+        t0 = tl.program_id(0) * TPP
+        t_end = tl.minimum(t0 + TPP, H * NUM_T)
+        # tile-independent offsets, computed once: a tile adds a scalar (registers: the tile loop would
+        # otherwise hold a second address tensor for the prefetch)
+        ar_p = tl.arange(0, BP)
+        offs_n = tl.arange(0, BN)
+        offs_l = tl.arange(0, LP)
+        nm = offs_n < N
+        st_off0 = ar_p[:, None] * N + offs_n[None, :]
+        lm = offs_l < wp
+        ck_row = ck_ptr + slot * H * P * N
+        S_next = _ckpt_tile(ck_row, st_off0, ar_p, nm, t0, t0 < t_end, P, N, BP, BN)
+        for i in range(TPP):
+            tile = t0 + i
+            h = tile // NUM_T
+            pt = tile % NUM_T
+            if PREFETCH:  # the next tile's read, in flight during this tile's fold and stores
+                S0 = S_next.to(tl.float32)
+                S_next = _ckpt_tile(ck_row, st_off0, ar_p, nm, tile + 1, tile + 1 < t_end, P, N, BP, BN)
+            else:
+                S0 = _ckpt_tile(ck_row, st_off0, ar_p, nm, tile, tile < t_end, P, N, BP, BN).to(tl.float32)
+            if tile < t_end:
+                g = h // HPG
+                offs_p = pt * BP + ar_p
+                pm = offs_p < P
+                tile_mask = _tile_mask(pm, nm, N, BN)
+                st_off = pt * BP * N + st_off0
+                sh = slot * H + h
+                if CK_FP8:
+                    S0 = S0 * tl.load(cks_ptr + sh * P + offs_p, mask=pm, other=0.0)[:, None]
+                rx_base = rx_ptr + sh * L * P
+                rdt_base = rdt_ptr + sh * L
+                rB_base = rB_ptr + (slot * G + g) * L * N
+                xr = tl.load(rx_base + offs_l[:, None] * P + offs_p[None, :], mask=_ring_mask(lm, pm, P, BP),
+                             other=0.0).to(tl.float32)
+                dtr = tl.load(rdt_base + offs_l, mask=lm, other=0.0)
+                rB = tl.load(rB_base + offs_l[:, None] * N + offs_n[None, :], mask=_tile_mask(lm, nm, N, BN),
+                             other=0.0).to(tl.float32)
+                xt = tl.load(x_ptr + row * sx_b + h * sx_h + offs_p, mask=pm, other=0.0).to(tl.float32)
+                v = tl.load(dt_ptr + row * sdt_b + h * sdt_h).to(tl.float32) + tl.load(bias_ptr + h).to(tl.float32)
+                Bt = tl.load(B_ptr + row * sB_b + g * sB_g + offs_n, mask=nm, other=0.0).to(tl.float32)
+                Ct = tl.load(C_ptr + row * sC_b + g * sC_g + offs_n, mask=nm, other=0.0).to(tl.float32)
+                A_h = tl.load(A_ptr + h).to(tl.float32)
+                dtt = _softplus(v)
+                # masked loads zero the entries j >= wp (a stale NaN there is never read)
+                c_r = A_h * tl.cumsum(dtr, axis=0)
+                ct = A_h * (tl.sum(dtr, axis=0) + dtt)
+                wr = tl.where(lm, dtr * tl.exp(ct - c_r), 0.0)
+                yv = _state_route(S0, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ct, wr, xr, rB,
+                                  rdt_base, rx_base, rB_base, A_h, wp, dtt, xt, Bt, Ct, offs_p, offs_n, pm, nm,
+                                  P, N, L, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, FOLD)
+                yv = yv + tl.load(D_ptr + h).to(tl.float32) * xt
+                if HAS_Z:
+                    zt = tl.load(z_ptr + row * sz_b + h * sz_h + offs_p, mask=pm, other=0.0).to(tl.float32)
+                    yv = yv * (zt * tl.sigmoid(zt))
+                if ROUND_OUT:
+                    yv = _round_bf16(yv)
+                tl.store(y_ptr + row * sy_b + h * sy_h + offs_p, yv.to(y_ptr.dtype.element_ty), mask=pm)
+
+
+@triton.jit
 def _state_route(S, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ct, wr, xr, rB, rdt_base, rx_base,
                  rB_base, A_h, wp, dtt, xt, Bt, Ct, offs_p, offs_n, pm, nm, P: tl.constexpr, N: tl.constexpr,
                  L: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
@@ -335,22 +434,31 @@ def resolve_flush_config(config, block: int, warps: int, fold: str) -> tuple[int
     """(BLOCK, num_warps, fold, tiles per program) of the flush launch of a split step (shared with the GDN
     kernel): config over (block, warps, fold, 16)."""
     c = tuple(config or ())
-    if c and not 2 <= len(c) <= 4:
-        raise ValueError(f"flush_config: expected (BLOCK, num_warps[, fold[, tiles per program]]), got {config!r}")
-    out = c + (block, warps, fold, 16)[len(c):]
+    if c and not 2 <= len(c) <= 5:
+        raise ValueError(f"flush_config: expected (BLOCK, num_warps[, fold[, tiles per program[, kernel]]]), "
+                         f"got {config!r}")
+    out = c + (block, warps, fold, 16, "route2")[len(c):]
     if out[2] not in FOLDS:
         raise ValueError(f"flush_config: fold {out[2]!r}, expected one of {sorted(FOLDS)}")
+    if out[4] not in FLUSH_KERNELS:
+        raise ValueError(f"flush_config: kernel {out[4]!r}, expected one of {FLUSH_KERNELS}")
     return out
+
+
+FLUSH_KERNELS = ("route2", "lean", "lean_prefetch")
 
 
 def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
                      L, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
-                     flush_config=None, cursor_first: bool = False):
+                     flush_config=None, cursor_first: bool = False, row_wp=None):
     """x [b,H,P], dt [b,H], B/C [b,G,N], z [b,H,P] or None, y [b,H,P] (written). Inner strides 1.
     split: None = `split_default`; True = output-only launch (config) + flush launch (`resolve_flush_config`,
     twice config's warps by default),
     False = one fused launch (config). cursor_first (split): the output-only launch reads the cursor before its
-    tile, so a flushing row's program reads nothing more (kernel CURSOR_FIRST)."""
+    tile, so a flushing row's program reads nothing more (kernel CURSOR_FIRST). row_wp (split, int32 [b]):
+    write_pos[slot_ids] gathered by the caller once per step (every layer shares it); the output-only launch
+    then reads each row's cursor beside its slot id, so a flushing row reads nothing and the others wait no
+    longer than before (kernel CURSOR_FIRST + ROW_CURSOR)."""
     slots, H, P, N = ckpt.shape
     G = ring_B.shape[1]
     b = slot_ids.shape[0]
@@ -360,13 +468,16 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
                                           lambda block, _: pick_fold(ckpt_lo, block))
     if split is None:
         split = split_default(ckpt_lo, b * H)
+    if row_wp is not None and not (split and row_wp.dtype == torch.int32 and tuple(row_wp.shape) == (b,)):
+        raise ValueError(f"row_wp: expected int32 [{b}] with a split step, got {row_wp.dtype} "
+                         f"{tuple(row_wp.shape)}, split={split}")
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     dummy = ckpt
     zz = z if z is not None else x
     args = (ckpt, ckpt_scale if ckpt_scale is not None else dummy,
             ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
             ring_x, ring_dt, ring_B, write_pos,
-            x, dt, A, B, C, D, dt_bias, zz, y, slot_ids,
+            x, dt, A, B, C, D, dt_bias, zz, y, slot_ids, row_wp if row_wp is not None else slot_ids,
             x.stride(0), x.stride(1), zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
             dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1))
     meta = dict(H=H, G=G, P=P, N=N, L=L, LP=max(16, triton.next_power_of_2(L)),
@@ -382,9 +493,15 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
         return y
     # the two launches touch disjoint rows (by cursor), so their order is free
     _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
-                                          CURSOR_FIRST=cursor_first, **regs)
+                                          CURSOR_FIRST=cursor_first or row_wp is not None,
+                                          ROW_CURSOR=row_wp is not None, **regs)
     # default flush launch: twice the warps (the flush holds S and the ring fold; dual [64, N] on 2 warps spills)
-    fbp, fnw, ffold, tpp = resolve_flush_config(flush_config, bp, 2 * nw, fold)
-    _mamba2_replay_decode_v2_kernel[(triton.cdiv(H * triton.cdiv(P, fbp), tpp), b)](
-        *args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
+    fbp, fnw, ffold, tpp, fkern = resolve_flush_config(flush_config, bp, 2 * nw, fold)
+    fgrid = (triton.cdiv(H * triton.cdiv(P, fbp), tpp), b)
+    if fkern == "route2":
+        _mamba2_replay_decode_v2_kernel[fgrid](*args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp,
+                                               num_warps=fnw)
+    else:
+        _mamba2_replay_flush_kernel[fgrid](*args, **meta, BP=fbp, FOLD=FOLDS[ffold], TPP=tpp,
+                                           PREFETCH=fkern == "lean_prefetch", num_warps=fnw)
     return y
