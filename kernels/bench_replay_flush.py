@@ -31,7 +31,8 @@ from synodic.kernels.mamba2_replay.triton_v2 import launch_decode_v2 as launch_m
 L = 16
 # (config, split, flush config, cursor first): split = an output-only launch (config) + a flush launch (flush
 # config (BLOCK, warps, fold, tiles per program[, kernel]); None = the launcher's default); cursor first (Mamba-2):
-# the output-only launch reads the cursor before its tile (True: write_pos[slot]; "row": a per-row copy)
+# the output-only launch reads the cursor before its tile (True: write_pos[slot]; "row": a per-row copy gathered
+# in the step; "row_pre": gathered before the step, as the engine's one gather per step serves every layer)
 CONFIGS = {"mamba2": [((64, 2, "serial"), False, None, False), ((64, 2, "tf32x3"), False, None, False),
                       ((64, 2, "tf32x3"), True, None, False), ((64, 2, "tf32x3"), True, None, True),
                       ((32, 2, "tf32x3"), True, (64, 4, "tf32x3", 16), False),
@@ -47,11 +48,10 @@ CONFIGS = {"mamba2": [((64, 2, "serial"), False, None, False), ((64, 2, "tf32x3"
 # program, kernel): the decode kernel's flush route ("route2") against the lean flush kernel, with and without
 # the next tile's prefetch; tiles per program 1 shows what the flush costs when a plain step's extra programs
 # are ignored
-FLUSH_SWEEP = [(64, 4, "tf32x3", 16, "route2"), (64, 4, "tf32x3", 8, "route2"), (64, 4, "tf32x3", 1, "route2"),
-               (64, 8, "tf32x3", 16, "route2"), (32, 4, "tf32x3", 16, "route2"), (64, 8, "serial", 16, "route2"),
-               (64, 4, "tf32x3", 16, "lean"), (64, 8, "tf32x3", 16, "lean"), (64, 8, "tf32x3", 16, "lean_prefetch"),
-               (32, 4, "tf32x3", 32, "lean_prefetch"), (32, 4, "tf32x3", 16, "lean"), (64, 8, "serial", 16, "lean"),
-               (64, 8, "tf32x3", 4, "lean"), (64, 8, "tf32x3", 1, "lean")]
+FLUSH_SWEEP = [(64, 4, "tf32x3", 16, "route2"), (64, 4, "bf16x3", 16, "route2"), (32, 4, "bf16x3", 16, "route2"),
+               (64, 4, "bf16x3", 16, "lean"), (32, 4, "bf16x3", 16, "lean"), (32, 4, "bf16x3", 32, "lean"),
+               (64, 8, "bf16x3", 16, "lean"), (32, 4, "bf16x3", 32, "lean_prefetch"),
+               (64, 4, "bf16x3", 16, "lean_prefetch"), (32, 2, "bf16x3", 16, "lean")]
 
 
 def timer(device):
@@ -82,11 +82,14 @@ def run(kind, b, device, shapes, configs, modes=("fp32", "dual_bf16")):
         del st
         alloc = lambda lo: mamba2_replay_alloc(b, H, P, N, G, L, lo_dtype=lo, device=device)  # noqa: E731
         sid_l = sid.long()
+        row_pre = [None]
 
         def step(c, cfg):
             # cursor first "row": the per-row cursor gather (one per step in the engine, shared by every
             # layer) is timed inside each step here
             row_wp = c["write_pos"].index_select(0, sid_l) if cfg[3] == "row" else None
+            if cfg[3] == "row_pre":  # gathered outside the step: the engine's one gather per step, all layers
+                row_wp = row_pre[0]
             return launch_m2(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, z=z,
                              y=torch.empty_like(x), L=L, config=cfg[0], split=cfg[1], flush_config=cfg[2],
                              cursor_first=cfg[3] is True, row_wp=row_wp)
@@ -119,6 +122,8 @@ def run(kind, b, device, shapes, configs, modes=("fp32", "dual_bf16")):
             row = {}
             for wp in (5, L - 1):
                 c["write_pos"].fill_(wp)
+                if kind == "mamba2":
+                    row_pre[0] = c["write_pos"].index_select(0, sid_l)
                 row["plain_us" if wp == 5 else "flush_us"] = bench(lambda c=c, cfg=cfg: step(c, cfg))
             row["cycle_us"] = (15 * row["plain_us"] + row["flush_us"]) / 16
             row["speedup_cycle"] = res["eager_us"] / row["cycle_us"]
@@ -147,7 +152,8 @@ def main(argv=None):
     if a.flush_sweep:
         a.kinds = "mamba2"
         configs = {"mamba2": [((64, 2, "tf32x3"), True, f, False) for f in FLUSH_SWEEP]
-                   + [((64, 2, "tf32x3"), True, f, "row") for f in FLUSH_SWEEP[:1] + FLUSH_SWEEP[8:9]]}
+                   + [((64, 2, "tf32x3"), True, f, cf) for f in FLUSH_SWEEP[:2] for cf in ("row", "row_pre")]
+                   + [((64, 2, "bf16x3"), False, None, False)]}
     if device == "cpu":  # smoke: tiny shapes, tile configs that fit them
         a.batch, shapes = 2, {"mamba2": (2, 16, 16, 1), "gdn": (2, 1, 16, 16)}
         configs = {"mamba2": [((16, 1, "serial"), False, None, False),

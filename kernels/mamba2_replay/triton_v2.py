@@ -31,6 +31,8 @@ import triton.language as tl
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _softplus, _tile_mask
 from .common import is_fp8
 
+_INTERP = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
 
 @triton.jit
 def _round_e4m3(v):
@@ -66,6 +68,30 @@ def _store_tile(ptr, sc_ptr, off, S, offs_p, pm, mask, IS_FP8: tl.constexpr, ROU
 
 
 @triton.jit
+def _fold_bf16x3(acc, a, b):
+    """acc + a @ b for a bf16-valued b (a bf16 ring): a [BP, LP] fp32 split into three bf16 parts (hi + mid + lo
+    hold its 24 bits, so each product is the fp32 one) on bf16 tensor cores, accumulated in fp32 into acc.
+    Why not tf32x3: it also splits b (exact in bf16 already) and adds the dot result to S in another layout;
+    with acc = the decayed checkpoint the tile stays in the MMA layout. The Triton interpreter's bf16 dot is
+    wrong (3.9): there the parts go through an fp32 dot (the same products)."""
+    a1 = a.to(tl.bfloat16)
+    r = a - a1.to(tl.float32)
+    a2 = r.to(tl.bfloat16)
+    a3 = (r - a2.to(tl.float32)).to(tl.bfloat16)
+    if _INTERP:
+        bf = b.to(tl.bfloat16).to(tl.float32)
+        acc = tl.dot(a1.to(tl.float32), bf, acc, input_precision="ieee")
+        acc = tl.dot(a2.to(tl.float32), bf, acc, input_precision="ieee")
+        acc = tl.dot(a3.to(tl.float32), bf, acc, input_precision="ieee")
+    else:
+        bb = b.to(tl.bfloat16)
+        acc = tl.dot(a1, bb, acc)
+        acc = tl.dot(a2, bb, acc)
+        acc = tl.dot(a3, bb, acc)
+    return acc
+
+
+@triton.jit
 def _fold_ring(S, ct, wr, xr, rB, rdt_base, rx_base, rB_base, A_h, wp, offs_p, offs_n, pm, nm,
                P: tl.constexpr, N: tl.constexpr, L: tl.constexpr, FOLD: tl.constexpr):
     """S_t before this token: e^{c_t} S0 + the ring's rank-1 terms (see pick_config_v2 for the folds)."""
@@ -73,6 +99,8 @@ def _fold_ring(S, ct, wr, xr, rB, rdt_base, rx_base, rB_base, A_h, wp, offs_p, o
         S = tl.exp(ct) * S + tl.dot(tl.trans(wr[:, None] * xr), rB, input_precision="ieee")
     elif FOLD == 2:  # the same on tensor cores, 3-pass tf32 (~fp32 accuracy; 95-115 regs)
         S = tl.exp(ct) * S + tl.dot(tl.trans(wr[:, None] * xr), rB, input_precision="tf32x3")
+    elif FOLD == 3:  # bf16 tensor cores, the decayed checkpoint as the accumulator (see _fold_bf16x3)
+        S = _fold_bf16x3(tl.exp(ct) * S, tl.trans(wr[:, None] * xr), rB)
     else:            # serial rank-1 updates, ring rows re-read (L1/L2-hot): 79 regs, eager has 80
         S = tl.exp(ct) * S
         run = ct * 0.0
@@ -370,7 +398,7 @@ def _output_only(S0, ct, wr, xr, rB, Bt, Ct, xt, dtt):
             + tl.sum((wr * BCr)[:, None] * xr, axis=0) + (dtt * BCt) * xt)
 
 
-FOLDS = {"serial": 0, "dot": 1, "tf32x3": 2}
+FOLDS = {"serial": 0, "dot": 1, "tf32x3": 2, "bf16x3": 3}
 
 
 def pick_config_v2(ckpt, ckpt_lo, P: int, N: int, rows: int) -> tuple[int, int, str]:
@@ -468,6 +496,10 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
                                           lambda block, _: pick_fold(ckpt_lo, block))
     if split is None:
         split = split_default(ckpt_lo, b * H)
+    # default flush launch: twice the warps (the flush holds S and the ring fold; dual [64, N] on 2 warps spills)
+    fbp, fnw, ffold, tpp, fkern = resolve_flush_config(flush_config, bp, 2 * nw, fold)
+    if "bf16x3" in (fold, ffold if split else None) and ring_B.dtype != torch.bfloat16:
+        raise ValueError(f"config: fold 'bf16x3' needs a bf16 B ring (exact in bf16), got {ring_B.dtype}")
     if row_wp is not None and not (split and row_wp.dtype == torch.int32 and tuple(row_wp.shape) == (b,)):
         raise ValueError(f"row_wp: expected int32 [{b}] with a split step, got {row_wp.dtype} "
                          f"{tuple(row_wp.shape)}, split={split}")
@@ -495,8 +527,6 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
                                           CURSOR_FIRST=cursor_first or row_wp is not None,
                                           ROW_CURSOR=row_wp is not None, **regs)
-    # default flush launch: twice the warps (the flush holds S and the ring fold; dual [64, N] on 2 warps spills)
-    fbp, fnw, ffold, tpp, fkern = resolve_flush_config(flush_config, bp, 2 * nw, fold)
     fgrid = (triton.cdiv(H * triton.cdiv(P, fbp), tpp), b)
     if fkern == "route2":
         _mamba2_replay_decode_v2_kernel[fgrid](*args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp,
