@@ -47,8 +47,14 @@ CHECK_TOL = 2e-2  # rel. RMSE vs the reference above which a config is reported 
 # goes candidate by candidate over all rows, so a cut-short run has the first ones everywhere). BLOCK_K is
 # given for 4-bit formats (BLOCK_K/2 code bytes per row); 8-bit formats use half (same bytes per row).
 # No SPLIT_K: chosen per shape for the tile (triton_impl.resolve_config).
+# "dotp" (bf16-decoded, K-permuted tl.dot): the best tiles of a short H200 probe (4096x14336, 2026-11-30), per M
+DOTP_M1 = [dict(KERNEL="dotp", BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=2),
+           dict(KERNEL="dotp", BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3)]
+DOTP_MN = [dict(KERNEL="dotp", BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
+           dict(KERNEL="dotp", BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=6)]
 SWEEP = {
-    "m1": [dict(KERNEL="gemv32", BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=2),
+    "m1": DOTP_M1 + [
+           dict(KERNEL="gemv32", BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=2),
            dict(KERNEL="gemv32", BLOCK_N=64, BLOCK_K=256, num_warps=8, num_stages=2),
            dict(KERNEL="gemv32", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=2),
            dict(KERNEL="gemv32", BLOCK_N=32, BLOCK_K=512, num_warps=4, num_stages=2),
@@ -64,7 +70,8 @@ SWEEP = {
            dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=3),
            dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, TWO_MUL=True),
            dict(KERNEL="dot", BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4)],
-    "mN": [dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
+    "mN": DOTP_MN + [
+           dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
            dict(KERNEL="dot", BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=3),
            dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3, SEM=False),
            dict(KERNEL="dot", BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=4),

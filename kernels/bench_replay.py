@@ -38,6 +38,7 @@ ACT = torch.bfloat16
 E = 2  # bytes per activation element
 TARGETS = {("mamba2", "replay_fp32"): 1.75, ("mamba2", "replay_dual_bf16"): 2.5,
            ("mamba2", "replay_fp32_v2"): 1.75, ("mamba2", "replay_dual_bf16_v2"): 2.5,
+           ("mamba2", "replay_dual_bf16_v2_row"): 2.5,
            ("gdn", "replay_fp32_adjoint"): 1.6, ("gdn", "replay_fp32_state"): 1.6,
            ("gdn", "replay_fp32_adjoint_v2"): 1.6}
 # Launch configs swept for the engine's kernels (the v2 decode kernels; the v1 kernels' sweeps of
@@ -63,7 +64,7 @@ class _Case:
             self.c["ckpt"].copy_(S0)
             if "ckpt_lo" in self.c:
                 self.c["ckpt_lo"].copy_(S0.to(torch.bfloat16))
-        if variant.endswith("_v2"):  # shared-cursor model: step i of every L-cycle reads cursor i
+        if "_v2" in variant:  # shared-cursor model: step i of every L-cycle reads cursor i
             self.cursors = [torch.full((S0.shape[0],), i, dtype=torch.int32, device=S0.device) for i in range(L)]
             self.count = [0] * rot
 
@@ -117,10 +118,14 @@ class MambaCase(_Case):
             return mamba2_decode(self.state, s["x"], s["dt"], self.A, s["B"], s["C"], self.D, self.bias,
                                  s["slot_ids"], backend="triton")
         from synodic.kernels.mamba2_replay import mamba2_replay_decode
-        if self.variant.endswith("_v2"):
-            return mamba2_replay_decode(**self._cursor_cache(r), x=s["x"], dt=s["dt"], A=self.A,
-                                        B=s["B"], C=s["C"], D=self.D, dt_bias=self.bias, slot_ids=s["slot_ids"],
-                                        L=self.L, advance=False, backend="triton", config=self.config, impl="v2")
+        if "_v2" in self.variant:
+            c = self._cursor_cache(r)
+            # "_row": the engine's per-step cursor gather (one for every layer) charged to this one layer
+            row_wp = (c["write_pos"].index_select(0, s["slot_ids"].clamp(min=0)) if self.variant.endswith("_row")
+                      else None)
+            return mamba2_replay_decode(**c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
+                                        dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, advance=False,
+                                        backend="triton", config=self.config, impl="v2", row_wp=row_wp)
         return mamba2_replay_decode(**self.c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
                                     dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, backend="triton",
                                     config=self.config)
@@ -308,8 +313,8 @@ def main(argv=None):
     sweep_batches = [int(b) for b in args.sweep.split(",") if b]
     ops = []
     if "mamba2" in args.ops:
-        ops.append((MambaCase, ["eager", "replay_fp32", "replay_dual_bf16", "replay_fp32_v2", "replay_dual_bf16_v2"],
-                    V2_SWEEP))
+        ops.append((MambaCase, ["eager", "replay_fp32", "replay_dual_bf16", "replay_fp32_v2", "replay_dual_bf16_v2",
+                                "replay_dual_bf16_v2_row"], V2_SWEEP))
     if "gdn" in args.ops:
         ops.append((GDNCase, ["eager", "replay_fp32_adjoint", "replay_fp32_state", "replay_dual_bf16_adjoint",
                               "replay_fp32_adjoint_v2", "replay_dual_bf16_adjoint_v2"], G_V2_SWEEP))

@@ -45,13 +45,8 @@ CONFIGS = {"mamba2": [((64, 2, "serial"), False, None, False), ((64, 2, "tf32x3"
                    ((64, 4, "dot"), True, (32, 1, "dot", 16), False)]}
 
 # --flush-sweep (Mamba-2, split, default output-only launch): flush launch configs (BLOCK, warps, fold, tiles per
-# program, kernel): the decode kernel's flush route ("route2") against the lean flush kernel, with and without
-# the next tile's prefetch; tiles per program 1 shows what the flush costs when a plain step's extra programs
-# are ignored
-FLUSH_SWEEP = [(64, 4, "tf32x3", 16, "route2"), (64, 4, "bf16x3", 16, "route2"), (32, 4, "bf16x3", 16, "route2"),
-               (64, 4, "bf16x3", 16, "lean"), (32, 4, "bf16x3", 16, "lean"), (32, 4, "bf16x3", 32, "lean"),
-               (64, 8, "bf16x3", 16, "lean"), (32, 4, "bf16x3", 32, "lean_prefetch"),
-               (64, 4, "bf16x3", 16, "lean_prefetch"), (32, 2, "bf16x3", 16, "lean")]
+# program), each with the cursor read as before and with the per-row cursor gathered before the step (row_pre)
+FLUSH_SWEEP = [(64, 4, "tf32x3", 16), (64, 4, "bf16x3", 16), (32, 4, "bf16x3", 16), (64, 4, "bf16x3", 8)]
 
 
 def timer(device):
@@ -151,13 +146,12 @@ def main(argv=None):
     configs = CONFIGS
     if a.flush_sweep:
         a.kinds = "mamba2"
-        configs = {"mamba2": [((64, 2, "tf32x3"), True, f, False) for f in FLUSH_SWEEP]
-                   + [((64, 2, "tf32x3"), True, f, cf) for f in FLUSH_SWEEP[:2] for cf in ("row", "row_pre")]
-                   + [((64, 2, "bf16x3"), False, None, False)]}
+        configs = {"mamba2": [((64, 2, "tf32x3"), True, f, cf) for f in FLUSH_SWEEP for cf in (False, "row_pre")]
+                   + [((64, 2, "tf32x3"), True, FLUSH_SWEEP[1], "row"), ((64, 2, "bf16x3"), False, None, False)]}
     if device == "cpu":  # smoke: tiny shapes, tile configs that fit them
         a.batch, shapes = 2, {"mamba2": (2, 16, 16, 1), "gdn": (2, 1, 16, 16)}
         configs = {"mamba2": [((16, 1, "serial"), False, None, False),
-                              ((16, 1, "serial"), True, (8, 1, "serial", 2, "lean_prefetch"), "row"),
+                              ((16, 1, "serial"), True, (8, 1, "serial", 2), "row"),
                               ((16, 1, "serial"), True, (8, 1, "serial", 2), True)],
                    "gdn": [((16, 1, "dot"), False, None, False), ((16, 1, "dot"), True, (8, 1, "dot", 2), False)]}
     out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "batch": a.batch}

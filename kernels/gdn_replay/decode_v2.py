@@ -271,7 +271,7 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
                                           lambda block, warps: pick_fold(ckpt_lo, block, warps))
     if split is None:
         split = split_default(ckpt_lo, b * HV)
-    fbv, fnw, ffold, tpp, fkern = resolve_flush_config(flush_config, bv, nw, fold)
+    fbv, fnw, ffold, tpp = resolve_flush_config(flush_config, bv, nw, fold)
     if "bf16x3" in (fold, ffold if split else None):
         raise ValueError("config: fold 'bf16x3' is Mamba-2's (a bf16 B ring); the GDN kernel folds with "
                          "'serial', 'dot' or 'tf32x3'")
@@ -298,8 +298,6 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
         return o
     # the two launches touch disjoint rows (by cursor), so their order is free
     _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw, **extra)
-    if fkern != "route2":
-        raise ValueError(f"flush_config: kernel {fkern!r}, the GDN flush launch has only 'route2'")
     _gdn_replay_decode_v2_kernel[(triton.cdiv(HV * triton.cdiv(V, fbv), tpp), b)](
         *args, **meta, BV=fbv, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
     return o

@@ -66,7 +66,8 @@ def _verify_impl(impl: str) -> str:
 def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
                          z=None, *, L: int, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None,
                          advance: bool = True, backend: str = "auto", config=None,
-                         impl: str = "auto", split: bool | None = None, flush_config=None) -> torch.Tensor:
+                         impl: str = "auto", split: bool | None = None, flush_config=None,
+                         row_wp=None) -> torch.Tensor:
     """One decode step per row: x [b,H,P], dt [b,H] raw, B/C [b,G,N], z [b,H,P] or None,
     A/D/dt_bias [H], slot_ids [b] -> y [b,H,P] (x dtype), equal to eager ``mamba2_decode``
     (dt = softplus(dt + dt_bias); y = S.C + D x, times silu(z) when z is given).
@@ -75,7 +76,8 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
     cursor itself (atomic ticket). "auto": v2 when ``advance=False`` (the engine's mode; 1.78x the eager
     kernel at batch 256 vs v1's 1.13x on the H200), else v1. ``split`` (v2): one fused launch (False) or an
     output-only launch plus a flush launch (True, launch config ``flush_config``); None =
-    ``triton_v2.split_default``."""
+    ``triton_v2.split_default``. ``row_wp`` (v2, optional): write_pos[slot_ids] as int32 [b], gathered once
+    per step by the caller; lets a split step's output-only launch skip flushing rows without waiting."""
     if impl not in ("auto", "v1", "v2"):
         raise ValueError(f"impl: expected 'auto', 'v1' or 'v2', got {impl!r}")
     if impl == "auto":
@@ -92,7 +94,8 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
         x, B, C, z = _inner(x), _inner(B), _inner(C), _inner(z)
         return launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
                                 z, torch.empty_like(x), L=L, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
-                                ckpt_lo_scale=ckpt_lo_scale, config=config, split=split, flush_config=flush_config)
+                                ckpt_lo_scale=ckpt_lo_scale, config=config, split=split, flush_config=flush_config,
+                                row_wp=row_wp)
     from .triton_impl import MODE_DECODE, launch
     x, B, C, z = _inner(x), _inner(B), _inner(C), _inner(z)
     y = torch.empty_like(x)

@@ -284,98 +284,6 @@ def _decode_v2_row(
 
 
 @triton.jit
-def _ckpt_tile(ck_row, st_off0, ar_p, nm, tile, ok, P: tl.constexpr, N: tl.constexpr, BP: tl.constexpr,
-               BN: tl.constexpr):
-    """Checkpoint tile `tile` (head * P-tiles + P-tile) of one slot (ck_row: its first element); 0 unless ok."""
-    NUM_T: tl.constexpr = (P + BP - 1) // BP
-    pt = tile % NUM_T
-    return tl.load(ck_row + ((tile // NUM_T) * P + pt * BP) * N + st_off0,
-                   mask=_tile_mask(pt * BP + ar_p < tl.where(ok, P, 0), nm, N, BN), other=0.0)
-
-
-@triton.jit
-def _mamba2_replay_flush_kernel(
-    ck_ptr, cks_ptr, lo_ptr, los_ptr,
-    rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr, rwp_ptr,
-    sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
-    H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
-    LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
-    HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
-    ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
-    TPP: tl.constexpr, PREFETCH: tl.constexpr,
-):
-    """The flush launch of a split step: flushing rows only (wp >= L-1), TPP (head, P-tile)s of one row per
-    program, grid (cdiv(H * P-tiles, TPP), batch). A program of a non-flushing row exits after the cursor.
-    Only what a flush needs (no append, no output-only branch), and with PREFETCH the next tile's checkpoint
-    load is issued before this tile's fold and stores, so two tiles' reads are in flight per program."""
-    HPG: tl.constexpr = H // G
-    NUM_T: tl.constexpr = (P + BP - 1) // BP
-    row = tl.program_id(1).to(tl.int64)
-    slot, valid = _slot_of(sid_ptr, row)
-    wp = tl.load(wp_ptr + slot, mask=valid, other=0)
-    if valid & (wp >= L - 1):
-        t0 = tl.program_id(0) * TPP
-        t_end = tl.minimum(t0 + TPP, H * NUM_T)
-        # tile-independent offsets, computed once: a tile adds a scalar (registers: the tile loop would
-        # otherwise hold a second address tensor for the prefetch)
-        ar_p = tl.arange(0, BP)
-        offs_n = tl.arange(0, BN)
-        offs_l = tl.arange(0, LP)
-        nm = offs_n < N
-        st_off0 = ar_p[:, None] * N + offs_n[None, :]
-        lm = offs_l < wp
-        ck_row = ck_ptr + slot * H * P * N
-        S_next = _ckpt_tile(ck_row, st_off0, ar_p, nm, t0, t0 < t_end, P, N, BP, BN)
-        for i in range(TPP):
-            tile = t0 + i
-            h = tile // NUM_T
-            pt = tile % NUM_T
-            if PREFETCH:  # the next tile's read, in flight during this tile's fold and stores
-                S0 = S_next.to(tl.float32)
-                S_next = _ckpt_tile(ck_row, st_off0, ar_p, nm, tile + 1, tile + 1 < t_end, P, N, BP, BN)
-            else:
-                S0 = _ckpt_tile(ck_row, st_off0, ar_p, nm, tile, tile < t_end, P, N, BP, BN).to(tl.float32)
-            if tile < t_end:
-                g = h // HPG
-                offs_p = pt * BP + ar_p
-                pm = offs_p < P
-                tile_mask = _tile_mask(pm, nm, N, BN)
-                st_off = pt * BP * N + st_off0
-                sh = slot * H + h
-                if CK_FP8:
-                    S0 = S0 * tl.load(cks_ptr + sh * P + offs_p, mask=pm, other=0.0)[:, None]
-                rx_base = rx_ptr + sh * L * P
-                rdt_base = rdt_ptr + sh * L
-                rB_base = rB_ptr + (slot * G + g) * L * N
-                xr = tl.load(rx_base + offs_l[:, None] * P + offs_p[None, :], mask=_ring_mask(lm, pm, P, BP),
-                             other=0.0).to(tl.float32)
-                dtr = tl.load(rdt_base + offs_l, mask=lm, other=0.0)
-                rB = tl.load(rB_base + offs_l[:, None] * N + offs_n[None, :], mask=_tile_mask(lm, nm, N, BN),
-                             other=0.0).to(tl.float32)
-                xt = tl.load(x_ptr + row * sx_b + h * sx_h + offs_p, mask=pm, other=0.0).to(tl.float32)
-                v = tl.load(dt_ptr + row * sdt_b + h * sdt_h).to(tl.float32) + tl.load(bias_ptr + h).to(tl.float32)
-                Bt = tl.load(B_ptr + row * sB_b + g * sB_g + offs_n, mask=nm, other=0.0).to(tl.float32)
-                Ct = tl.load(C_ptr + row * sC_b + g * sC_g + offs_n, mask=nm, other=0.0).to(tl.float32)
-                A_h = tl.load(A_ptr + h).to(tl.float32)
-                dtt = _softplus(v)
-                # masked loads zero the entries j >= wp (a stale NaN there is never read)
-                c_r = A_h * tl.cumsum(dtr, axis=0)
-                ct = A_h * (tl.sum(dtr, axis=0) + dtt)
-                wr = tl.where(lm, dtr * tl.exp(ct - c_r), 0.0)
-                yv = _state_route(S0, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ct, wr, xr, rB,
-                                  rdt_base, rx_base, rB_base, A_h, wp, dtt, xt, Bt, Ct, offs_p, offs_n, pm, nm,
-                                  P, N, L, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, FOLD)
-                yv = yv + tl.load(D_ptr + h).to(tl.float32) * xt
-                if HAS_Z:
-                    zt = tl.load(z_ptr + row * sz_b + h * sz_h + offs_p, mask=pm, other=0.0).to(tl.float32)
-                    yv = yv * (zt * tl.sigmoid(zt))
-                if ROUND_OUT:
-                    yv = _round_bf16(yv)
-                tl.store(y_ptr + row * sy_b + h * sy_h + offs_p, yv.to(y_ptr.dtype.element_ty), mask=pm)
-
-
-@triton.jit
 def _state_route(S, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ct, wr, xr, rB, rdt_base, rx_base,
                  rB_base, A_h, wp, dtt, xt, Bt, Ct, offs_p, offs_n, pm, nm, P: tl.constexpr, N: tl.constexpr,
                  L: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
@@ -444,6 +352,15 @@ def decode_config(config, block_warps: tuple[int, int], fold_for) -> tuple[int, 
     return block, nw, fold, (c[3] if len(c) > 3 else None)
 
 
+def flush_fold(fold: str, ring_B) -> str:
+    """The flush launch's ring fold: bf16x3 with a bf16 B ring in place of tf32x3. H200, batch 256, dual_bf16,
+    flush launch (64, 4 warps, 16 tiles per program), bench_replay_flush 2026-11-30 ~09:15 UTC: the flush step
+    1131 µs with tf32x3, 937 µs with bf16x3 (800 µs with the per-row cursor, `row_wp`). Switching the fold off
+    entirely (a timing probe) gave 722 µs: tf32x3's fold cost ~385 µs, its result added to S in another
+    register layout; bf16x3 accumulates into the decayed checkpoint and skips splitting B (exact in bf16)."""
+    return "bf16x3" if fold == "tf32x3" and ring_B.dtype == torch.bfloat16 else fold
+
+
 def split_default(ckpt_lo, rows: int) -> bool:
     """Two launches (output-only rows, then flushing rows) instead of one fused kernel: the fused kernel's
     register budget is set by its rarely taken flush branch (dual bf16 [64, N] on 2 warps: 255 registers and
@@ -462,18 +379,12 @@ def resolve_flush_config(config, block: int, warps: int, fold: str) -> tuple[int
     """(BLOCK, num_warps, fold, tiles per program) of the flush launch of a split step (shared with the GDN
     kernel): config over (block, warps, fold, 16)."""
     c = tuple(config or ())
-    if c and not 2 <= len(c) <= 5:
-        raise ValueError(f"flush_config: expected (BLOCK, num_warps[, fold[, tiles per program[, kernel]]]), "
-                         f"got {config!r}")
-    out = c + (block, warps, fold, 16, "route2")[len(c):]
+    if c and not 2 <= len(c) <= 4:
+        raise ValueError(f"flush_config: expected (BLOCK, num_warps[, fold[, tiles per program]]), got {config!r}")
+    out = c + (block, warps, fold, 16)[len(c):]
     if out[2] not in FOLDS:
         raise ValueError(f"flush_config: fold {out[2]!r}, expected one of {sorted(FOLDS)}")
-    if out[4] not in FLUSH_KERNELS:
-        raise ValueError(f"flush_config: kernel {out[4]!r}, expected one of {FLUSH_KERNELS}")
     return out
-
-
-FLUSH_KERNELS = ("route2", "lean", "lean_prefetch")
 
 
 def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
@@ -483,10 +394,13 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     split: None = `split_default`; True = output-only launch (config) + flush launch (`resolve_flush_config`,
     twice config's warps by default),
     False = one fused launch (config). cursor_first (split): the output-only launch reads the cursor before its
-    tile, so a flushing row's program reads nothing more (kernel CURSOR_FIRST). row_wp (split, int32 [b]):
-    write_pos[slot_ids] gathered by the caller once per step (every layer shares it); the output-only launch
-    then reads each row's cursor beside its slot id, so a flushing row reads nothing and the others wait no
-    longer than before (kernel CURSOR_FIRST + ROW_CURSOR)."""
+    tile, so a flushing row's program reads nothing more (kernel CURSOR_FIRST). row_wp (int32 [b], optional):
+    write_pos[slot_ids] gathered by the caller once per step (every layer shares it; padding rows any value);
+    a split step's output-only launch then reads each row's cursor beside its slot id, so a flushing row reads
+    nothing and the others wait no longer than before (kernel CURSOR_FIRST + ROW_CURSOR); a fused step
+    ignores it. H200, batch 256, dual_bf16: the flush step's output-only launch 162 -> 25 µs, a plain step's
+    unchanged (166 µs; bench_replay_flush, 2026-11-30).
+    The flush launch folds the ring with `flush_fold` unless flush_config names a fold."""
     slots, H, P, N = ckpt.shape
     G = ring_B.shape[1]
     b = slot_ids.shape[0]
@@ -497,12 +411,12 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     if split is None:
         split = split_default(ckpt_lo, b * H)
     # default flush launch: twice the warps (the flush holds S and the ring fold; dual [64, N] on 2 warps spills)
-    fbp, fnw, ffold, tpp, fkern = resolve_flush_config(flush_config, bp, 2 * nw, fold)
+    fbp, fnw, ffold, tpp = resolve_flush_config(flush_config, bp, 2 * nw, flush_fold(fold, ring_B))
     if "bf16x3" in (fold, ffold if split else None) and ring_B.dtype != torch.bfloat16:
         raise ValueError(f"config: fold 'bf16x3' needs a bf16 B ring (exact in bf16), got {ring_B.dtype}")
-    if row_wp is not None and not (split and row_wp.dtype == torch.int32 and tuple(row_wp.shape) == (b,)):
-        raise ValueError(f"row_wp: expected int32 [{b}] with a split step, got {row_wp.dtype} "
-                         f"{tuple(row_wp.shape)}, split={split}")
+    if row_wp is not None and not (row_wp.dtype == torch.int32 and tuple(row_wp.shape) == (b,)):
+        raise ValueError(f"row_wp: expected int32 [{b}] (write_pos[slot_ids]), got {row_wp.dtype} "
+                         f"{tuple(row_wp.shape)}")
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     dummy = ckpt
     zz = z if z is not None else x
@@ -527,11 +441,6 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
                                           CURSOR_FIRST=cursor_first or row_wp is not None,
                                           ROW_CURSOR=row_wp is not None, **regs)
-    fgrid = (triton.cdiv(H * triton.cdiv(P, fbp), tpp), b)
-    if fkern == "route2":
-        _mamba2_replay_decode_v2_kernel[fgrid](*args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp,
-                                               num_warps=fnw)
-    else:
-        _mamba2_replay_flush_kernel[fgrid](*args, **meta, BP=fbp, FOLD=FOLDS[ffold], TPP=tpp,
-                                           PREFETCH=fkern == "lean_prefetch", num_warps=fnw)
+    _mamba2_replay_decode_v2_kernel[(triton.cdiv(H * triton.cdiv(P, fbp), tpp), b)](
+        *args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
     return y

@@ -55,7 +55,7 @@ def _check(x, q, s, bias, act_quant) -> None:
 def quant_linear(x: torch.Tensor, q, s: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
                  act_quant: str | None = None, backend: str = "auto", config: dict | None = None) -> torch.Tensor:
     """x [..., K] (bf16 / fp16 / fp32) -> y [..., N] in x.dtype. `config` overrides the Triton launch
-    config (KERNEL dot | gemv | gemv32, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, SEM (in-kernel split-K
+    config (KERNEL dot | gemv32 | dotp, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, SEM (in-kernel split-K
     reduction), and for dot BLOCK_M, TWO_MUL (exact decode for any block scale); see triton_impl.resolve_config;
     for MXFP8, FP8_CVT=True decodes with the hardware fp8 conversion in dot)."""
     _check(x, q, s, bias, act_quant)

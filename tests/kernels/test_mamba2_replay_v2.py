@@ -81,11 +81,6 @@ CASES = [  # (H, G, P, N, mode, config (BLOCK_P, warps[, fold]) or None = the ea
     (3, 1, 5, 7, "dual_fp8", (4, 4), (8, 2, "dot", 1)),           # one partial flush tile
     (6, 3, 12, 16, "fp32", (8, 4), (4, 2, "serial", 4)),          # 18 flush tiles, 4 per program: last partial
     (6, 3, 5, 16, "single_fp8", None, True),
-    # the lean flush kernel, with and without the next tile's prefetch: partial last program, two P-tiles
-    (6, 3, 12, 16, "fp32", (8, 4), (8, 2, "serial", 4, "lean_prefetch")),
-    (3, 1, 5, 7, "dual_fp8", (4, 4), (4, 2, "dot", 3, "lean")),
-    (6, 3, 20, 16, "dual_bf16", (16, 2, "tf32x3"), (16, 2, "tf32x3", 4, "lean_prefetch")),
-    (6, 3, 5, 16, "single_fp8", None, (8, 1, "serial", 5, "lean_prefetch")),
     (6, 3, 8, 16, "dual_bf16", None, "row_cursor"),
 ]
 
@@ -152,10 +147,8 @@ def test_v2_matches_eager_fp32(device):
 
 
 @pytest.mark.parametrize("fold,split", [("serial", False), ("dot", False), ("tf32x3", False), ("tf32x3", True),
-                                        ("tf32x3", "cursor_first"), ("tf32x3", (4, 4, "tf32x3", 2, "lean_prefetch")),
-                                        ("serial", (8, 2, "serial", 16, "lean")), ("tf32x3", "row_cursor"),
-                                        ("bf16x3", False), ("bf16x3", (16, 2, "bf16x3", 3, "lean")),
-                                        ("tf32x3", (16, 4, "bf16x3", 2, "route2"))])
+                                        ("tf32x3", "cursor_first"), ("tf32x3", "row_cursor"), ("bf16x3", False),
+                                        ("tf32x3", (16, 4, "bf16x3", 2)), ("tf32x3", (16, 4, "bf16x3", 1))])
 def test_v2_full_ring_and_cursor_at_L(fold, split, device):
     """Cursor at L (a verify committed a full window): the step flushes all L entries + this token;
     at L-1 it flushes too; bf16 ring / activations."""
@@ -202,15 +195,12 @@ def test_v2_needs_advance_false(device):
                              advance=False, backend="triton", split=True, flush_config=(8, 2, "fma"))
     with pytest.raises(ValueError, match=r"flush_config: expected \(BLOCK, num_warps"):
         mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
-                             advance=False, backend="triton", split=True, flush_config=(8, 2, "dot", 4, "lean", 1))
+                             advance=False, backend="triton", split=True, flush_config=(8, 2, "dot", 4, 1))
     with pytest.raises(ValueError, match="row_wp: expected int32"):
         launch_decode_v2(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], x, dt, A, B, C, D, bias,
-                         sid, None, torch.empty_like(x), L=L, split=False, row_wp=sid)
+                         sid, None, torch.empty_like(x), L=L, split=True, row_wp=sid.long())
     with pytest.raises(ValueError, match="fold 'bf16x3' needs a bf16 B ring"):  # this cache's ring is fp32
         mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
                              advance=False, backend="triton", split=True, flush_config=(8, 2, "bf16x3"))
-    with pytest.raises(ValueError, match="flush_config: kernel 'fast'"):
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
-                             advance=False, backend="triton", split=True, flush_config=(8, 2, "dot", 4, "fast"))
     with pytest.raises(ValueError, match="impl"):
         mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v3")

@@ -364,3 +364,95 @@ def test_gemv32_config_checks(device):
     q1 = QTensor(q.fmt, data, q.scale, None, q.shape)
     y = quant_linear(x[:1], q1, s, b, backend="triton", config=dict(KERNEL="gemv32", BLOCK_N=16, BLOCK_K=32))
     assert rel_rmse(y, ref[:1]) < 1e-5
+
+
+# --- dotp: tl.dot on bf16-decoded, K-permuted weight tiles (inline-asm decode on the GPU) ------------------------
+
+DOTP_CASES = [  # fmt, N, K, M, dtype, act_quant, with s and bias, config (KERNEL="dotp" added)
+    ("mxfp4", 37, 160, 1, F32, None, True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=2)),
+    ("mxfp4", 70, 224, 3, BF16, None, False, dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=3, SEM=False)),
+    ("mxfp4", 33, 96, 17, F32, "mxfp4", True, dict(BLOCK_N=64, BLOCK_K=64)),
+    ("mxfp4", 64, 256, 20, BF16, None, True, dict(BLOCK_N=32, BLOCK_K=128, BLOCK_M=16, SPLIT_K=2)),  # even tiles
+    ("nvfp4", 41, 112, 1, F32, None, True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
+    ("nvfp4", 24, 160, 5, F16, "mxfp4", False, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),  # fp16: fp32 operands
+    ("mxfp8_e4m3", 24, 96, 1, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
+    ("mxfp8_e4m3", 40, 192, 2, F32, "mxfp4", False, dict(BLOCK_N=32, BLOCK_K=64)),
+    ("mxfp8_e5m2", 19, 128, 1, F32, None, True, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
+    ("mxfp8_e5m2", 48, 64, 3, BF16, None, False, dict(BLOCK_N=16, BLOCK_K=64)),
+]
+
+
+@pytest.mark.parametrize("fmt,N,K,M,dtype,act,with_sb,config", DOTP_CASES)
+def test_dotp_matches_ref(fmt, N, K, M, dtype, act, with_sb, config, device, nan_empty):
+    from synodic.kernels.quant_linear.triton_impl import _CNT
+    w, x, s, b = make(N, K, M, dtype, device, seed=N * K + M + 5)
+    s, b = (s, b) if with_sb else (None, None)
+    q = quantize(w, fmt)
+    y_ref = quant_linear(x, q, s, b, act_quant=act, backend="ref")
+    for _ in range(2):  # twice: the split-K counters must be back at zero after a call
+        y = quant_linear(x, q, s, b, act_quant=act, backend="triton", config=dict(config, KERNEL="dotp"))
+        assert y.shape == (M, N) and y.dtype == dtype and torch.isfinite(y).all()
+        assert rel_rmse(y, y_ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert all((t == 0).all() for t in _CNT.values())
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
+def test_dotp_fp8_special_codes(fmt, device, nan_empty):
+    """Planted zero / max / subnormal codes (finite ones: dotp reads NaN / Inf codes as finite)."""
+    q = fp8_weight(fmt, 5, 96, device, seed=14)
+    _, x, s, _ = make(5, 96, 3, torch.float32, device, seed=15)
+    check_close(quant_linear(x, q, s, backend="triton", config=dict(KERNEL="dotp", BLOCK_N=16, BLOCK_K=32,
+                                                                       SPLIT_K=2)), x, q, s)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2"])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_dotp_one_hot_rows_exact(fmt, dtype, device):
+    """One-hot x (bf16: the MMA path on a GPU): y is a column of dequant(q) rounded to x's dtype, bit for bit, at
+    every position of the permuted K tile (both nibbles, all k pairs / halves / 16-steps). NVFP4: within one
+    rounding (its fp32 tensor scale multiplies the sum, not each weight as in dequantize)."""
+    from synodic.quant import dequantize
+    N, K = 24, 128
+    q = fp8_weight(fmt, N, K, device, seed=16) if fmt.startswith("mxfp8") else \
+        quantize(make(N, K, 1, torch.float32, device, seed=16)[0], fmt)
+    eye = torch.eye(K, device=device, dtype=dtype)
+    y = quant_linear(eye, q, backend="triton", config=dict(KERNEL="dotp", BLOCK_N=16, BLOCK_K=128))
+    rtol = 0 if fmt != "nvfp4" else 2.0 ** -23 if dtype == F32 else 2.0 ** -7
+    torch.testing.assert_close(y, dequantize(q).T.to(dtype), rtol=rtol, atol=0)
+
+
+def test_dotp_config_checks(device):
+    w, x, _, _ = make(16, 64, 1, torch.float32, device, seed=17)
+    for cfg in (dict(FP8_CVT=True), dict(TWO_MUL=True), dict(BLOCK_M=8)):
+        with pytest.raises(ValueError, match="dotp"):
+            quant_linear(x, quantize(w, "mxfp8_e4m3"), backend="triton", config=dict(cfg, KERNEL="dotp"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX: GPU only (the interpreter runs _dec_ref)")
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3", "mxfp8_e5m2"])
+def test_dotp_asm_decode_matches_ref(fmt):
+    """Every code byte at every byte position of an asm call: the inline-asm bf16 patterns == `_dec_ref`'s."""
+    from synodic.kernels.quant_linear.triton_impl import _dec_asm, _dec_ref
+
+    @triton.jit
+    def kern(c_ptr, o_ptr, r_ptr, FMT: tl.constexpr):
+        offs = tl.arange(0, 1024)
+        c = tl.load(c_ptr + offs)
+        if FMT <= 1:
+            lo, hi = _dec_asm(c, FMT)
+            rlo, rhi = _dec_ref(c, FMT)
+            tl.store(o_ptr + 2 * offs, lo.to(tl.int16, bitcast=True))
+            tl.store(o_ptr + 2 * offs + 1, hi.to(tl.int16, bitcast=True))
+            tl.store(r_ptr + 2 * offs, rlo.to(tl.int16))
+            tl.store(r_ptr + 2 * offs + 1, rhi.to(tl.int16))
+        else:
+            tl.store(o_ptr + offs, _dec_asm(c, FMT).to(tl.int16, bitcast=True))
+            tl.store(r_ptr + offs, _dec_ref(c, FMT).to(tl.int16))
+
+    ar = torch.arange(1024)
+    codes = ((ar // 4 + 67 * (ar % 4)) % 256).to(torch.uint8).cuda()  # each byte value at each of the 4 positions
+    out = torch.zeros(2048, dtype=torch.int16, device="cuda")
+    ref = torch.ones(2048, dtype=torch.int16, device="cuda")
+    kern[(1,)](codes, out, ref, FMT=FMT_IDS[fmt])
+    n = 2048 if fmt == "mxfp4" else 1024
+    assert torch.equal(out[:n], ref[:n])
