@@ -375,13 +375,13 @@ def split_default(ckpt_lo, rows: int) -> bool:
     return ckpt_lo is not None and rows >= 4096
 
 
-def resolve_flush_config(config, block: int, warps: int, fold: str) -> tuple[int, int, str, int]:
+def resolve_flush_config(config, block: int, warps: int, fold: str, tpp: int = 16) -> tuple[int, int, str, int]:
     """(BLOCK, num_warps, fold, tiles per program) of the flush launch of a split step (shared with the GDN
-    kernel): config over (block, warps, fold, 16)."""
+    kernel): config over (block, warps, fold, tpp)."""
     c = tuple(config or ())
     if c and not 2 <= len(c) <= 4:
         raise ValueError(f"flush_config: expected (BLOCK, num_warps[, fold[, tiles per program]]), got {config!r}")
-    out = c + (block, warps, fold, 16)[len(c):]
+    out = c + (block, warps, fold, tpp)[len(c):]
     if out[2] not in FOLDS:
         raise ValueError(f"flush_config: fold {out[2]!r}, expected one of {sorted(FOLDS)}")
     return out
@@ -411,7 +411,9 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     if split is None:
         split = split_default(ckpt_lo, b * H)
     # default flush launch: twice the warps (the flush holds S and the ring fold; dual [64, N] on 2 warps spills)
-    fbp, fnw, ffold, tpp = resolve_flush_config(flush_config, bp, 2 * nw, flush_fold(fold, ring_B))
+    # 8 tiles per program: the flush step 898 vs 937 µs at 16, plain steps equal (177 µs; H200, batch 256,
+    # dual_bf16, bench_replay_flush --flush-sweep 2026-11-30 ~09:50 UTC)
+    fbp, fnw, ffold, tpp = resolve_flush_config(flush_config, bp, 2 * nw, flush_fold(fold, ring_B), 8)
     if "bf16x3" in (fold, ffold if split else None) and ring_B.dtype != torch.bfloat16:
         raise ValueError(f"config: fold 'bf16x3' needs a bf16 B ring (exact in bf16), got {ring_B.dtype}")
     if row_wp is not None and not (row_wp.dtype == torch.int32 and tuple(row_wp.shape) == (b,)):

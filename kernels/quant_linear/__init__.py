@@ -12,10 +12,11 @@ W8A16) or 'mxfp4' (activations fake-quantized in-kernel to MXFP4, 'floor' scale 
 The weights are dequantized in registers, so decode reads ~4.25 bits (MXFP4) / 4.5 bits (NVFP4) per
 weight instead of 16. Backends: "auto" (Triton on CUDA tensors, reference otherwise) | "triton" | "ref".
 
-Kernels (triton_impl): "dot" (tl.dot, any M) and "gemv32" (CUDA-core GEMV for one row, from int32 code
-words); the default config takes gemv32 for M = 1 and dot above. Measured on an H200 (bench_quant.py,
-2026-11-30 sweep, bf16 activations, weights read from HBM, 4096x14336 and 14336x4096): M = 1 "gemv32"
-1.44-1.47x the bf16 F.linear for MXFP4, 1.42x NVFP4, 1.03-1.04x MXFP8; M = 32 "dot" 0.40-0.76x.
+Kernels (triton_impl): "dotp" and "dot" (tl.dot, any M) and "gemv32" (CUDA-core GEMV for one row, from int32
+code words); the default config takes gemv32 for M = 1 and dotp above. Measured on an H200 (bench_quant.py,
+2026-11-30 sweeps, bf16 activations, weights read from HBM, 4096x14336 and 14336x4096): M = 1 "gemv32"
+1.44-1.47x the bf16 F.linear for MXFP4, 1.42x NVFP4, 1.03-1.04x MXFP8; M = 32 "dotp" 0.63-0.94x ("dot"
+0.41-0.74x).
 QuantLinear therefore runs the kernel only for single-row inputs. On bf16 activations the dot path rounds
 x * s to bf16 before the MMA (rel. error ~1e-3 vs the fp32 reference; fp32 activations run an IEEE fp32 dot).
 """

@@ -7,14 +7,16 @@ E4M3 for NVFP4, whose FP32 per-tensor scale multiplies the accumulator once at t
 x times s (fp32), optionally fake-quantized to MXFP4 in-kernel (blocks of 32, 'floor' E8M0 scale, E2M1
 round-half-even — the same values as synodic.quant.fake_quant).
 
-Two kernels, picked by config KERNEL:
-  * "dot" (any M; the default config's choice for M >= 2; `_qdot_kernel`): the decoded weight tile is the
-    left tl.dot operand, bf16 MMA (fp32 IEEE for fp32 activations), M = 1 padded to a 16-row tile;
+Three kernels, picked by config KERNEL:
+  * "dotp" (any M; the default for M >= 2; `_qdotp_kernel`): codes decoded straight to bf16 in the MMA operand
+    layout, K permuted inside a tile (see the note above the kernel); 0.63-0.94x bf16 at M = 32 on the H200;
+  * "dot" (any M; `_qdot_kernel`; the M >= 2 default until dotp): the decoded weight tile is the left tl.dot
+    operand, bf16 MMA (fp32 IEEE for fp32 activations), M = 1 padded to a 16-row tile;
   * "gemv32" (CUDA cores, one row; the default for M = 1; `_qgemv32_kernel`): the code bytes viewed as
     int32 words (8 nibbles / 4 bytes per word), two codes decoded per few integer ops, FMAs with x, block
     sums times the scale; see above it. (A byte-tile GEMV was 0.80-1.15x bf16 where this one is 1.03-1.47x
     on the H200 sweep of 2026-11-30, so it was removed.)
-Rows > 1 asked of the GEMV take "dot". Decoding is exact bit manipulation (see `_bits_lo`); MXFP8
+Rows > 1 asked of the GEMV take the M >= 2 default. Decoding is exact bit manipulation (see `_bits_lo`); MXFP8
 (E4M3 / E5M2) may instead use the hardware fp8 conversion in "dot" (config FP8_CVT=True).
 SPLIT_K programs share one output tile's K range; the last one to finish sums the fp32 partials in split
 order (`_store_out`: deterministic, no second launch). The launch config is a heuristic (no timing at
@@ -618,8 +620,9 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132) -> dict:
     format, against the bf16 torch linear in the same run:
       M = 1, int32-word GEMV "gemv32": 4-bit [16 x 512] tiles on 4 warps (MXFP4 1.44x / 1.47x, NVFP4
       1.42x / 1.42x; the removed byte-tile GEMV: 1.14x / 0.88x), MXFP8 [32 x 128] on 4 warps (1.03x / 1.04x);
-      M >= 2, tl.dot: 4-bit [64 x 128] on 4 warps, 4 stages (M = 32: 0.56-0.62x MXFP4, 0.40-0.46x NVFP4),
-      MXFP8 [128 x 64] with the hardware fp8 conversion (FP8_CVT; 0.64-0.76x, 0.46-0.52x without).
+      M >= 2, "dotp" (sweep of 2026-11-30 ~09:50 UTC, bench_quant --ms 32): [64 x 128] tiles (MXFP8 [64 x 64]) on
+      4 warps, 4 stages; M = 32: MXFP4 0.94x / 0.84x, NVFP4 0.70x / 0.63x, MXFP8 0.84x / 0.71x, where "dot"
+      (`_dot_config`) gave 0.62x / 0.57x, 0.44x / 0.41x, 0.74x / 0.65x in the same run.
     The probes of that run (same tiles, loads only) read at 2.5-3.1 TB/s where gemv32 reached ~1.5 TB/s:
     the decode arithmetic, not the load pattern, limits the GEMV.
     K is split like the sweep's entries (resolve_config's rule: ~16 GEMV / 4 dot programs per SM)."""
@@ -628,6 +631,15 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132) -> dict:
         bn, bk = (16, 512) if packed else (32, 128)
         split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 16, 1)
         return dict(KERNEL="gemv32", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=2)
+    bk = 128 if packed else 64
+    split = _auto_split(triton.cdiv(N, 64) * triton.cdiv(M, _bm(M)), K, bk, sms, 4, 4)
+    return dict(KERNEL="dotp", BLOCK_N=64, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=4)
+
+
+def _dot_config(M: int, N: int, K: int, fmt: str, sms: int) -> dict:
+    """Config of the "dot" kernel when a config asks for it: the sweep of 2026-11-30 ~02:53 UTC, 4-bit
+    [64 x 128] on 4 warps, 4 stages; MXFP8 [128 x 64] with the hardware fp8 conversion (FP8_CVT)."""
+    packed = FMT_IDS[fmt] <= 1
     bn, bk = (64, 128) if packed else (128, 64)
     split = _auto_split(triton.cdiv(N, bn) * triton.cdiv(M, _bm(M)), K, bk, sms, 4, 4)
     cfg = dict(KERNEL="dot", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=4)
@@ -645,17 +657,19 @@ def resolve_config(M: int, N: int, K: int, fmt: str, config: dict | None, sms: i
     """The full launch config: `config` over the heuristic of its KERNEL; a missing SPLIT_K is chosen for
     the config's tile (so one sweep entry fits every shape)."""
     config = dict(config or {})
-    kern = config.get("KERNEL", "dot")
-    if kern not in KERNELS:
+    kern = config.get("KERNEL")
+    if kern is not None and kern not in KERNELS:
         raise ValueError(f"config KERNEL={kern!r}: expected one of {', '.join(KERNELS)}")
-    if kern == "gemv32":
+    if kern is None:
+        base = default_config(M, N, K, fmt, sms)
+    elif kern == "gemv32":
         base = dict(KERNEL=kern, BLOCK_N=32, BLOCK_K=256 if FMT_IDS[fmt] <= 1 else 128, SEM=True, num_warps=4,
                     num_stages=2)
-    elif kern == "dotp":
-        base = dict(KERNEL=kern, BLOCK_N=128, BLOCK_K=256 if FMT_IDS[fmt] <= 1 else 128, SEM=True, num_warps=4,
-                    num_stages=3)
-    else:
-        base = default_config(M, N, K, fmt, sms)
+    elif kern == "dot":
+        base = _dot_config(M, N, K, fmt, sms)
+    else:  # dotp: the M >= 2 default's tile
+        base = dict(KERNEL=kern, BLOCK_N=64, BLOCK_K=128 if FMT_IDS[fmt] <= 1 else 64, SEM=True, num_warps=4,
+                    num_stages=4)
     cfg = dict(base, **config)
     if "SPLIT_K" not in config:
         if cfg["KERNEL"] in ("dot", "dotp"):
@@ -699,10 +713,10 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     N = data.shape[0]
     cfg = resolve_config(M, N, K, fmt, config, _sms(x2d.device))
     kern = cfg["KERNEL"]
-    if kern == "gemv32" and M != 1:
-        kern = "dot"  # the CUDA-core kernel reads one row; more rows take the tl.dot kernel
+    if kern == "gemv32" and M != 1:  # the CUDA-core kernel reads one row; more rows take the M >= 2 default
         cfg = resolve_config(M, N, K, fmt, {k: v for k, v in (config or {}).items() if k != "KERNEL"},
                              _sms(x2d.device))
+        kern = cfg["KERNEL"]
     bn, bk, split = cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
     if bk % qblock or bk < 32 or bk & (bk - 1):
         raise ValueError(f"config BLOCK_K={bk}: expected a power of two >= 32, a multiple of the format block {qblock}")

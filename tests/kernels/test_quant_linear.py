@@ -196,11 +196,11 @@ V2_CASES = [  # fmt, N, K, M, dtype, act_quant, config
     ("mxfp4", 70, 160, 1, BF16, "mxfp4", dict(KERNEL="gemv32", BLOCK_N=32, BLOCK_K=128)),
     ("nvfp4", 40, 112, 1, F32, None, dict(KERNEL="gemv32", BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
     ("mxfp8_e4m3", 24, 96, 1, F32, "mxfp4", dict(KERNEL="gemv32", BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
-    ("mxfp4", 70, 224, 5, BF16, None, dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=3, SEM=False)),
-    ("mxfp4", 70, 224, 20, F32, "mxfp4", dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=2, BLOCK_M=16)),  # 2 row tiles
-    ("nvfp4", 33, 160, 2, F16, None, dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2)),  # fp16: two-multiply decode
-    ("mxfp4", 40, 96, 3, F32, None, dict(TWO_MUL=True, SPLIT_K=2)),
-    ("mxfp8_e5m2", 24, 96, 3, F32, None, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
+    ("mxfp4", 70, 224, 5, BF16, None, dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=64, SPLIT_K=3, SEM=False)),
+    ("mxfp4", 70, 224, 20, F32, "mxfp4", dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=64, SPLIT_K=2, BLOCK_M=16)),  # M tiles
+    ("nvfp4", 33, 160, 2, F16, None, dict(KERNEL="dot", BLOCK_N=32, BLOCK_K=64, SPLIT_K=2)),  # fp16: 2-mul decode
+    ("mxfp4", 40, 96, 3, F32, None, dict(KERNEL="dot", TWO_MUL=True, SPLIT_K=2)),
+    ("mxfp8_e5m2", 24, 96, 3, F32, None, dict(KERNEL="dot", BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
 ]
 
 
