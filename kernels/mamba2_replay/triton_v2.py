@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _softplus, _tile_mask
-from .common import is_fp8
+from .common import is_fp8, split_default  # noqa: F401  (split_default: the launcher's rule)
 
 _INTERP = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
@@ -359,20 +359,6 @@ def flush_fold(fold: str, ring_B) -> str:
     entirely (a timing probe) gave 722 µs: tf32x3's fold cost ~385 µs, its result added to S in another
     register layout; bf16x3 accumulates into the decayed checkpoint and skips splitting B (exact in bf16)."""
     return "bf16x3" if fold == "tf32x3" and ring_B.dtype == torch.bfloat16 else fold
-
-
-def split_default(ckpt_lo, rows: int) -> bool:
-    """Two launches (output-only rows, then flushing rows) instead of one fused kernel: the fused kernel's
-    register budget is set by its rarely taken flush branch (dual bf16 [64, N] on 2 warps: 255 registers and
-    spills, the output-only path alone 168; `python -m synodic.kernels.reg_usage`, Triton 3.9), so the common
-    step runs at low occupancy. H200, batch 256, bench_replay_flush 2026-11-30 07:50 UTC, do_bench plain / flush step:
-    dual_bf16 fused (64, 2, tf32x3) 234 / 1120 µs, split 174 / 1134 µs (flush launch (64, 4 warps, tf32x3,
-    16 tiles per program)); cycle 1.84x -> 2.27x eager (graph-timed bench_replay: 2.41x). A cursor-first
-    output-only launch trades 8 µs per plain step for 135 µs per flush step: equal over a cycle, so off.
-    fp32 gains nothing (240 vs 252 registers: the fp32 tile itself is the budget) and pays the flush launch
-    (plain 292 -> 319 µs). At batch 8 (1024 rows) the second launch made the step slower (15.5 vs 14.0 µs).
-    So: a low-precision copy at rows = batch x heads >= 4096."""
-    return ckpt_lo is not None and rows >= 4096
 
 
 def resolve_flush_config(config, block: int, warps: int, fold: str, tpp: int = 16) -> tuple[int, int, str, int]:

@@ -12,7 +12,7 @@ from synodic.kernels.mamba2_replay import (
     replay_commit,
     replay_flush_reset,
 )
-from synodic.kernels.mamba2_replay.common import store_state
+from synodic.kernels.mamba2_replay.common import split_default, store_state
 
 from .base import StateBackendBase
 
@@ -57,8 +57,11 @@ class ReplayStateBackend(StateBackendBase):
 
     def begin_step(self) -> None:
         # every row's cursor gathered once for all Mamba-2 layers of the step: a split step's output-only launch
-        # then skips flushing rows without a dependent cursor read (kernels/mamba2_replay row_wp)
-        self.row_wp = self.write_pos.index_select(0, self.slot_ids.clamp(min=0))
+        # then skips flushing rows without a dependent cursor read (kernels/mamba2_replay row_wp); only when a
+        # layer's step splits (a fused step ignores it)
+        b = self.slot_ids.shape[0]
+        if any(hasattr(m, "P") and split_default(c.get("ckpt_lo"), b * m.H) for m, c in zip(self.layers, self.cache)):
+            self.row_wp = self.write_pos.index_select(0, self.slot_ids.clamp(min=0))
 
     def mamba2_step(self, i, x, dt, A, B, C, D, dt_bias):
         row_wp = self.row_wp if self.row_wp is not None and self.row_wp.shape[0] == x.shape[0] else None
