@@ -334,9 +334,16 @@ def pick_config_v2(ckpt, ckpt_lo, P: int, N: int, rows: int) -> tuple[int, int, 
     return bp, 2, pick_fold(ckpt_lo, bp)
 
 
-def pick_fold(ckpt_lo, BP: int) -> str:
-    """The flush fold measured best (see pick_config_v2): tf32x3 for [64, N] tiles with a bf16 copy."""
-    return "tf32x3" if ckpt_lo is not None and ckpt_lo.dtype == torch.bfloat16 and BP == 64 else "serial"
+def pick_fold(ckpt_lo, BP: int, ring_B=None) -> str:
+    """The flush fold measured best for [64, N] tiles (see pick_config_v2): bf16x3 with a bf16 B ring (fused
+    step, batch 256, graph-timed L-cycle, bench_replay --sweep 256, 2026-11-30 ~10:20 UTC: fp32 checkpoint
+    294.5 µs vs serial 303.8; dual bf16 copy: the flush step 841 vs tf32x3 1120 µs, plain 220 vs 234 in
+    bench_replay_flush), else tf32x3 with a bf16 copy; serial for smaller tiles (unmeasured with bf16x3)."""
+    if BP != 64:
+        return "serial"
+    if ring_B is not None and ring_B.dtype == torch.bfloat16:
+        return "bf16x3"
+    return "tf32x3" if ckpt_lo is not None and ckpt_lo.dtype == torch.bfloat16 else "serial"
 
 
 def decode_config(config, block_warps: tuple[int, int], fold_for) -> tuple[int, int, str, int | None]:
@@ -393,7 +400,7 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     if b == 0:
         return y
     bp, nw, fold, maxnreg = decode_config(config, pick_config_v2(ckpt, ckpt_lo, P, N, b * H)[:2],
-                                          lambda block, _: pick_fold(ckpt_lo, block))
+                                          lambda block, _: pick_fold(ckpt_lo, block, ring_B))
     if split is None:
         split = split_default(ckpt_lo, b * H)
     # default flush launch: twice the warps (the flush holds S and the ring fold; dual [64, N] on 2 warps spills)
