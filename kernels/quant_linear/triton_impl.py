@@ -208,6 +208,37 @@ def _store_out(val, y_ptr, part_ptr, cnt_ptr, y_off, p_off, mask, pid_k, tile, s
 
 
 @triton.jit
+def _dot_tile(M, N, K, K_PER_SPLIT, QBLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A dot program's output tile (grid: N tiles, K splits, M tiles) and its K range: program ids, N offsets /
+    mask / int64 rows, the same for M, the split's [k_lo, k_hi) and its last scale block g_hi."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    return (pid_n, pid_k, pid_m, offs_n, offs_n < N, offs_n.to(tl.int64), offs_m, offs_m < M, offs_m.to(tl.int64),
+            k_lo, k_hi, k_hi // QBLOCK)
+
+
+@triton.jit
+def _dot_epilogue(acc, p_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, offs_n, mn, rows_m, mm, M, N, pid_n, pid_k, pid_m,
+                  FMT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, SEM: tl.constexpr,
+                  OMUL: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] times 2^DSH (OMUL) and NVFP4's tensor scale, + bias (first split), stored as y[m, n]."""
+    acc = acc * OMUL
+    if FMT == 1:
+        acc = acc * tl.load(p_ptr)
+    if HAS_BIAS:
+        if pid_k == 0:
+            acc += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[:, None]
+    off = rows_m[None, :] * N + offs_n[:, None]
+    _store_out(acc, y_ptr, part_ptr, cnt_ptr, off, off, mn[:, None] & mm[None, :], pid_k,
+               pid_m * tl.num_programs(0) + pid_n, M * N, SPLIT, SEM)
+
+
+@triton.jit
 def _qdot_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, K_PER_SPLIT,
                  stride_xm, stride_wn, stride_sn,
                  FMT: tl.constexpr, QBLOCK: tl.constexpr, HAS_S: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -221,24 +252,14 @@ def _qdot_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt
     narrow N side. Codes are loaded as [BLOCK_N, G, H] (a row's BLOCK_K/2 packed bytes contiguous, vector
     loads; the block scale broadcasts over its H bytes), decoded, and the two nibbles joined back into k
     order ([.., 2] -> reshape), which keeps each k pair in one thread as the MMA operand wants."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
     PACKED: tl.constexpr = FMT <= 1
     G: tl.constexpr = BLOCK_K // QBLOCK
     H: tl.constexpr = QBLOCK // 2 if PACKED else QBLOCK
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    mn = offs_n < N
-    mm = offs_m < M
-    rows_n = offs_n.to(tl.int64)
-    rows_m = offs_m.to(tl.int64)
+    pid_n, pid_k, pid_m, offs_n, mn, rows_n, offs_m, mm, rows_m, k_lo, k_hi, g_hi = _dot_tile(
+        M, N, K, K_PER_SPLIT, QBLOCK, BLOCK_M, BLOCK_N)
     offs_g = tl.arange(0, G)
     offs_h = tl.arange(0, H)
     offs_k = tl.arange(0, BLOCK_K)
-    k_lo = pid_k * K_PER_SPLIT
-    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
-    g_hi = k_hi // QBLOCK
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         g = k0 // QBLOCK + offs_g
@@ -272,15 +293,8 @@ def _qdot_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt
             x3 = tl.reshape(xt, (BLOCK_K // 32, 32, BLOCK_M))
             xt = tl.reshape(_mxfp4_from_amax(x3, tl.max(tl.abs(x3), axis=1, keep_dims=True)), (BLOCK_K, BLOCK_M))
         acc = tl.dot(w, xt.to(DOT_DT), acc, input_precision=DOT_PREC)
-    acc = acc * OMUL
-    if FMT == 1:
-        acc = acc * tl.load(p_ptr)
-    if HAS_BIAS:
-        if pid_k == 0:
-            acc += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[:, None]
-    off = rows_m[None, :] * N + offs_n[:, None]
-    _store_out(acc, y_ptr, part_ptr, cnt_ptr, off, off, mn[:, None] & mm[None, :], pid_k,
-               pid_m * tl.num_programs(0) + pid_n, M * N, SPLIT, SEM)
+    _dot_epilogue(acc, p_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, offs_n, mn, rows_m, mm, M, N, pid_n, pid_k, pid_m,
+                  FMT, HAS_BIAS, SPLIT, SEM, OMUL)
 
 
 # --- gemv32: the GEMV from int32 code words ---------------------------------------------------------------------
@@ -541,24 +555,14 @@ def _qdotp_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cn
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
                   EVEN: tl.constexpr, SH: tl.constexpr, SHMUL: tl.constexpr, OMUL: tl.constexpr):
     """acc[BLOCK_N, BLOCK_M] += dot(W tile (decoded, K-permuted), x^T (same permutation)); see above."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
     PACKED: tl.constexpr = FMT <= 1
     G: tl.constexpr = BLOCK_K // QBLOCK
     H: tl.constexpr = QBLOCK // 2 if PACKED else QBLOCK  # code bytes per scale block
     KB: tl.constexpr = G * H  # code bytes per row of a tile
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    mn = offs_n < N
-    mm = offs_m < M
-    rows_n = offs_n.to(tl.int64)
-    rows_m = offs_m.to(tl.int64)
+    pid_n, pid_k, pid_m, offs_n, mn, rows_n, offs_m, mm, rows_m, k_lo, k_hi, g_hi = _dot_tile(
+        M, N, K, K_PER_SPLIT, QBLOCK, BLOCK_M, BLOCK_N)
     offs_g = tl.arange(0, G)
     offs_h = tl.arange(0, H)
-    k_lo = pid_k * K_PER_SPLIT
-    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
-    g_hi = k_hi // QBLOCK
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         g = k0 // QBLOCK + offs_g
@@ -589,15 +593,8 @@ def _qdotp_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cn
             xt = _xperm(x_ptr, s_ptr, rows_m, mm, stride_xm, k0, k_hi, HAS_S, False, BLOCK_M, BLOCK_K, DOT_DT,
                        EVEN)
             acc = tl.dot(w, xt, acc, input_precision=DOT_PREC)
-    acc = acc * OMUL
-    if FMT == 1:
-        acc = acc * tl.load(p_ptr)
-    if HAS_BIAS:
-        if pid_k == 0:
-            acc += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[:, None]
-    off = rows_m[None, :] * N + offs_n[:, None]
-    _store_out(acc, y_ptr, part_ptr, cnt_ptr, off, off, mn[:, None] & mm[None, :], pid_k,
-               pid_m * tl.num_programs(0) + pid_n, M * N, SPLIT, SEM)
+    _dot_epilogue(acc, p_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, offs_n, mn, rows_m, mm, M, N, pid_n, pid_k, pid_m,
+                  FMT, HAS_BIAS, SPLIT, SEM, OMUL)
 
 
 # --- launch ----------------------------------------------------------------------------------------------------
