@@ -30,7 +30,7 @@ from synodic.kernels.mamba2_replay.triton_v2 import launch_decode_v2 as launch_m
 
 L = 16
 # (config, split, flush config, cursor first): split = an output-only launch (config) + a flush launch (flush
-# config (BLOCK, warps, fold, tiles per program[, kernel]); None = the launcher's default); cursor first (Mamba-2):
+# config (BLOCK, warps, fold, tiles per program); None = the launcher's default); cursor first (Mamba-2):
 # the output-only launch reads the cursor before its tile (True: write_pos[slot]; "row": a per-row copy gathered
 # in the step; "row_pre": gathered before the step, as the engine's one gather per step serves every layer)
 CONFIGS = {"mamba2": [((64, 2, "serial"), False, None, False), ((64, 2, "tf32x3"), False, None, False),

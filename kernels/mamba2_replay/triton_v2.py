@@ -17,7 +17,7 @@ c_t = A * (sum of ring dt + dt_t):
   * state route (wp >= L-1): S_t = e^{c_t} S0 + sum_{j<wp} dt_j e^{c_t-c_j} x_j B_j^T + dt_t x_t B_t^T
     from the fp32 checkpoint; written to ckpt (+ ckpt_lo; fp8 with one scale per (head, p) row),
     nothing appended, y = S_t . C_t + D x_t (* silu(z)). The ring sum is serial rank-1 updates by
-    default, or one [BP, L] x [L, N] ``tl.dot`` (fp32 "dot" / "tf32x3"): see ``pick_config_v2``.
+    default, or one [BP, L] x [L, N] ``tl.dot`` (fp32 "dot" / "tf32x3" / "bf16x3"): see ``pick_fold``.
 Config: ``(BLOCK_P, num_warps[, fold[, maxnreg]])``; the N axis is masked only when N is not a power of two.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _softplus, _tile_mask
-from .common import is_fp8, split_default  # noqa: F401  (split_default: the launcher's rule)
+from .common import is_fp8, split_default
 
 _INTERP = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
@@ -309,8 +309,8 @@ def _output_only(S0, ct, wr, xr, rB, Bt, Ct, xt, dtt):
 FOLDS = {"serial": 0, "dot": 1, "tf32x3": 2, "bf16x3": 3}
 
 
-def pick_config_v2(ckpt, ckpt_lo, P: int, N: int, rows: int) -> tuple[int, int, str]:
-    """(BLOCK_P, num_warps, fold) for `rows` = batch x heads.
+def pick_config_v2(ckpt, ckpt_lo, P: int, N: int, rows: int) -> tuple[int, int]:
+    """(BLOCK_P, num_warps) for `rows` = batch x heads (the fold: `pick_fold`).
 
     A read-only step needs about twice the bytes in flight of the eager read+write step to reach the
     same rate, so the lever is tile elements per thread: H200 sweep (bench_replay --sweep 1,8,256,
@@ -326,19 +326,24 @@ def pick_config_v2(ckpt, ckpt_lo, P: int, N: int, rows: int) -> tuple[int, int, 
     sets the register budget of every step), or one fp32 dot over the ring ("dot" FMA, "tf32x3" tensor
     cores). H200, batch 256, (64, 2 warps), a plain step (cursor 5) / the flush step (cursor 15), 2026-11-30
     ~06:20 UTC (bench_replay_flush): fp32 serial 290 / 693 µs, tf32x3 311 / 708, dot 4291 (spills);
-    dual_bf16 serial 236 / 1236, tf32x3 236 / 1134, dot 3467. So tf32x3 with a bf16 copy (the flush step 8 %
-    faster, plain steps equal: 2 % over an L = 16 cycle), serial otherwise."""
+    dual_bf16 serial 236 / 1236, tf32x3 236 / 1134, dot 3467. Since then "bf16x3" (bf16 tensor cores, the
+    checkpoint as the accumulator) beat both wherever the B ring is bf16: `pick_fold`."""
     lo = ckpt_lo is not None
     cap = triton.next_power_of_2(P)
     bp = min(64 if rows >= 1024 else (32 if lo else 16), cap)
-    return bp, 2, pick_fold(ckpt_lo, bp)
+    return bp, 2
 
 
 def pick_fold(ckpt_lo, BP: int, ring_B=None) -> str:
-    """The flush fold measured best for [64, N] tiles (see pick_config_v2): bf16x3 with a bf16 B ring (fused
-    step, batch 256, graph-timed L-cycle, bench_replay --sweep 256, 2026-11-30 ~10:20 UTC: fp32 checkpoint
-    294.5 µs vs serial 303.8; dual bf16 copy: the flush step 841 vs tf32x3 1120 µs, plain 220 vs 234 in
-    bench_replay_flush), else tf32x3 with a bf16 copy; serial for smaller tiles (unmeasured with bf16x3)."""
+    """The flush fold measured best for [64, N] tiles (see pick_config_v2): bf16x3 with a bf16 B ring, else
+    tf32x3 with a bf16 copy; serial for smaller tiles (unmeasured with bf16x3). H200, batch 256:
+      fused step, graph-timed L-cycle (bench_replay --sweep 256, 2026-11-30 09:34 UTC): fp32 checkpoint
+      294.5 µs vs serial 303.8; dual bf16 copy, do_bench (bench_replay_flush): bf16x3 plain 220 / flush
+      841 µs (09:12 UTC), tf32x3 234 / 1120 µs (an earlier run, 07:50 UTC);
+      split step's flush launch (64, 4 warps, 16 tiles per program; bench_replay_flush 09:12 UTC): 937 µs vs
+      1131 with tf32x3 (800 µs with the per-row cursor, `row_wp`). A timing probe without any fold gave 722 µs:
+      tf32x3's fold cost ~385 µs, its result added to S in another register layout; bf16x3 accumulates into the
+      decayed checkpoint and skips splitting B (exact in bf16)."""
     if BP != 64:
         return "serial"
     if ring_B is not None and ring_B.dtype == torch.bfloat16:
@@ -357,15 +362,6 @@ def decode_config(config, block_warps: tuple[int, int], fold_for) -> tuple[int, 
     if fold not in FOLDS:
         raise ValueError(f"config: fold {fold!r}, expected one of {sorted(FOLDS)}")
     return block, nw, fold, (c[3] if len(c) > 3 else None)
-
-
-def flush_fold(fold: str, ring_B) -> str:
-    """The flush launch's ring fold: bf16x3 with a bf16 B ring in place of tf32x3. H200, batch 256, dual_bf16,
-    flush launch (64, 4 warps, 16 tiles per program), bench_replay_flush 2026-11-30 ~09:15 UTC: the flush step
-    1131 µs with tf32x3, 937 µs with bf16x3 (800 µs with the per-row cursor, `row_wp`). Switching the fold off
-    entirely (a timing probe) gave 722 µs: tf32x3's fold cost ~385 µs, its result added to S in another
-    register layout; bf16x3 accumulates into the decayed checkpoint and skips splitting B (exact in bf16)."""
-    return "bf16x3" if fold == "tf32x3" and ring_B.dtype == torch.bfloat16 else fold
 
 
 def resolve_flush_config(config, block: int, warps: int, fold: str, tpp: int = 16) -> tuple[int, int, str, int]:
@@ -392,21 +388,20 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     a split step's output-only launch then reads each row's cursor beside its slot id, so a flushing row reads
     nothing and the others wait no longer than before (kernel CURSOR_FIRST + ROW_CURSOR); a fused step
     ignores it. H200, batch 256, dual_bf16: the flush step's output-only launch 162 -> 25 µs, a plain step's
-    unchanged (166 µs; bench_replay_flush, 2026-11-30).
-    The flush launch folds the ring with `flush_fold` unless flush_config names a fold."""
+    unchanged (166 µs; bench_replay_flush, 2026-11-30)."""
     slots, H, P, N = ckpt.shape
     G = ring_B.shape[1]
     b = slot_ids.shape[0]
     if b == 0:
         return y
-    bp, nw, fold, maxnreg = decode_config(config, pick_config_v2(ckpt, ckpt_lo, P, N, b * H)[:2],
+    bp, nw, fold, maxnreg = decode_config(config, pick_config_v2(ckpt, ckpt_lo, P, N, b * H),
                                           lambda block, _: pick_fold(ckpt_lo, block, ring_B))
     if split is None:
         split = split_default(ckpt_lo, b * H)
     # default flush launch: twice the warps (the flush holds S and the ring fold; dual [64, N] on 2 warps spills)
-    # 8 tiles per program: the flush step 898 vs 937 µs at 16, plain steps equal (177 µs; H200, batch 256,
-    # dual_bf16, bench_replay_flush --flush-sweep 2026-11-30 ~09:50 UTC)
-    fbp, fnw, ffold, tpp = resolve_flush_config(flush_config, bp, 2 * nw, flush_fold(fold, ring_B), 8)
+    # 8 tiles per program: with the per-row cursor the flush step 761 vs 798 µs at 16, plain 177.0 vs 178.4 µs
+    # (H200, batch 256, dual_bf16, bench_replay_flush --flush-sweep 2026-11-30 09:22 UTC)
+    fbp, fnw, ffold, tpp = resolve_flush_config(flush_config, bp, 2 * nw, fold, 8)
     if "bf16x3" in (fold, ffold if split else None) and ring_B.dtype != torch.bfloat16:
         raise ValueError(f"config: fold 'bf16x3' needs a bf16 B ring (exact in bf16), got {ring_B.dtype}")
     if row_wp is not None and not (row_wp.dtype == torch.int32 and tuple(row_wp.shape) == (b,)):

@@ -617,7 +617,7 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132) -> dict:
     format, against the bf16 torch linear in the same run:
       M = 1, int32-word GEMV "gemv32": 4-bit [16 x 512] tiles on 4 warps (MXFP4 1.44x / 1.47x, NVFP4
       1.42x / 1.42x; the removed byte-tile GEMV: 1.14x / 0.88x), MXFP8 [32 x 128] on 4 warps (1.03x / 1.04x);
-      M >= 2, "dotp" (sweep of 2026-11-30 ~09:50 UTC, bench_quant --ms 32): [64 x 128] tiles (MXFP8 [64 x 64]) on
+      M >= 2, "dotp" (sweep of 2026-11-30 09:22 UTC, bench_quant --ms 32): [64 x 128] tiles (MXFP8 [64 x 64]) on
       4 warps, 4 stages; M = 32: MXFP4 0.94x / 0.84x, NVFP4 0.70x / 0.63x, MXFP8 0.84x / 0.71x, where "dot"
       (`_dot_config`) gave 0.62x / 0.57x, 0.44x / 0.41x, 0.74x / 0.65x in the same run.
     The probes of that run (same tiles, loads only) read at 2.5-3.1 TB/s where gemv32 reached ~1.5 TB/s:

@@ -64,10 +64,9 @@ class ReplayStateBackend(StateBackendBase):
             self.row_wp = self.write_pos.index_select(0, self.slot_ids.clamp(min=0))
 
     def mamba2_step(self, i, x, dt, A, B, C, D, dt_bias):
-        row_wp = self.row_wp if self.row_wp is not None and self.row_wp.shape[0] == x.shape[0] else None
         return mamba2_replay_decode(**self.cache[i], x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias,
                                     slot_ids=self.slot_ids, L=self.L, advance=False, backend=self.kernel,
-                                    row_wp=row_wp)
+                                    row_wp=self.row_wp)
 
     def gdn_step(self, i, q, k, v, g, beta):
         return gdn_replay_decode(**self.cache[i], q=q, k=k, v=v, g=g, beta=beta, slot_ids=self.slot_ids,
