@@ -57,6 +57,7 @@ class _Case:
 
     def _setup(self, variant, batch, rot, L, config, S0, alloc):
         self.variant, self.batch, self.rot, self.L, self.config = variant, batch, rot, L, config
+        self.ring = None  # v2 ring_by_cursor (None: the launcher's default)
         if variant == "eager":
             self.state = S0
         else:
@@ -125,7 +126,8 @@ class MambaCase(_Case):
                       else None)
             return mamba2_replay_decode(**c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
                                         dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, advance=False,
-                                        backend="triton", config=self.config, impl="v2", row_wp=row_wp)
+                                        backend="triton", config=self.config, impl="v2", row_wp=row_wp,
+                                        ring_by_cursor=self.ring)
         return mamba2_replay_decode(**self.c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
                                     dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, backend="triton",
                                     config=self.config)
@@ -167,7 +169,7 @@ class GDNCase(_Case):
         if self.variant.endswith("_v2"):
             return gdn_replay_decode(**self._cursor_cache(r), q=s["q"], k=s["k"], v=s["v"],
                                      g=s["g"], beta=s["beta"], slot_ids=s["slot_ids"], L=self.L, advance=False,
-                                     backend="triton", config=self.config, impl="v2")
+                                     backend="triton", config=self.config, impl="v2", ring_by_cursor=self.ring)
         return gdn_replay_decode(**self.c, q=s["q"], k=s["k"], v=s["v"], g=s["g"], beta=s["beta"],
                                  slot_ids=s["slot_ids"], L=self.L, route=self.route, backend="triton",
                                  config=self.config)
@@ -302,6 +304,8 @@ def main(argv=None):
     ap.add_argument("--L", type=int, default=L_DEFAULT)
     ap.add_argument("--ops", default="mamba2,gdn")
     ap.add_argument("--sweep", default="", help="batches at which to time a few replay configs")
+    ap.add_argument("--ring-sweep", default="", help="batches at which to time the v2 kernels' default configs "
+                    "reading the whole ring vs only the entries below the cursor (ring_by_cursor False / True)")
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -311,6 +315,7 @@ def main(argv=None):
     L = args.L
     batches = [int(b) for b in args.batches.split(",") if b]
     sweep_batches = [int(b) for b in args.sweep.split(",") if b]
+    ring_batches = [int(b) for b in args.ring_sweep.split(",") if b]
     ops = []
     if "mamba2" in args.ops:
         ops.append((MambaCase, ["eager", "replay_fp32", "replay_dual_bf16", "replay_fp32_v2", "replay_dual_bf16_v2",
@@ -359,6 +364,15 @@ def main(argv=None):
                         res["sweep"].append(dict(op=cls.op, variant=v, batch=batch, config=cfg, us=t,
                                                  speedup=eager_us / t))
                         print(f"   sweep {cfg}: {t:8.1f} µs  x{eager_us / t:.2f}", flush=True)
+                    case.config = None
+                if batch in ring_batches and "_v2" in v:
+                    for ring in (False, True):
+                        case.ring = ring
+                        t = time_cycle(case)
+                        res["sweep"].append(dict(op=cls.op, variant=v, batch=batch, ring_by_cursor=ring, us=t,
+                                                 speedup=eager_us / t))
+                        print(f"   ring_by_cursor={ring}: {t:8.1f} µs  x{eager_us / t:.2f}", flush=True)
+                    case.ring = None
                 del case
                 torch.cuda.empty_cache()
             with open(args.out + ".partial", "w") as f:  # survives a timeout

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _tile_mask
-from ..mamba2_replay.common import is_fp8
+from ..mamba2_replay.common import is_fp8, ring_by_cursor_default
 from ..mamba2_replay.triton_impl import _serial_fold
 from ..mamba2_replay.triton_v2 import FOLDS, _store_tile, decode_config, resolve_flush_config
 
@@ -45,11 +45,14 @@ def _gdn_replay_decode_v2_kernel(
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
     ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr, TPP: tl.constexpr = 1,
+    RING_BY_CURSOR: tl.constexpr = False,
 ):
     """ROUTE 0: every row (both routes, one kernel); 1: output-only rows only (a flushing row is left
     alone: no output, no append); 2: flushing rows only, TPP (value head, V-tile)s per program, grid
     (cdiv(HV * V-tiles, TPP), batch): the cursor is read first and a program of a non-flushing row exits
-    (as in ``mamba2_replay.triton_v2``)."""
+    (as in ``mamba2_replay.triton_v2``). RING_BY_CURSOR (routes 0, 1): the cursor is read right after the
+    checkpoint tile is issued and ring entries at or past it are never read (a plain step reads wp entries,
+    not L); route 1 then also skips a flushing row before its tile."""
     REP: tl.constexpr = HV // Hk
     if ROUTE == 2:
         NUM_T: tl.constexpr = (V + BV - 1) // BV
@@ -65,15 +68,19 @@ def _gdn_replay_decode_v2_kernel(
                                        sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h,
                                        scale, row, hv, tile % NUM_T, hv // REP, slot, valid, HV, Hk, V, K, L, LP,
                                        BV, BK, USE_L2, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU,
-                                       ROUND_RK, ROUND_OUT, FOLD, ROUTE)
+                                       ROUND_RK, ROUND_OUT, FOLD, ROUTE, False)
     else:
         row, hv, vt, hk = _head_tile(V, BV, REP)
         slot, valid = _slot_of(sid_ptr, row)
-        _gdn_decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
-                           q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
-                           sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
-                           row, hv, vt, hk, slot, valid, HV, Hk, V, K, L, LP, BV, BK, USE_L2, CK_FP8, HAS_LO,
-                           LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU, ROUND_RK, ROUND_OUT, FOLD, ROUTE)
+        run = True
+        if ROUTE == 1 and RING_BY_CURSOR:  # padding rows run (they write zeros)
+            run = tl.where(valid, tl.load(wp_ptr + slot, mask=valid, other=0), 0) < L - 1
+        if run:
+            _gdn_decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
+                               q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
+                               sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
+                               row, hv, vt, hk, slot, valid, HV, Hk, V, K, L, LP, BV, BK, USE_L2, CK_FP8, HAS_LO,
+                               LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU, ROUND_RK, ROUND_OUT, FOLD, ROUTE, RING_BY_CURSOR)
 
 
 @triton.jit
@@ -86,15 +93,13 @@ def _gdn_decode_v2_row(
     LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, USE_L2: tl.constexpr,
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
-    ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr,
+    ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
 ):
     REP: tl.constexpr = HV // Hk
 
     # masks from scalar limits; the K axis is masked only when K is not a power of two
     offs_v, offs_k, offs_l, vm, km, rl = _limit_masks(vt, valid, V, BV, K, BK, L, LP)
     tile_mask = _tile_mask(vm, km, K, BK)
-    rk_mask = _tile_mask(rl, km, K, BK)
-    ru_mask = _ring_mask(rl, vm, V, BV)           # the ring u tile [LP, BV]
     st_off = offs_v[:, None] * K + offs_k[None, :]
     sh = slot * HV + hv                            # (slot, value head)
     skh = slot * Hk + hk                           # (slot, key head)
@@ -109,7 +114,13 @@ def _gdn_decode_v2_row(
         S0 = tl.load(ck_ptr + sh * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
         if CK_FP8:
             S0 = S0 * tl.load(cks_ptr + sh * V + offs_v, mask=vm, other=0.0)[:, None]
-    # ---- 2) the whole ring, no cursor dependency ----
+    # ---- 2) the ring: all L entries with no cursor dependency, or (RING_BY_CURSOR) only the wp written ones,
+    #         which waits one scalar load but moves on average half the ring bytes ----
+    if RING_BY_CURSOR:
+        wp = tl.load(wp_ptr + slot, mask=valid, other=0)
+        rl = rl & (offs_l < wp)
+    rk_mask = _tile_mask(rl, km, K, BK)
+    ru_mask = _ring_mask(rl, vm, V, BV)           # the ring u tile [LP, BV]
     ru_base = ru_ptr + sh * L * V
     rk_base = rk_ptr + skh * L * K
     rg_base = rg_ptr + sh * L
@@ -117,7 +128,8 @@ def _gdn_decode_v2_row(
     rk_raw = tl.load(rk_base + offs_l[:, None] * K + offs_k[None, :], mask=rk_mask, other=0.0)
     rg_raw = tl.load(rg_base + offs_l, mask=rl, other=0.0)
     # ---- 3) cursor (one scalar) and this token's inputs ----
-    wp = tl.load(wp_ptr + slot, mask=valid, other=0)
+    if not RING_BY_CURSOR:
+        wp = tl.load(wp_ptr + slot, mask=valid, other=0)
     kt_raw = tl.load(k_ptr + row * sk_b + hk * sk_h + offs_k, mask=km, other=0.0)
     qt = tl.load(q_ptr + row * sq_b + hk * sq_h + offs_k, mask=km, other=0.0).to(tl.float32)
     vt_ = tl.load(v_ptr + row * sv_b + hv * sv_h + offs_v, mask=vm, other=0.0).to(tl.float32)
@@ -258,10 +270,12 @@ def split_default(ckpt_lo, rows: int) -> bool:
 
 def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,
                      use_qk_l2norm, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
-                     flush_config=None):
+                     flush_config=None, ring_by_cursor: bool | None = None):
     """q/k [b,Hk,K], v [b,HV,V], g/beta [b,HV], o [b,HV,V] (written). Inner strides 1.
     split: None = `split_default`; True = output-only launch (config) + flush launch (`resolve_flush_config`),
-    False = one fused launch (config)."""
+    False = one fused launch (config). ring_by_cursor: the fused / output-only launch reads the cursor before
+    the ring and never reads entries at or past it (kernel RING_BY_CURSOR);
+    None = `mamba2_replay.common.ring_by_cursor_default`."""
     slots, HV, V, K = ckpt.shape
     Hk = ring_k.shape[1]
     b = slot_ids.shape[0]
@@ -271,6 +285,8 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
                                           lambda block, warps: pick_fold(ckpt_lo, block, warps))
     if split is None:
         split = split_default(ckpt_lo, b * HV)
+    if ring_by_cursor is None:
+        ring_by_cursor = ring_by_cursor_default(b * HV)
     fbv, fnw, ffold, tpp = resolve_flush_config(flush_config, bv, nw, fold)
     if "bf16x3" in (fold, ffold if split else None):
         raise ValueError("config: fold 'bf16x3' is Mamba-2's (a bf16 B ring); the GDN kernel folds with "
@@ -294,10 +310,12 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
                 ROUND_OUT=interp and o.dtype == torch.bfloat16)
     grid = (HV * triton.cdiv(V, bv), b)
     if not split:
-        _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw, **extra)
+        _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw,
+                                           RING_BY_CURSOR=bool(ring_by_cursor), **extra)
         return o
     # the two launches touch disjoint rows (by cursor), so their order is free
-    _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw, **extra)
+    _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
+                                       RING_BY_CURSOR=bool(ring_by_cursor), **extra)
     _gdn_replay_decode_v2_kernel[(triton.cdiv(HV * triton.cdiv(V, fbv), tpp), b)](
         *args, **meta, BV=fbv, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
     return o

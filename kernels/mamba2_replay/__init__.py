@@ -67,7 +67,7 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
                          z=None, *, L: int, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None,
                          advance: bool = True, backend: str = "auto", config=None,
                          impl: str = "auto", split: bool | None = None, flush_config=None,
-                         row_wp=None) -> torch.Tensor:
+                         row_wp=None, ring_by_cursor: bool | None = None) -> torch.Tensor:
     """One decode step per row: x [b,H,P], dt [b,H] raw, B/C [b,G,N], z [b,H,P] or None,
     A/D/dt_bias [H], slot_ids [b] -> y [b,H,P] (x dtype), equal to eager ``mamba2_decode``
     (dt = softplus(dt + dt_bias); y = S.C + D x, times silu(z) when z is given).
@@ -95,7 +95,7 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
         return launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
                                 z, torch.empty_like(x), L=L, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
                                 ckpt_lo_scale=ckpt_lo_scale, config=config, split=split, flush_config=flush_config,
-                                row_wp=row_wp)
+                                row_wp=row_wp, ring_by_cursor=ring_by_cursor)
     from .triton_impl import MODE_DECODE, launch
     x, B, C, z = _inner(x), _inner(B), _inner(C), _inner(z)
     y = torch.empty_like(x)

@@ -141,3 +141,11 @@ def split_default(ckpt_lo, rows: int) -> bool:
     (plain 292 -> 319 µs). At batch 8 (1024 rows) the second launch made the step slower (15.5 vs 14.0 µs).
     So: a low-precision copy at rows = batch x heads >= 4096."""
     return ckpt_lo is not None and rows >= 4096
+
+
+def ring_by_cursor_default(rows: int) -> bool:
+    """Read the cursor before the ring, so a plain step reads the wp written ring entries instead of all L (on
+    average half the ring bytes), once rows = batch x heads fill the GPU and bytes bound the step; below that the
+    step is latency-bound and the dependent load costs more than the bytes it saves. Shared by the Mamba-2 and
+    GDN v2 decode kernels. PROVISIONAL threshold, to be set from the H200 sweep."""
+    return rows >= 1024

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _softplus, _tile_mask
-from .common import is_fp8, split_default
+from .common import is_fp8, ring_by_cursor_default, split_default
 
 _INTERP = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
@@ -132,6 +132,7 @@ def _mamba2_replay_decode_v2_kernel(
     HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
     ROUTE: tl.constexpr, TPP: tl.constexpr = 1, CURSOR_FIRST: tl.constexpr = False,
+    RING_BY_CURSOR: tl.constexpr = False,
     ROW_CURSOR: tl.constexpr = False,
 ):
     """ROUTE 0: every row (both routes, one kernel); 1: output-only rows only (a flushing row is left
@@ -156,7 +157,7 @@ def _mamba2_replay_decode_v2_kernel(
                                    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
                                    sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
                                    row, h, tile % NUM_T, h // HPG, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z,
-                                   CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE)
+                                   CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE, 0, False, False)
     else:
         row, h, pt, g = _head_tile(P, BP, HPG)
         slot, valid = _slot_of(sid_ptr, row)
@@ -170,13 +171,13 @@ def _mamba2_replay_decode_v2_kernel(
                                x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
                                sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
                                row, h, pt, g, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8,
-                               ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE)
+                               ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE, wp_first, True, RING_BY_CURSOR)
         else:
             _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
                            x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
                            sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
                            row, h, pt, g, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8,
-                           ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE)
+                           ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE, 0, False, RING_BY_CURSOR)
 
 
 @triton.jit
@@ -189,14 +190,15 @@ def _decode_v2_row(
     LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
-    ROUTE: tl.constexpr,
+    ROUTE: tl.constexpr, wp_known, HAS_WP: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
 ):
+    """One (row, head, P-tile). HAS_WP: the caller already loaded the row's cursor (wp_known; any value on a
+    padding row). RING_BY_CURSOR: the cursor is read right after the tile load is issued and ring entries at or
+    past it are never read (a plain step moves wp entries, not L)."""
     HPG: tl.constexpr = H // G
     # row masks from scalar limits; the N axis is masked only when N is not a power of two (as in eager)
     offs_p, offs_n, offs_l, pm, nm, rl = _limit_masks(pt, valid, P, BP, N, BN, L, LP)
     tile_mask = _tile_mask(pm, nm, N, BN)
-    rB_mask = _tile_mask(rl, nm, N, BN)
-    rx_mask = _ring_mask(rl, pm, P, BP)           # the ring x tile [LP, BP]
     st_off = offs_p[:, None] * N + offs_n[None, :]
     sh = slot * H + h                             # (slot, head)
     sg = slot * G + g                             # (slot, group)
@@ -211,7 +213,15 @@ def _decode_v2_row(
         S0 = tl.load(ck_ptr + sh * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
         if CK_FP8:
             S0 = S0 * tl.load(cks_ptr + sh * P + offs_p, mask=pm, other=0.0)[:, None]
-    # ---- 2) the whole ring, no cursor dependency ----
+    # ---- 2) the ring: all L entries with no cursor dependency, or (RING_BY_CURSOR) only the wp written ones ----
+    if HAS_WP:
+        wp = tl.where(valid, wp_known, 0)
+    elif RING_BY_CURSOR:
+        wp = tl.load(wp_ptr + slot, mask=valid, other=0)
+    if RING_BY_CURSOR:
+        rl = rl & (offs_l < wp)
+    rB_mask = _tile_mask(rl, nm, N, BN)
+    rx_mask = _ring_mask(rl, pm, P, BP)           # the ring x tile [LP, BP]
     rx_base = rx_ptr + sh * L * P
     rdt_base = rdt_ptr + sh * L
     rB_base = rB_ptr + sg * L * N
@@ -219,7 +229,8 @@ def _decode_v2_row(
     dtr_raw = tl.load(rdt_base + offs_l, mask=rl, other=0.0)
     rB_raw = tl.load(rB_base + offs_l[:, None] * N + offs_n[None, :], mask=rB_mask, other=0.0)
     # ---- 3) cursor (one scalar) and this token's inputs ----
-    wp = tl.load(wp_ptr + slot, mask=valid, other=0)
+    if not (HAS_WP or RING_BY_CURSOR):
+        wp = tl.load(wp_ptr + slot, mask=valid, other=0)
     xt_raw = tl.load(x_ptr + row * sx_b + h * sx_h + offs_p, mask=pm, other=0.0)
     v = tl.load(dt_ptr + row * sdt_b + h * sdt_h).to(tl.float32) + tl.load(bias_ptr + h).to(tl.float32)
     Bt_raw = tl.load(B_ptr + row * sB_b + g * sB_g + offs_n, mask=nm, other=0.0)
@@ -378,7 +389,7 @@ def resolve_flush_config(config, block: int, warps: int, fold: str, tpp: int = 1
 
 def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
                      L, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
-                     flush_config=None, cursor_first: bool = False, row_wp=None):
+                     flush_config=None, cursor_first: bool = False, row_wp=None, ring_by_cursor: bool | None = None):
     """x [b,H,P], dt [b,H], B/C [b,G,N], z [b,H,P] or None, y [b,H,P] (written). Inner strides 1.
     split: None = `split_default`; True = output-only launch (config) + flush launch (`resolve_flush_config`,
     twice config's warps by default),
@@ -388,7 +399,8 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     a split step's output-only launch then reads each row's cursor beside its slot id, so a flushing row reads
     nothing and the others wait no longer than before (kernel CURSOR_FIRST + ROW_CURSOR); a fused step
     ignores it. H200, batch 256, dual_bf16: the flush step's output-only launch 162 -> 25 µs, a plain step's
-    unchanged (166 µs; bench_replay_flush, 2026-11-30)."""
+    unchanged (166 µs; bench_replay_flush, 2026-11-30). ring_by_cursor: the fused / output-only launch reads only
+    the ring entries below the cursor (kernel RING_BY_CURSOR); None = `common.ring_by_cursor_default`."""
     slots, H, P, N = ckpt.shape
     G = ring_B.shape[1]
     b = slot_ids.shape[0]
@@ -398,6 +410,8 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
                                           lambda block, _: pick_fold(ckpt_lo, block, ring_B))
     if split is None:
         split = split_default(ckpt_lo, b * H)
+    if ring_by_cursor is None:
+        ring_by_cursor = ring_by_cursor_default(b * H)
     # default flush launch: twice the warps (the flush holds S and the ring fold; dual [64, N] on 2 warps spills)
     # 8 tiles per program: with the per-row cursor the flush step 761 vs 798 µs at 16, plain 177.0 vs 178.4 µs
     # (H200, batch 256, dual_bf16, bench_replay_flush --flush-sweep 2026-11-30 09:22 UTC)
@@ -425,12 +439,13 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     regs = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
     grid = (H * triton.cdiv(P, bp), b)
     if not split:
-        _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw, **regs)
+        _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw,
+                                              RING_BY_CURSOR=bool(ring_by_cursor), **regs)
         return y
     # the two launches touch disjoint rows (by cursor), so their order is free
     _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
                                           CURSOR_FIRST=cursor_first or row_wp is not None,
-                                          ROW_CURSOR=row_wp is not None, **regs)
+                                          ROW_CURSOR=row_wp is not None, RING_BY_CURSOR=bool(ring_by_cursor), **regs)
     _mamba2_replay_decode_v2_kernel[(triton.cdiv(H * triton.cdiv(P, fbp), tpp), b)](
         *args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
     return y
