@@ -38,9 +38,9 @@ ACT = torch.bfloat16
 E = 2  # bytes per activation element
 TARGETS = {("mamba2", "replay_fp32"): 1.75, ("mamba2", "replay_dual_bf16"): 2.5,
            ("mamba2", "replay_fp32_v2"): 1.75, ("mamba2", "replay_dual_bf16_v2"): 2.5,
-           ("mamba2", "replay_dual_bf16_v2_row"): 2.5, ("mamba2", "replay_fp32_v2_row"): 1.75,
+           ("mamba2", "replay_dual_bf16_v2_row"): 2.5,
            ("gdn", "replay_fp32_adjoint"): 1.6, ("gdn", "replay_fp32_state"): 1.6,
-           ("gdn", "replay_fp32_adjoint_v2"): 1.6, ("gdn", "replay_fp32_adjoint_v2_row"): 1.6}
+           ("gdn", "replay_fp32_adjoint_v2"): 1.6}
 # Launch configs swept for the engine's kernels (the v2 decode kernels; the v1 kernels' sweeps of
 # 2026-11-30 are recorded in their pick_config docstrings).
 # v2 (BLOCK_P, warps, flush fold)
@@ -166,15 +166,10 @@ class GDNCase(_Case):
             return gdn_decode(self.state, s["q"], s["k"], s["v"], s["g"], s["beta"], s["slot_ids"],
                               backend="triton")
         from synodic.kernels.gdn_replay import gdn_replay_decode
-        if "_v2" in self.variant:
-            c = self._cursor_cache(r)
-            # "_row": the engine's per-step cursor gather (one for every layer) charged to this one layer
-            row_wp = (c["write_pos"].index_select(0, s["slot_ids"].clamp(min=0)) if self.variant.endswith("_row")
-                      else None)
-            return gdn_replay_decode(**c, q=s["q"], k=s["k"], v=s["v"],
+        if self.variant.endswith("_v2"):
+            return gdn_replay_decode(**self._cursor_cache(r), q=s["q"], k=s["k"], v=s["v"],
                                      g=s["g"], beta=s["beta"], slot_ids=s["slot_ids"], L=self.L, advance=False,
-                                     backend="triton", config=self.config, impl="v2", ring_by_cursor=self.ring,
-                                     row_wp=row_wp)
+                                     backend="triton", config=self.config, impl="v2", ring_by_cursor=self.ring)
         return gdn_replay_decode(**self.c, q=s["q"], k=s["k"], v=s["v"], g=s["g"], beta=s["beta"],
                                  slot_ids=s["slot_ids"], L=self.L, route=self.route, backend="triton",
                                  config=self.config)
@@ -324,11 +319,10 @@ def main(argv=None):
     ops = []
     if "mamba2" in args.ops:
         ops.append((MambaCase, ["eager", "replay_fp32", "replay_dual_bf16", "replay_fp32_v2", "replay_dual_bf16_v2",
-                                "replay_fp32_v2_row", "replay_dual_bf16_v2_row"], V2_SWEEP))
+                                "replay_dual_bf16_v2_row"], V2_SWEEP))
     if "gdn" in args.ops:
         ops.append((GDNCase, ["eager", "replay_fp32_adjoint", "replay_fp32_state", "replay_dual_bf16_adjoint",
-                              "replay_fp32_adjoint_v2", "replay_dual_bf16_adjoint_v2", "replay_fp32_adjoint_v2_row",
-                              "replay_dual_bf16_adjoint_v2_row"], G_V2_SWEEP))
+                              "replay_fp32_adjoint_v2", "replay_dual_bf16_adjoint_v2"], G_V2_SWEEP))
     res = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                command="python -m synodic.kernels.bench_replay " + " ".join(argv if argv is not None
                                                                           else sys.argv[1:]),
@@ -409,8 +403,8 @@ def _write(res, path):
         print("\n| op | variant | batch | (block, heads/prog, warps, maxnreg) | µs | speedup |")
         print("|---|---|---|---|---|---|")
         for s in res["sweep"]:
-            what = tuple(s["config"]) if "config" in s else f"ring_by_cursor={s['ring_by_cursor']}"
-            print(f"| {s['op']} | {s['variant']} | {s['batch']} | {what} | {s['us']:.1f} | {s['speedup']:.2f} |")
+            print(f"| {s['op']} | {s['variant']} | {s['batch']} | {tuple(s['config'])} | {s['us']:.1f} | "
+                  f"{s['speedup']:.2f} |")
     print()
     print(res["table_md"])
     with open(path, "w") as f:

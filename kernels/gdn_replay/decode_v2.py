@@ -38,22 +38,21 @@ from ..mamba2_replay.triton_v2 import FOLDS, _store_tile, decode_config, resolve
 def _gdn_replay_decode_v2_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     ru_ptr, rk_ptr, rg_ptr, wp_ptr,
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, sid_ptr, rwp_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, sid_ptr,
     sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
     HV: tl.constexpr, Hk: tl.constexpr, V: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
     LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, USE_L2: tl.constexpr,
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
     ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr, TPP: tl.constexpr = 1,
-    RING_BY_CURSOR: tl.constexpr = False, ROW_CURSOR: tl.constexpr = False,
+    RING_BY_CURSOR: tl.constexpr = False,
 ):
     """ROUTE 0: every row (both routes, one kernel); 1: output-only rows only (a flushing row is left
     alone: no output, no append); 2: flushing rows only, TPP (value head, V-tile)s per program, grid
     (cdiv(HV * V-tiles, TPP), batch): the cursor is read first and a program of a non-flushing row exits
-    (as in ``mamba2_replay.triton_v2``). RING_BY_CURSOR (routes 0, 1): ring entries at or past the cursor are
-    never read (a plain step reads wp entries, not L). ROW_CURSOR: the cursor comes from rwp_ptr[row], the
-    caller's write_pos[slot_ids] gathered once per step, loaded beside the slot id. Route 1 with either reads
-    the cursor first and skips a flushing row before its tile."""
+    (as in ``mamba2_replay.triton_v2``). RING_BY_CURSOR (routes 0, 1): the cursor is read right after the
+    checkpoint tile is issued and ring entries at or past it are never read (a plain step reads wp entries,
+    not L); route 1 then also skips a flushing row before its tile."""
     REP: tl.constexpr = HV // Hk
     if ROUTE == 2:
         NUM_T: tl.constexpr = (V + BV - 1) // BV
@@ -69,28 +68,19 @@ def _gdn_replay_decode_v2_kernel(
                                        sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h,
                                        scale, row, hv, tile % NUM_T, hv // REP, slot, valid, HV, Hk, V, K, L, LP,
                                        BV, BK, USE_L2, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU,
-                                       ROUND_RK, ROUND_OUT, FOLD, ROUTE, 0, False, False)
+                                       ROUND_RK, ROUND_OUT, FOLD, ROUTE, False)
     else:
         row, hv, vt, hk = _head_tile(V, BV, REP)
         slot, valid = _slot_of(sid_ptr, row)
-        wp_first = 0
-        known = False
-        if ROW_CURSOR:  # the caller's per-row copy: loaded beside the slot id, not after it
-            wp_first = tl.load(rwp_ptr + row)
-            known = True
-        elif ROUTE == 1 and RING_BY_CURSOR:
-            wp_first = tl.load(wp_ptr + slot, mask=valid, other=0)
-            known = True
         run = True
-        if ROUTE == 1 and known:  # padding rows run (they write zeros)
-            run = tl.where(valid, wp_first, 0) < L - 1
+        if ROUTE == 1 and RING_BY_CURSOR:  # padding rows run (they write zeros)
+            run = tl.where(valid, tl.load(wp_ptr + slot, mask=valid, other=0), 0) < L - 1
         if run:
             _gdn_decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
                                q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
                                sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
                                row, hv, vt, hk, slot, valid, HV, Hk, V, K, L, LP, BV, BK, USE_L2, CK_FP8, HAS_LO,
-                               LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU, ROUND_RK, ROUND_OUT, FOLD, ROUTE, wp_first, known,
-                               RING_BY_CURSOR)
+                               LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU, ROUND_RK, ROUND_OUT, FOLD, ROUTE, RING_BY_CURSOR)
 
 
 @triton.jit
@@ -103,11 +93,8 @@ def _gdn_decode_v2_row(
     LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, USE_L2: tl.constexpr,
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
-    ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr, wp_known, HAS_WP: tl.constexpr,
-    RING_BY_CURSOR: tl.constexpr,
+    ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
 ):
-    """One (row, value head, V-tile). HAS_WP: the caller already loaded the row's cursor (wp_known; any value
-    on a padding row)."""
     REP: tl.constexpr = HV // Hk
 
     # masks from scalar limits; the K axis is masked only when K is not a power of two
@@ -129,11 +116,8 @@ def _gdn_decode_v2_row(
             S0 = S0 * tl.load(cks_ptr + sh * V + offs_v, mask=vm, other=0.0)[:, None]
     # ---- 2) the ring: all L entries with no cursor dependency, or (RING_BY_CURSOR) only the wp written ones,
     #         which waits one scalar load but moves on average half the ring bytes ----
-    if HAS_WP:
-        wp = tl.where(valid, wp_known, 0)
-    elif RING_BY_CURSOR:
-        wp = tl.load(wp_ptr + slot, mask=valid, other=0)
     if RING_BY_CURSOR:
+        wp = tl.load(wp_ptr + slot, mask=valid, other=0)
         rl = rl & (offs_l < wp)
     rk_mask = _tile_mask(rl, km, K, BK)
     ru_mask = _ring_mask(rl, vm, V, BV)           # the ring u tile [LP, BV]
@@ -144,7 +128,7 @@ def _gdn_decode_v2_row(
     rk_raw = tl.load(rk_base + offs_l[:, None] * K + offs_k[None, :], mask=rk_mask, other=0.0)
     rg_raw = tl.load(rg_base + offs_l, mask=rl, other=0.0)
     # ---- 3) cursor (one scalar) and this token's inputs ----
-    if not (HAS_WP or RING_BY_CURSOR):
+    if not RING_BY_CURSOR:
         wp = tl.load(wp_ptr + slot, mask=valid, other=0)
     kt_raw = tl.load(k_ptr + row * sk_b + hk * sk_h + offs_k, mask=km, other=0.0)
     qt = tl.load(q_ptr + row * sq_b + hk * sq_h + offs_k, mask=km, other=0.0).to(tl.float32)
@@ -286,13 +270,12 @@ def split_default(ckpt_lo, rows: int) -> bool:
 
 def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,
                      use_qk_l2norm, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
-                     flush_config=None, ring_by_cursor: bool | None = None, row_wp=None):
+                     flush_config=None, ring_by_cursor: bool | None = None):
     """q/k [b,Hk,K], v [b,HV,V], g/beta [b,HV], o [b,HV,V] (written). Inner strides 1.
     split: None = `split_default`; True = output-only launch (config) + flush launch (`resolve_flush_config`),
     False = one fused launch (config). ring_by_cursor: the fused / output-only launch reads the cursor before
     the ring and never reads entries at or past it (kernel RING_BY_CURSOR);
-    None = `mamba2_replay.common.ring_by_cursor_default`. row_wp (int32 [b], optional): write_pos[slot_ids]
-    gathered by the caller once per step (padding rows any value), read beside the slot id (kernel ROW_CURSOR)."""
+    None = `mamba2_replay.common.ring_by_cursor_default`."""
     slots, HV, V, K = ckpt.shape
     Hk = ring_k.shape[1]
     b = slot_ids.shape[0]
@@ -303,10 +286,7 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     if split is None:
         split = split_default(ckpt_lo, b * HV)
     if ring_by_cursor is None:
-        ring_by_cursor = ring_by_cursor_default(split, row_wp is not None)
-    if row_wp is not None and not (row_wp.dtype == torch.int32 and tuple(row_wp.shape) == (b,)):
-        raise ValueError(f"row_wp: expected int32 [{b}] (write_pos[slot_ids]), got {row_wp.dtype} "
-                         f"{tuple(row_wp.shape)}")
+        ring_by_cursor = ring_by_cursor_default(b * HV)
     fbv, fnw, ffold, tpp = resolve_flush_config(flush_config, bv, nw, fold)
     if "bf16x3" in (fold, ffold if split else None):
         raise ValueError("config: fold 'bf16x3' is Mamba-2's (a bf16 B ring); the GDN kernel folds with "
@@ -318,7 +298,6 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     args = (ckpt, ckpt_scale if ckpt_scale is not None else dummy,
             ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
             ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, o, slot_ids,
-            row_wp if row_wp is not None else slot_ids,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), o.stride(0), o.stride(1),
             float(K ** -0.5 if scale is None else scale))
@@ -332,12 +311,11 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     grid = (HV * triton.cdiv(V, bv), b)
     if not split:
         _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw,
-                                           RING_BY_CURSOR=bool(ring_by_cursor), ROW_CURSOR=row_wp is not None,
-                                           **extra)
+                                           RING_BY_CURSOR=bool(ring_by_cursor), **extra)
         return o
     # the two launches touch disjoint rows (by cursor), so their order is free
     _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
-                                       RING_BY_CURSOR=bool(ring_by_cursor), ROW_CURSOR=row_wp is not None, **extra)
+                                       RING_BY_CURSOR=bool(ring_by_cursor), **extra)
     _gdn_replay_decode_v2_kernel[(triton.cdiv(HV * triton.cdiv(V, fbv), tpp), b)](
         *args, **meta, BV=fbv, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
     return o

@@ -143,11 +143,9 @@ def split_default(ckpt_lo, rows: int) -> bool:
     return ckpt_lo is not None and rows >= 4096
 
 
-def ring_by_cursor_default(split: bool, row_cursor: bool) -> bool:
-    """Whether a v2 decode launch reads only the ring entries below the cursor (on average half the ring bytes of a
-    plain step) instead of all L with no cursor dependency. Shared by the Mamba-2 and GDN v2 decode kernels. H200,
-    bench_replay --ring-sweep 2026-11-30 10:33 UTC, batch 256, full L = 16 cycles in CUDA graphs: the split dual
-    step (output-only launch) Mamba-2 208.0 -> 200.2 µs, GDN 146.1 -> 136.9 µs; the fused fp32 step, whose cursor
-    load then sits between the slot id and the ring loads, Mamba-2 291.7 -> 318.4 µs, GDN 173.2 -> 194.8 µs. So on
-    for an output-only launch and wherever the caller's per-row cursor (row_wp) is known as early as the slot id."""
-    return split or row_cursor
+def ring_by_cursor_default(rows: int) -> bool:
+    """Read the cursor before the ring, so a plain step reads the wp written ring entries instead of all L (on
+    average half the ring bytes), once rows = batch x heads fill the GPU and bytes bound the step; below that the
+    step is latency-bound and the dependent load costs more than the bytes it saves. Shared by the Mamba-2 and
+    GDN v2 decode kernels. PROVISIONAL threshold, to be set from the H200 sweep."""
+    return rows >= 1024

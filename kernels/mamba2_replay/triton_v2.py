@@ -172,12 +172,6 @@ def _mamba2_replay_decode_v2_kernel(
                                sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
                                row, h, pt, g, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8,
                                ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE, wp_first, True, RING_BY_CURSOR)
-        elif ROW_CURSOR:  # the caller's per-row cursor, known as early as the slot id (ring reads need not wait)
-            _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
-                           x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
-                           sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
-                           row, h, pt, g, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8,
-                           ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE, tl.load(rwp_ptr + row), True, RING_BY_CURSOR)
         else:
             _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
                            x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
@@ -417,7 +411,7 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     if split is None:
         split = split_default(ckpt_lo, b * H)
     if ring_by_cursor is None:
-        ring_by_cursor = ring_by_cursor_default(split, row_wp is not None)
+        ring_by_cursor = ring_by_cursor_default(b * H)
     # default flush launch: twice the warps (the flush holds S and the ring fold; dual [64, N] on 2 warps spills)
     # 8 tiles per program: with the per-row cursor the flush step 761 vs 798 µs at 16, plain 177.0 vs 178.4 µs
     # (H200, batch 256, dual_bf16, bench_replay_flush --flush-sweep 2026-11-30 09:22 UTC)
@@ -446,8 +440,7 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     grid = (H * triton.cdiv(P, bp), b)
     if not split:
         _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw,
-                                              ROW_CURSOR=row_wp is not None, RING_BY_CURSOR=bool(ring_by_cursor),
-                                              **regs)
+                                              RING_BY_CURSOR=bool(ring_by_cursor), **regs)
         return y
     # the two launches touch disjoint rows (by cursor), so their order is free
     _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,

@@ -12,7 +12,7 @@ from synodic.kernels.mamba2_replay import (
     replay_commit,
     replay_flush_reset,
 )
-from synodic.kernels.mamba2_replay.common import store_state
+from synodic.kernels.mamba2_replay.common import split_default, store_state
 
 from .base import StateBackendBase
 
@@ -56,11 +56,12 @@ class ReplayStateBackend(StateBackendBase):
         self.host_wp[slot] = 0
 
     def begin_step(self) -> None:
-        # every row's cursor gathered once per decode step for all SSM layers: each layer's kernel then reads
-        # its row's cursor beside the slot id, so it reads only the ring entries below the cursor (half the ring
-        # bytes on average) and a split step's output-only launch skips flushing rows, with no dependent cursor
-        # load (kernels row_wp / ring_by_cursor)
-        self.row_wp = self.write_pos.index_select(0, self.slot_ids.clamp(min=0))
+        # every row's cursor gathered once for all Mamba-2 layers of the step: a split step's output-only launch
+        # then skips flushing rows without a dependent cursor read (kernels/mamba2_replay row_wp); only when a
+        # layer's step splits (a fused step ignores it)
+        b = self.slot_ids.shape[0]
+        if any(hasattr(m, "P") and split_default(c.get("ckpt_lo"), b * m.H) for m, c in zip(self.layers, self.cache)):
+            self.row_wp = self.write_pos.index_select(0, self.slot_ids.clamp(min=0))
 
     def mamba2_step(self, i, x, dt, A, B, C, D, dt_bias):
         return mamba2_replay_decode(**self.cache[i], x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias,
@@ -69,8 +70,7 @@ class ReplayStateBackend(StateBackendBase):
 
     def gdn_step(self, i, q, k, v, g, beta):
         return gdn_replay_decode(**self.cache[i], q=q, k=k, v=v, g=g, beta=beta, slot_ids=self.slot_ids,
-                                 L=self.L, route=self.route, advance=False, backend=self.kernel,
-                                 row_wp=self.row_wp if self.route == "adjoint" else None)
+                                 L=self.L, route=self.route, advance=False, backend=self.kernel)
 
     def end_step(self) -> None:
         replay_advance(self.write_pos, self.slot_ids, L=self.L)

@@ -39,24 +39,17 @@ def inputs(gen, b, HV, Hk, V, K, dtype=torch.float32):
 def v2_step(c, step, config, split=None, ring_by_cursor=None, **kw):
     """Even steps through the public dispatch, odd steps straight into the launcher with a
     NaN-poisoned output buffer (every element, padding rows included, must be written).
-    split: None / False / True, or a flush launch config (split=True with that config); "row" (fused) /
-    "split_row" (split): with the per-row cursor write_pos[slot_ids] (padding rows garbage)."""
+    split: None / False / True, or a flush launch config (split=True with that config)."""
     flush = split if isinstance(split, tuple) else None
-    row_wp = None
-    if split in ("row", "split_row"):
-        sid = kw["slot_ids"]
-        row_wp = torch.where(sid >= 0, c["write_pos"][sid.clamp(min=0).long()], 7).to(torch.int32)
-        split = split == "split_row"
     split = True if flush else split
     if step % 2 == 0:
         return gdn_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="v2", config=config,
-                                 split=split, flush_config=flush, ring_by_cursor=ring_by_cursor, row_wp=row_wp)
+                                 split=split, flush_config=flush, ring_by_cursor=ring_by_cursor)
     o = torch.full_like(kw["v"], float("nan"))
     launch_decode_v2(c["ckpt"], c["ring_u"], c["ring_k"], c["ring_g"], c["write_pos"], kw["q"], kw["k"], kw["v"],
                      kw["g"], kw["beta"], kw["slot_ids"], o, L=L, scale=None, use_qk_l2norm=True,
                      ckpt_scale=c.get("ckpt_scale"), ckpt_lo=c.get("ckpt_lo"), ckpt_lo_scale=c.get("ckpt_lo_scale"),
-                     config=config, split=split, flush_config=flush, ring_by_cursor=ring_by_cursor,
-                     row_wp=row_wp)
+                     config=config, split=split, flush_config=flush, ring_by_cursor=ring_by_cursor)
     return o
 
 
@@ -64,8 +57,6 @@ CASES = [  # (HV, Hk, V, K, mode, config (BLOCK_V, warps[, fold]) or None = pick
     (6, 3, 5, 7, "fp32", (4, 2), False),          # two V-tiles, the second partial; K masked
     (6, 3, 5, 7, "fp32", (4, 2), False, True),    # the ring read only below the cursor (poisoned entries unread)
     (4, 2, 8, 16, "dual_bf16", (8, 1, "dot"), True, True),  # output-only launch: flushing rows skipped first
-    (6, 3, 5, 7, "fp32", (4, 2), "row"),          # fused, the per-row cursor (ring read below it by default)
-    (4, 2, 8, 16, "dual_bf16", (8, 1, "dot"), "split_row"),
     (4, 2, 8, 16, "fp32", (8, 1), False),         # V a multiple of BLOCK_V, K a power of two (unmasked loads)
     (6, 3, 5, 7, "dual_bf16", None, False),
     (3, 1, 5, 7, "dual_fp8", (4, 2), False),      # per-row fp8 scales written by two V-tiles; 3 value heads / key head
@@ -127,8 +118,7 @@ def test_v2_matches_eager_fp32(device):
     assert c["write_pos"].tolist() == [2, 2, 0, 2]
 
 
-@pytest.mark.parametrize("split,ring_by_cursor", [(False, False), (True, False), (False, True), (True, True),
-                                                  ("row", None), ("split_row", None)])
+@pytest.mark.parametrize("split,ring_by_cursor", [(False, False), (True, False), (False, True), (True, True)])
 def test_v2_full_ring_and_cursor_at_L(split, ring_by_cursor, device):
     """Cursor at L (a verify committed a full window): the step flushes all L entries + this token;
     at L-1 it flushes too; bf16 ring / activations."""

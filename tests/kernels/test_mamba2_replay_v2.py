@@ -50,18 +50,15 @@ def v2_step(c, step, config, split=None, **kw):
     (split=True, the output-only launch reading the cursor first; launcher steps only); a "_ring" suffix
     (or "ring" alone: one fused launch) reads only the ring entries below the cursor."""
     flush = split if isinstance(split, tuple) else None
-    ring = None  # the launcher's default (on for a split step or a per-row cursor)
-    if split == "split_noring":
-        ring, split = False, True
-    elif isinstance(split, str) and split.endswith("ring"):
-        ring, split = True, False if split == "ring" else split[:-len("_ring")]
+    ring = isinstance(split, str) and split.endswith("ring")
+    if ring:
+        split = False if split == "ring" else split[:-len("_ring")]
     first = split == "cursor_first"
     row_wp = None
-    if split in ("row_cursor", "fused_row"):  # the launch reads write_pos[slot_ids] gathered per step
+    if split == "row_cursor":  # the output-only launch reads write_pos[slot_ids] gathered per step
         sid = kw["slot_ids"]
-        row_wp = torch.where(sid >= 0, c["write_pos"][sid.clamp(min=0).long()], 7).to(torch.int32)
-        split = split == "row_cursor"
-    split = True if (flush or first) else split
+        row_wp = torch.where(sid >= 0, c["write_pos"][sid.clamp(min=0).long()], 0).to(torch.int32)
+    split = True if (flush or first or row_wp is not None) else split
     if step % 2 == 0:
         return mamba2_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="v2", config=config,
                                     split=split, flush_config=flush, row_wp=row_wp, ring_by_cursor=ring)
@@ -92,8 +89,6 @@ CASES = [  # (H, G, P, N, mode, config (BLOCK_P, warps[, fold]) or None = the ea
     (3, 1, 5, 7, "fp32", (4, 4, "serial"), "ring"),            # the ring read only below the cursor
     (6, 3, 8, 16, "dual_bf16", None, "row_cursor_ring"),
     (3, 1, 5, 7, "dual_bf16", (4, 2, "tf32x3"), "cursor_first_ring"),
-    (6, 3, 12, 16, "fp32", (8, 4), "fused_row"),               # fused step with the per-row cursor
-    (6, 3, 12, 16, "fp32", (8, 4), "split_noring"),            # split, whole ring read (ring_by_cursor off)
 ]
 
 
