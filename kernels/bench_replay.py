@@ -403,8 +403,8 @@ def _write(res, path):
         print("\n| op | variant | batch | (block, heads/prog, warps, maxnreg) | µs | speedup |")
         print("|---|---|---|---|---|---|")
         for s in res["sweep"]:
-            print(f"| {s['op']} | {s['variant']} | {s['batch']} | {tuple(s['config'])} | {s['us']:.1f} | "
-                  f"{s['speedup']:.2f} |")
+            what = tuple(s["config"]) if "config" in s else f"ring_by_cursor={s['ring_by_cursor']}"
+            print(f"| {s['op']} | {s['variant']} | {s['batch']} | {what} | {s['us']:.1f} | {s['speedup']:.2f} |")
     print()
     print(res["table_md"])
     with open(path, "w") as f:

@@ -286,7 +286,7 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     if split is None:
         split = split_default(ckpt_lo, b * HV)
     if ring_by_cursor is None:
-        ring_by_cursor = ring_by_cursor_default(b * HV)
+        ring_by_cursor = ring_by_cursor_default(split)
     fbv, fnw, ffold, tpp = resolve_flush_config(flush_config, bv, nw, fold)
     if "bf16x3" in (fold, ffold if split else None):
         raise ValueError("config: fold 'bf16x3' is Mamba-2's (a bf16 B ring); the GDN kernel folds with "

@@ -143,9 +143,13 @@ def split_default(ckpt_lo, rows: int) -> bool:
     return ckpt_lo is not None and rows >= 4096
 
 
-def ring_by_cursor_default(rows: int) -> bool:
-    """Read the cursor before the ring, so a plain step reads the wp written ring entries instead of all L (on
-    average half the ring bytes), once rows = batch x heads fill the GPU and bytes bound the step; below that the
-    step is latency-bound and the dependent load costs more than the bytes it saves. Shared by the Mamba-2 and
-    GDN v2 decode kernels. PROVISIONAL threshold, to be set from the H200 sweep."""
-    return rows >= 1024
+def ring_by_cursor_default(split: bool) -> bool:
+    """Whether a v2 decode launch reads only the ring entries below the cursor (a plain step then moves wp entries,
+    on average half the ring bytes) instead of all L with no cursor dependency. Shared by the Mamba-2 and GDN v2
+    decode kernels. H200, bench_replay --ring-sweep, full L = 16 cycles in CUDA graphs, batch 256 (2026-11-30 10:33
+    and 10:45 UTC): the split dual step's output-only launch, Mamba-2 208.0 / 209.2 -> 200.2 / 201.4 µs, GDN 146.1
+    -> 136.9 µs; the fused fp32 step, whose cursor load then sits between the slot id and the ring loads, Mamba-2
+    291.7 / 294.3 -> 318.4 / 318.6 µs, GDN 173.2 -> 194.8 µs (with the cursor gathered per row before the step,
+    loaded beside the slot id, Mamba-2 fp32 still 298.9 -> 312.1 µs); fused at batch 1-32: equal or slower. So on
+    for the output-only launch of a split step only."""
+    return split

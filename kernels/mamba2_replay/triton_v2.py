@@ -411,7 +411,7 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     if split is None:
         split = split_default(ckpt_lo, b * H)
     if ring_by_cursor is None:
-        ring_by_cursor = ring_by_cursor_default(b * H)
+        ring_by_cursor = ring_by_cursor_default(split)
     # default flush launch: twice the warps (the flush holds S and the ring fold; dual [64, N] on 2 warps spills)
     # 8 tiles per program: with the per-row cursor the flush step 761 vs 798 µs at 16, plain 177.0 vs 178.4 µs
     # (H200, batch 256, dual_bf16, bench_replay_flush --flush-sweep 2026-11-30 09:22 UTC)

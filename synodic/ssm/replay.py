@@ -12,7 +12,7 @@ from synodic.kernels.mamba2_replay import (
     replay_commit,
     replay_flush_reset,
 )
-from synodic.kernels.mamba2_replay.common import split_default, store_state
+from synodic.kernels.mamba2_replay.common import store_state
 
 from .base import StateBackendBase
 
@@ -33,7 +33,6 @@ class ReplayStateBackend(StateBackendBase):
         ck, lo = PRECISIONS[cfg.precision]
         dtype = next(model.parameters()).dtype
         self.write_pos = torch.zeros(max_slots, dtype=torch.int32, device=device)
-        self.row_wp = None  # write_pos[slot_ids], per decode step (begin_step)
         self.host_wp = [0] * max_slots  # mirror of write_pos for the byte ledger (no device reads)
         self.cache = []
         for m in self.layers:
@@ -55,18 +54,9 @@ class ReplayStateBackend(StateBackendBase):
         self.write_pos[slot] = 0
         self.host_wp[slot] = 0
 
-    def begin_step(self) -> None:
-        # every row's cursor gathered once for all Mamba-2 layers of the step: a split step's output-only launch
-        # then skips flushing rows without a dependent cursor read (kernels/mamba2_replay row_wp); only when a
-        # layer's step splits (a fused step ignores it)
-        b = self.slot_ids.shape[0]
-        if any(hasattr(m, "P") and split_default(c.get("ckpt_lo"), b * m.H) for m, c in zip(self.layers, self.cache)):
-            self.row_wp = self.write_pos.index_select(0, self.slot_ids.clamp(min=0))
-
     def mamba2_step(self, i, x, dt, A, B, C, D, dt_bias):
         return mamba2_replay_decode(**self.cache[i], x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias,
-                                    slot_ids=self.slot_ids, L=self.L, advance=False, backend=self.kernel,
-                                    row_wp=self.row_wp)
+                                    slot_ids=self.slot_ids, L=self.L, advance=False, backend=self.kernel)
 
     def gdn_step(self, i, q, k, v, g, beta):
         return gdn_replay_decode(**self.cache[i], q=q, k=k, v=v, g=g, beta=beta, slot_ids=self.slot_ids,
@@ -74,7 +64,6 @@ class ReplayStateBackend(StateBackendBase):
 
     def end_step(self) -> None:
         replay_advance(self.write_pos, self.slot_ids, L=self.L)
-        self.row_wp = None  # stale once the cursors moved
 
     # -- speculative window: flush early so the window never straddles a flush, verify without
     #    writing any state, commit by moving the cursor --------------------------------------------
