@@ -9,8 +9,8 @@ from synodic.graph import build_graph
 PROMPTS = [[5, 9, 200, 31, 7], [100, 3], [42] * 9]
 
 
-def _serve(overrides, max_tokens):
-    cfg = compose(["runtime.device=cpu", *overrides])
+def _serve(overrides, max_tokens, device="cpu"):
+    cfg = compose([f"runtime.device={device}", *overrides])
     graph = build_graph(cfg, max_seq_len=80)
     reqs = [Request(i, p, SamplingParams(max_tokens=max_tokens)) for i, p in enumerate(PROMPTS)]
     eng = Engine(graph)
@@ -43,8 +43,11 @@ def test_split_step_matches_fused(monkeypatch):
     few rows for the split by default, so the rule is forced on."""
     from synodic.kernels.mamba2_replay import triton_v2
 
+    import torch
+
     over = ["model=tiny_mamba2", "ssm=replay", "ssm.precision=dual_bf16", "ssm.kernel=triton", "ssm.ring_len=4"]
-    _, fused = _serve(over, 12)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # Triton kernels: the GPU, else the interpreter
+    _, fused = _serve(over, 12, dev)
     launches = []
     kernel = triton_v2._mamba2_replay_decode_v2_kernel
 
@@ -57,6 +60,6 @@ def test_split_step_matches_fused(monkeypatch):
 
     monkeypatch.setattr(triton_v2, "split_default", lambda ckpt_lo, rows: ckpt_lo is not None)
     monkeypatch.setattr(triton_v2, "_mamba2_replay_decode_v2_kernel", Spy())
-    _, split = _serve(over, 12)
+    _, split = _serve(over, 12, dev)
     assert (1, True) in launches and (2, False) in launches and all(r != 0 for r, _ in launches)
     assert [r.output_ids for r in split] == [r.output_ids for r in fused]
