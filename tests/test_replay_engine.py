@@ -41,9 +41,8 @@ def test_split_step_matches_fused(monkeypatch):
     """The engine's split dual-precision step (output-only launch reading the ring only below the cursor and
     skipping flushing rows, then the flush launch) gives the fused kernel's greedy tokens; the tiny model has too
     few rows for the split by default, so the rule is forced on."""
-    from synodic.kernels.mamba2_replay import triton_v2
-
     import torch
+    from synodic.kernels.mamba2_replay import triton_v2
 
     over = ["model=tiny_mamba2", "ssm=replay", "ssm.precision=dual_bf16", "ssm.kernel=triton", "ssm.ring_len=4"]
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # Triton kernels: the GPU, else the interpreter
