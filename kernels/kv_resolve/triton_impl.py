@@ -24,12 +24,47 @@ def _resolve_kernel(
     sel_ptr, sel_n, rows_ptr, pos_ptr,
     res_ptr, res_s, hot_tab_ptr, hot_tab_s, hot_pos_ptr, hot_pos_s, lru_ptr, lru_s,
     idx_tab_ptr, idx_tab_s, sof_ptr, src_tab_ptr, src_tab_s, src_ptr, dev_ptr,
-    ids_ptr, ids_n, nmiss_ptr, vict_ptr, plan_ptr, mark_ptr, mark_s,
+    ids_ptr, ids_n, nmiss_ptr, vict_ptr, plan_ptr, mark_ptr, mark_s, stage_ptr, cnt_ptr,
     K, B, W, bs, fast_limit,
     HAS_RES: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_B: tl.constexpr,
-    COPY_J: tl.constexpr, BLOCK_W: tl.constexpr, FUSED_COPY: tl.constexpr,
+    COPY_J: tl.constexpr, BLOCK_W: tl.constexpr, FUSED_COPY: tl.constexpr, STAGE: tl.constexpr = 0,
 ):
-    n = tl.program_id(0).to(tl.int64)
+    """Grid (N,), or with STAGE = the number of staging programs per request, (STAGE + 1, N): programs
+    0..STAGE-1 of request n each classify COPY_J of its selected positions exactly as below and copy their missed
+    host rows into staging row n*K + j right away (no victim needed yet), then count themselves done; program
+    STAGE is the resolve, which runs beside them and waits for that count only before its first write to the
+    reverse map (the one state they read). Its copy plan then names staging rows, and the second launch copies
+    device to device. Deadlock-free: staging programs never wait."""
+    if STAGE:
+        if tl.program_id(0) < STAGE:
+            _stage_chunk(sel_ptr, sel_n, rows_ptr, pos_ptr, res_ptr, res_s, idx_tab_ptr, idx_tab_s, sof_ptr,
+                         src_tab_ptr, src_tab_s, src_ptr, stage_ptr, cnt_ptr, tl.program_id(1).to(tl.int64),
+                         tl.program_id(0), K, W, bs, fast_limit, HAS_RES, COPY_J, BLOCK_W)
+        else:
+            _resolve_row(tl.program_id(1).to(tl.int64), sel_ptr, sel_n, rows_ptr, pos_ptr,
+                         res_ptr, res_s, hot_tab_ptr, hot_tab_s, hot_pos_ptr, hot_pos_s, lru_ptr, lru_s,
+                         idx_tab_ptr, idx_tab_s, sof_ptr, src_tab_ptr, src_tab_s, src_ptr, dev_ptr,
+                         ids_ptr, ids_n, nmiss_ptr, vict_ptr, plan_ptr, mark_ptr, mark_s, cnt_ptr,
+                         K, B, W, bs, fast_limit, HAS_RES, BLOCK_K, BLOCK_B, COPY_J, BLOCK_W, FUSED_COPY, STAGE)
+    else:
+        _resolve_row(tl.program_id(0).to(tl.int64), sel_ptr, sel_n, rows_ptr, pos_ptr,
+                     res_ptr, res_s, hot_tab_ptr, hot_tab_s, hot_pos_ptr, hot_pos_s, lru_ptr, lru_s,
+                     idx_tab_ptr, idx_tab_s, sof_ptr, src_tab_ptr, src_tab_s, src_ptr, dev_ptr,
+                     ids_ptr, ids_n, nmiss_ptr, vict_ptr, plan_ptr, mark_ptr, mark_s, cnt_ptr,
+                     K, B, W, bs, fast_limit, HAS_RES, BLOCK_K, BLOCK_B, COPY_J, BLOCK_W, FUSED_COPY, STAGE)
+
+
+@triton.jit
+def _resolve_row(
+    n, sel_ptr, sel_n, rows_ptr, pos_ptr,
+    res_ptr, res_s, hot_tab_ptr, hot_tab_s, hot_pos_ptr, hot_pos_s, lru_ptr, lru_s,
+    idx_tab_ptr, idx_tab_s, sof_ptr, src_tab_ptr, src_tab_s, src_ptr, dev_ptr,
+    ids_ptr, ids_n, nmiss_ptr, vict_ptr, plan_ptr, mark_ptr, mark_s, cnt_ptr,
+    K, B, W, bs, fast_limit,
+    HAS_RES: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_B: tl.constexpr,
+    COPY_J: tl.constexpr, BLOCK_W: tl.constexpr, FUSED_COPY: tl.constexpr, STAGE: tl.constexpr,
+):
+    """The resolve of request row n (the module docstring's state machine)."""
     r = tl.load(rows_ptr + n).to(tl.int64)
     P = tl.load(pos_ptr + n).to(tl.int64)
     offs = tl.arange(0, BLOCK_K)
@@ -52,6 +87,8 @@ def _resolve_kernel(
         out = tl.where(resident, rid, tl.where(valid, hp * bs + off, -1))
         tl.store(ids_ptr + n * ids_n + offs, out.to(tl.int32), mask=kmask)
         tl.store(nmiss_ptr + n, 0)
+        if STAGE:
+            _stage_join(cnt_ptr + n, STAGE)
     else:
         newest = valid & (~resident) & (p == P)
         look = valid & (~resident) & (~newest)
@@ -61,6 +98,8 @@ def _resolve_kernel(
             out = tl.where(resident, rid, tl.where(newest, nrow, -1))
             tl.store(ids_ptr + n * ids_n + offs, out.to(tl.int32), mask=kmask)
             tl.store(nmiss_ptr + n, 0)
+            if STAGE:
+                _stage_join(cnt_ptr + n, STAGE)
         else:
             ipage = tl.load(idx_tab_ptr + r * idx_tab_s + lp, mask=look, other=0).to(tl.int64)
             irow = ipage * bs + off
@@ -83,7 +122,10 @@ def _resolve_kernel(
             mrank = tl.cumsum(miss.to(tl.int32), 0) - 1
             v = tl.load(vict_ptr + n * K + mrank, mask=miss, other=-1).to(tl.int64)
             vc = tl.maximum(v, 0)
-            # victims' old positions leave the reverse map; the missed positions enter it
+            # victims' old positions leave the reverse map; the missed positions enter it (STAGE: once every
+            # staging program has read it)
+            if STAGE:
+                _stage_join(cnt_ptr + n, STAGE)
             q = tl.load(hot_pos_ptr + r * hot_pos_s + vc, mask=miss, other=-1).to(tl.int64)
             qv = miss & (q >= 0)
             qc = tl.maximum(q, 0)
@@ -105,7 +147,10 @@ def _resolve_kernel(
             tr = tl.cumsum(touched.to(tl.int32), 0) - 1
             tl.debug_barrier()  # every thread has read the old LRU order and the victim list
             # copy plan, compacted by miss rank: src row -> plan, dst row -> vict
-            tl.store(plan_ptr + n * K + mrank, spage * bs + off, mask=miss)
+            if STAGE:
+                tl.store(plan_ptr + n * K + mrank, n * K + offs, mask=miss)  # the staging row
+            else:
+                tl.store(plan_ptr + n * K + mrank, spage * bs + off, mask=miss)
             tl.store(vict_ptr + n * K + mrank, hrow, mask=miss)
             tl.store(lru_ptr + r * lru_s + kr, L.to(tl.int32), mask=kept)
             tl.store(lru_ptr + r * lru_s + nk + tr, slot.to(tl.int32), mask=touched)
@@ -114,6 +159,50 @@ def _resolve_kernel(
             if FUSED_COPY:
                 tl.debug_barrier()
                 _copy_plan(plan_ptr + n * K, vict_ptr + n * K, src_ptr, dev_ptr, 0, m, 1, W, COPY_J, BLOCK_W)
+
+
+@triton.jit
+def _stage_chunk(sel_ptr, sel_n, rows_ptr, pos_ptr, res_ptr, res_s, idx_tab_ptr, idx_tab_s, sof_ptr, src_tab_ptr,
+                 src_tab_s, src_ptr, stage_ptr, cnt_ptr, n, c, K, W, bs, fast_limit, HAS_RES: tl.constexpr,
+                 COPY_J: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Staging program c of request n: positions j in [c*COPY_J, (c+1)*COPY_J) classified as the resolve does;
+    each miss's host row copied to staging row n*K + j. Then the request's done-count goes up by one (release:
+    this program's reverse-map reads happen before the resolve's writes)."""
+    r = tl.load(rows_ptr + n).to(tl.int64)
+    P = tl.load(pos_ptr + n).to(tl.int64)
+    oj = c * COPY_J + tl.arange(0, COPY_J)
+    jm = oj < K
+    p = tl.load(sel_ptr + n * sel_n + oj, mask=jm, other=-1).to(tl.int64)
+    valid = p >= 0
+    pc = tl.maximum(p, 0)
+    lp = pc // bs
+    off = pc % bs
+    if HAS_RES:
+        resident = valid & (tl.load(res_ptr + r * res_s + lp, mask=valid, other=-1) >= 0)
+    else:
+        resident = p < -1
+    # the resolve's lookups: not resident, not the newest token, not a fast-path row (a block-shaped compare:
+    # the interpreter's scalar one breaks the mask dtype)
+    look = valid & (~resident) & (p != P) & (p * 0 + P >= fast_limit)
+    ipage = tl.load(idx_tab_ptr + r * idx_tab_s + lp, mask=look, other=0).to(tl.int64)
+    miss = look & (tl.load(sof_ptr + ipage * bs + off, mask=look, other=0) < 0)
+    srow = tl.load(src_tab_ptr + r * src_tab_s + lp, mask=miss, other=0).to(tl.int64) * bs + off
+    drow = n * K + oj
+    for w0 in range(0, W, BLOCK_W):
+        ow = w0 + tl.arange(0, BLOCK_W)
+        cm = miss[:, None] & (ow < W)[None, :]
+        x = tl.load(src_ptr + srow[:, None] * W + ow[None, :], mask=cm)
+        tl.store(stage_ptr + drow[:, None] * W + ow[None, :], x, mask=cm)
+    tl.atomic_add(cnt_ptr + n, 1, sem="release")
+
+
+@triton.jit
+def _stage_join(cnt_ptr, STAGE: tl.constexpr):
+    """The resolve program waits until all STAGE staging programs of its request have read the reverse map, then
+    re-arms the count for the next call (every increment of this call has landed)."""
+    while tl.atomic_add(cnt_ptr, 0, sem="acquire") < STAGE:
+        pass
+    tl.atomic_xchg(cnt_ptr, 0)
 
 
 @triton.jit
@@ -148,26 +237,41 @@ def _copy_misses_kernel(plan_ptr, vict_ptr, nmiss_ptr, src_ptr, dev_ptr, K, W, S
 
 
 class ResolveScratch:
-    """Fixed-address scratch of the kernel (victim list, copy plan, hit marks), reused every call so
-    a captured CUDA graph stays valid. Marks are left zeroed by every call."""
+    """Fixed-address scratch of the kernel (victim list, copy plan, hit marks, staging counts; the staging rows of
+    the stage path, allocated on first use), reused every call so a captured CUDA graph stays valid. Marks and
+    counts are left zeroed by every call."""
 
     def __init__(self, max_rows: int, k: int, num_slots: int, b: int, device):
         self.vict = torch.empty(max_rows, k, dtype=torch.int64, device=device)
         self.plan = torch.empty(max_rows, k, dtype=torch.int64, device=device)
         self.mark = torch.zeros(num_slots, b, dtype=torch.int32, device=device)
+        self.count = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self._staging = None
+
+    def staging(self, rows: int, w: int, dtype) -> torch.Tensor:
+        """[rows, w] staging rows (grown, never shrunk; allocate before a graph capture by calling once)."""
+        st = self._staging
+        if st is None or st.shape[0] < rows or st.shape[1] != w or st.dtype != dtype:
+            self._staging = st = torch.empty(rows, w, dtype=dtype, device=self.vict.device)
+        return st
 
 
-CONFIG_KEYS = ("num_warps", "copy_j", "split", "block_w")
+CONFIG_KEYS = ("num_warps", "copy_j", "split", "block_w", "stage", "stage_j")
+STAGE_MAX_ROWS = 1  # provisional: the stage path for at most this many request rows per call
 
 
 def kv_resolve_triton(sel, rows, pos, res_table, hot_table, hot_pos, lru, idx_table, slot_of, src_table, src,
                       dev, block_size: int, fast_path: bool, ids=None, n_miss=None, scratch=None,
                       num_warps: int | None = None, copy_j: int = 8, split: int | None = None,
-                      block_w: int | None = None):
+                      block_w: int | None = None, stage: bool | None = None, stage_j: int = 16):
     """split: programs per request for the miss copy (a second launch); 0 = copy inside the resolve
     program. Default: one program per copy_j-row chunk on the (chunk, request) grid (H200, bench_kv_resolve
     2026-11-30, 656-B rows at batch 128: 0.60 -> 1.00x of the gather scattered, 0.85 -> 1.02x in 8-row runs;
-    equal at smaller batches). block_w: columns per copy step (default the row, up to 1024)."""
+    equal at smaller batches). block_w: columns per copy step (default the row, up to 1024).
+    stage: the host copy starts beside the resolve instead of after it — cdiv(K, stage_j) staging programs per
+    request copy its missed rows (stage_j each) to device staging rows while the resolve program assigns
+    victims, and the second launch copies staging → hot rows on the device (see `_resolve_kernel`); default
+    for at most STAGE_MAX_ROWS request rows, where the resolve's ~16 µs otherwise precede the copy."""
     N, K = sel.shape
     S, B = lru.shape
     W = dev.shape[-1]
@@ -184,19 +288,27 @@ def kv_resolve_triton(sel, rows, pos, res_table, hot_table, hot_pos, lru, idx_ta
         num_warps = max(4, min(16, BLOCK_B // 256))
     if split is None:  # one chunk per program, as copy_rows: programs without a chunk exit after one load
         split = triton.cdiv(K, copy_j)
+    if stage is None:
+        stage = N <= STAGE_MAX_ROWS and split > 0
+    if stage and split == 0:
+        raise ValueError("config: stage=True copies staging rows in the second launch; it needs split > 0")
     if block_w is None:  # the whole row in one step (MLA rows: 656 B fp8 / 1152 B bf16)
         block_w = min(1024, triton.next_power_of_2(W))
     has_res = res_table is not None
     res = res_table if has_res else hot_table  # unused pointer when HAS_RES is off
-    _resolve_kernel[(N,)](
+    n_stage = triton.cdiv(K, stage_j) if stage else 0
+    staging = scratch.staging(N * K, W, src.dtype) if stage else dev
+    _resolve_kernel[(n_stage + 1, N) if stage else (N,)](
         sel, sel.stride(0), rows, pos,
         res, res.stride(0), hot_table, hot_table.stride(0), hot_pos, hot_pos.stride(0), lru, lru.stride(0),
         idx_table, idx_table.stride(0), slot_of, src_table, src_table.stride(0), src, dev,
         ids, ids.stride(0), n_miss, scratch.vict, scratch.plan, scratch.mark, scratch.mark.stride(0),
+        staging, scratch.count,
         K, B, W, block_size, B if fast_path else 0,
         HAS_RES=has_res, BLOCK_K=triton.next_power_of_2(K), BLOCK_B=BLOCK_B,
-        COPY_J=copy_j, BLOCK_W=block_w, FUSED_COPY=split == 0, num_warps=num_warps)
+        COPY_J=stage_j if stage else copy_j, BLOCK_W=block_w, FUSED_COPY=split == 0, STAGE=n_stage,
+        num_warps=num_warps)
     if split:
-        _copy_misses_kernel[(split, N)](scratch.plan, scratch.vict, n_miss, src, dev, K, W, split,
-                                        COPY_J=copy_j, BLOCK_W=block_w, num_warps=4)
+        _copy_misses_kernel[(split, N)](scratch.plan, scratch.vict, n_miss, staging if stage else src, dev, K, W,
+                                        split, COPY_J=copy_j, BLOCK_W=block_w, num_warps=4)
     return ids, n_miss

@@ -70,13 +70,18 @@ def selection(gen, pos, rows):
     return sel
 
 
-@pytest.mark.parametrize("adaptive,split,fast", [(False, None, True), (True, None, False), (False, 0, True),
-                                                (True, 2, False), (False, 3, True), (True, None, True)])
-def test_triton_matches_ref_over_steps(adaptive, split, fast, device):
+@pytest.mark.parametrize("adaptive,split,fast,stage", [(False, None, True, False), (True, None, False, False),
+                                                      (False, 0, True, False), (True, 2, False, False),
+                                                      (False, 3, True, False), (True, None, True, False),
+                                                      (False, None, False, True), (True, 2, True, True),
+                                                      (True, 3, False, True)])
+def test_triton_matches_ref_over_steps(adaptive, split, fast, stage, device):
     """split: None = default second copy launch, 0 = copy inside the resolve program, 2 = two programs
     sharing 2-row chunks, 3 = one 2-row chunk per program (K = 5 rows at most) copied 4 columns at a time
     (a row of W = 6 in two column steps, the second partial). adaptive = resident pages; with fast, the
-    short-row fast path too (hisparse verify windows: draft pages as resident ones)."""
+    short-row fast path too (hisparse verify windows: draft pages as resident ones). stage: misses copied
+    host → staging rows beside the resolve (2-row staging chunks: 3 staging programs per request), then
+    staging → hot rows."""
     gen = torch.Generator().manual_seed(7 + adaptive)
     a, b = build(gen, device, adaptive), build(torch.Generator().manual_seed(7 + adaptive), device, adaptive)
     rows = torch.tensor([2, 0, 1, S - 1], dtype=torch.long, device=device)   # the last row is padding
@@ -94,7 +99,8 @@ def test_triton_matches_ref_over_steps(adaptive, split, fast, device):
         for st in (a, b):
             write_newest(st, rows.cpu(), pos.cpu(), adaptive, fast)
         ids_t, nm_t = kv_resolve_triton(sel, rows, pos, block_size=BS, fast_path=fast, split=split,
-                                       copy_j=2 if split in (2, 3) else 16, block_w=4 if split == 3 else None, **a)
+                                       copy_j=2 if split in (2, 3) else 16, block_w=4 if split == 3 else None,
+                                       stage=stage, stage_j=2, **a)
         ids_r, nm_r = kv_resolve(sel, rows, pos, block_size=BS, fast_path=fast, backend="ref", **b)
         assert torch.equal(ids_t, ids_r), (step, ids_t, ids_r)
         assert torch.equal(nm_t, nm_r)
