@@ -181,18 +181,18 @@ def _stage_chunk(sel_ptr, sel_n, rows_ptr, pos_ptr, res_ptr, res_s, idx_tab_ptr,
         resident = valid & (tl.load(res_ptr + r * res_s + lp, mask=valid, other=-1) >= 0)
     else:
         resident = p < -1
-    # the resolve's lookups: not resident, not the newest token, not a fast-path row (a block-shaped compare:
-    # the interpreter's scalar one breaks the mask dtype)
-    look = valid & (~resident) & (p != P) & (p * 0 + P >= fast_limit)
-    ipage = tl.load(idx_tab_ptr + r * idx_tab_s + lp, mask=look, other=0).to(tl.int64)
-    miss = look & (tl.load(sof_ptr + ipage * bs + off, mask=look, other=0) < 0)
-    srow = tl.load(src_tab_ptr + r * src_tab_s + lp, mask=miss, other=0).to(tl.int64) * bs + off
-    drow = n * K + oj
-    for w0 in range(0, W, BLOCK_W):
-        ow = w0 + tl.arange(0, BLOCK_W)
-        cm = miss[:, None] & (ow < W)[None, :]
-        x = tl.load(src_ptr + srow[:, None] * W + ow[None, :], mask=cm)
-        tl.store(stage_ptr + drow[:, None] * W + ow[None, :], x, mask=cm)
+    if P >= fast_limit:  # a fast-path row (hisparse, P < B) looks nothing up and misses nothing
+        look = valid & (~resident) & (p != P)  # the resolve's lookups: not resident, not the newest token
+        # table loads unmasked: every lane's page index is in range (pc >= 0), its value used only where it misses
+        ipage = tl.load(idx_tab_ptr + r * idx_tab_s + lp).to(tl.int64)
+        miss = look & (tl.load(sof_ptr + ipage * bs + off, mask=look, other=0) < 0)
+        srow = tl.load(src_tab_ptr + r * src_tab_s + lp).to(tl.int64) * bs + off
+        drow = n * K + oj
+        for w0 in range(0, W, BLOCK_W):
+            ow = w0 + tl.arange(0, BLOCK_W)
+            cm = miss[:, None] & (ow < W)[None, :]
+            x = tl.load(src_ptr + srow[:, None] * W + ow[None, :], mask=cm)
+            tl.store(stage_ptr + drow[:, None] * W + ow[None, :], x, mask=cm)
     tl.atomic_add(cnt_ptr + n, 1, sem="release")
 
 
