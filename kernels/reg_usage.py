@@ -26,10 +26,18 @@ GDN_PTRS = dict(ck_ptr="*fp32", cks_ptr="*fp32", los_ptr="*fp32", ru_ptr="*bf16"
 
 
 def compile_usage(fn, ptrs: dict, constexprs: dict, num_warps: int) -> dict:
-    """{'regs', 'spill_bytes'} of fn compiled for sm_90 with every pointer 16-byte aligned."""
+    """{'regs', 'spill_bytes'} of fn compiled for sm_90 with every pointer 16-byte aligned; constexpr parameters
+    not in constexprs take their defaults (as a launch that omits them: left out, they would compile as i32)."""
+    import inspect
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    defaults = {p.name: p.default for p in inspect.signature(fn.fn).parameters.values()
+                if p.default is not inspect.Parameter.empty}
+    constexprs = {**{p.name: defaults[p.name] for p in fn.params if p.is_constexpr and p.name in defaults},
+                  **constexprs}
 
     sig = {a: ptrs.get(a) or ("constexpr" if a in constexprs else "fp32" if a == "scale" else "i32")
            for a in fn.arg_names}
