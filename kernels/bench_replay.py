@@ -49,6 +49,9 @@ V2_SWEEP = [(32, 4, "serial"), (32, 2, "serial"), (64, 4, "serial"), (64, 2, "se
             (64, 1, "serial")]
 # GDN v2 (BLOCK_V, warps)
 G_V2_SWEEP = [(64, 2), (64, 1), (64, 4), (128, 2), (128, 4), (128, 1), (32, 1), (32, 2), (16, 1), (16, 2), (8, 1)]
+# GDN v2 at batch <= 8 (BLOCK_V, warps, flush fold): the flush's fold when latency, not registers, bounds the step
+G_V2_SMALL_SWEEP = [(16, 2, "serial"), (16, 2, "dot"), (16, 2, "tf32x3"), (16, 1, "dot"), (16, 4, "dot"),
+                    (32, 2, "dot"), (8, 2, "dot"), (8, 1, "dot")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,7 +361,7 @@ def main(argv=None):
                 print(f"{cls.op} {v:26s} b={batch:4d}: {us:8.1f} µs  {row['gbps']:6.0f} GB/s "
                       f"({row['pct_hbm']:5.1f} %)  x{row['speedup'] or 0:.2f}", flush=True)
                 if batch in sweep_batches and v.endswith("_v2"):
-                    for cfg in grid:
+                    for cfg in (G_V2_SMALL_SWEEP if cls is GDNCase and batch <= 8 else grid):
                         case.config = cfg
                         t = time_cycle(case)
                         res["sweep"].append(dict(op=cls.op, variant=v, batch=batch, config=cfg, us=t,
