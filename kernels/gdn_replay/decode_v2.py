@@ -240,19 +240,27 @@ def pick_config_v2(batch: int, HV: int, V: int, lo: bool) -> tuple[int, int]:
       fp32:      (32, 1 warp) 1.61x; (64, 2) 1.39x; (16, 1) 1.27x; (128, 4) 1.23x; (32, 2) 1.10x; (64, 4) 0.97x
       dual_bf16: (32, 1) 1.65x; (64, 2) 1.56x; (128, 4) 1.32x; (16, 1) 1.31x; (128, 2) spills (0.10x)
     i.e. a [32, K] tile on one warp (128 elements per thread, the Mamba-2 winner's load per thread) once
-    batch x heads fills the GPU (>= 1024 rows); below that [16, K] on 2 warps for more programs
-    (batch 1: 0.96x fp32, batch 8: 1.03x; the one-warp tiles were 0.69-0.90x at batch 1)."""
+    batch x heads fills the GPU (>= 1024 rows). Below that the flush folds with the fp32 dot (`pick_fold`) and
+    (bench_replay --ops gdn --batches 1,8 --sweep 1,8, 2026-11-30 11:09 UTC, fp32 / dual_bf16 speedups):
+      batch 1: (16, 2) 0.99x / 1.00x (serial fold 0.97x / 0.93x); (8, 1) 0.98x / 0.99x; (16, 1) 0.89x / 0.86x
+      batch 8: (16, 1) 1.07x / 1.26x; (16, 2) 0.81x / 0.86x (serial fold 1.03x / 1.05x); (8, 1) 0.97x / 1.02x
+    so [16, K] tiles on 2 warps up to 64 rows (batch 2 here; batches 2-7 not timed), on one warp above."""
     cap = triton.next_power_of_2(V)
-    if batch * HV >= 1024:
+    rows = batch * HV
+    if rows >= 1024:
         return min(32, cap), 1
-    return min(16, cap), 2
+    return min(16, cap), 2 if rows <= 64 else 1
 
 
-def pick_fold(ckpt_lo, BV: int, nw: int) -> str:
-    """How a flush folds the ring. H200, batch 256, a plain step (cursor 5) / the flush step (cursor 15),
-    2026-11-30 ~06:20 UTC (bench_replay_flush): fp32 (32, 1 warp) serial 166 / 401 µs, dot 183 / 353, tf32x3
-    212 / 422; dual_bf16 serial 148 / 581, dot 149 / 485, tf32x3 165 / 549. So the fp32 FMA dot with a bf16
-    copy at (32, 1) (2.7 % over an L = 16 cycle), serial otherwise (the dot costs fp32 plain steps 10 %)."""
+def pick_fold(ckpt_lo, BV: int, nw: int, rows: int) -> str:
+    """How a flush folds the ring. Below 1024 rows (batch x value heads) the step is latency-bound: the fp32 FMA
+    dot over the ring already in registers, not L dependent rank-1 updates (see `pick_config_v2`). H200, batch
+    256, a plain step (cursor 5) / the flush step (cursor 15), 2026-11-30 ~06:20 UTC (bench_replay_flush): fp32
+    (32, 1 warp) serial 166 / 401 µs, dot 183 / 353, tf32x3 212 / 422; dual_bf16 serial 148 / 581, dot 149 / 485,
+    tf32x3 165 / 549. So there the dot with a bf16 copy at (32, 1) (2.7 % over an L = 16 cycle), serial otherwise
+    (the dot costs fp32 plain steps 10 %)."""
+    if rows < 1024:
+        return "dot"
     if ckpt_lo is not None and ckpt_lo.dtype == torch.bfloat16 and (BV, nw) == (32, 1):
         return "dot"
     return "serial"
@@ -282,7 +290,7 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     if b == 0:
         return o
     bv, nw, fold, maxnreg = decode_config(config, pick_config_v2(b, HV, V, ckpt_lo is not None),
-                                          lambda block, warps: pick_fold(ckpt_lo, block, warps))
+                                          lambda block, warps: pick_fold(ckpt_lo, block, warps, b * HV))
     if split is None:
         split = split_default(ckpt_lo, b * HV)
     if ring_by_cursor is None:

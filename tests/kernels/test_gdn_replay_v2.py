@@ -53,7 +53,7 @@ def v2_step(c, step, config, split=None, ring_by_cursor=None, **kw):
     return o
 
 
-CASES = [  # (HV, Hk, V, K, mode, config (BLOCK_V, warps[, fold]) or None = pick_config_v2, split[, cursor first])
+CASES = [  # (HV, Hk, V, K, mode, config (BLOCK_V, warps[, fold]) or None = pick_config_v2, split[, ring by cursor])
     (6, 3, 5, 7, "fp32", (4, 2), False),          # two V-tiles, the second partial; K masked
     (6, 3, 5, 7, "fp32", (4, 2), False, True),    # the ring read only below the cursor (poisoned entries unread)
     (4, 2, 8, 16, "dual_bf16", (8, 1, "dot"), True, True),  # output-only launch: flushing rows skipped first
