@@ -40,6 +40,11 @@ CONFIGS = {"mamba2": [((64, 2, "serial"), False, None, False), ((64, 2, "tf32x3"
                       ((32, 1, "tf32x3"), True, (64, 4, "tf32x3", 16), False),
                       ((16, 1, "tf32x3"), True, (64, 4, "tf32x3", 16), False)],
            "gdn": [((32, 1, "serial"), False, None, False), ((32, 1, "dot"), False, None, False),
+                   ((32, 1, "serial"), True, (32, 1, "dot", 8), False),
+                   ((32, 1, "serial"), True, (32, 2, "dot", 8), False),
+                   ((32, 1, "serial"), True, (32, 2, "serial", 8), False),
+                   ((32, 1, "serial"), True, (64, 4, "tf32x3", 8), False),
+                   ((32, 1, "serial"), True, (32, 1, "dot", 32), False),
                    ((32, 1, "dot"), True, None, False), ((16, 1, "dot"), True, (32, 1, "dot", 16), False),
                    ((32, 2, "dot"), True, (32, 1, "dot", 16), False), ((64, 2, "dot"), True, (32, 1, "dot", 16), False),
                    ((64, 4, "dot"), True, (32, 1, "dot", 16), False)]}
