@@ -358,15 +358,6 @@ def _pair32(w, J: tl.constexpr, FMT: tl.constexpr):
 
 
 @triton.jit
-def _x_at(x_ptr, s_ptr, xc, xm, J: tl.constexpr, HAS_S: tl.constexpr):
-    """fp32 x (times s) at columns xc + J."""
-    v = tl.load(x_ptr + xc + J, mask=xm, other=0.0).to(tl.float32)
-    if HAS_S:
-        v = v * tl.load(s_ptr + xc + J, mask=xm, other=0.0)
-    return v
-
-
-@triton.jit
 def _qgemv32_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, N, K, K_PER_SPLIT,
                     stride_wn, stride_sn,
                     FMT: tl.constexpr, QBLOCK: tl.constexpr, HAS_S: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -397,64 +388,38 @@ def _qgemv32_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, 
         w = tl.load(w_ptr + rows[:, None] * stride_wn + cw[None, :], mask=mn[:, None] & (cw < k_hi // E)[None, :],
                     other=0)
         w = tl.reshape(w, (BLOCK_N, G, WPB))
+        col = (g * QBLOCK)[:, None] + offs_q[None, :]
         xm = mg[:, None]
-        if ACT_Q == 0:
-            # x[k] for the J-th code of every word, loaded straight into the [G, WPB] shape the words have (no
-            # reshape / split of one x tile: on sm_90 those went through shared memory, 10 barriers per K step),
-            # products accumulated one FMA each (sm_90 SASS of the loop: 6.4 -> see the docstring below)
-            xc = k0 + E * (offs_g[:, None] * WPB + tl.arange(0, WPB)[None, :])
-            if FMT <= 1:  # codes J and J + 4 of a word: pair J
-                lo, hi = _pair32(w, 0, FMT)
-                part = lo * (_x_at(x_ptr, s_ptr, xc, xm, 0, HAS_S) * XMUL)[None, :, :]
-                part += hi * (_x_at(x_ptr, s_ptr, xc, xm, 4, HAS_S) * XMUL)[None, :, :]
-                lo, hi = _pair32(w, 1, FMT)
-                part += lo * (_x_at(x_ptr, s_ptr, xc, xm, 1, HAS_S) * XMUL)[None, :, :]
-                part += hi * (_x_at(x_ptr, s_ptr, xc, xm, 5, HAS_S) * XMUL)[None, :, :]
-                lo, hi = _pair32(w, 2, FMT)
-                part += lo * (_x_at(x_ptr, s_ptr, xc, xm, 2, HAS_S) * XMUL)[None, :, :]
-                part += hi * (_x_at(x_ptr, s_ptr, xc, xm, 6, HAS_S) * XMUL)[None, :, :]
-                lo, hi = _pair32(w, 3, FMT)
-                part += lo * (_x_at(x_ptr, s_ptr, xc, xm, 3, HAS_S) * XMUL)[None, :, :]
-                part += hi * (_x_at(x_ptr, s_ptr, xc, xm, 7, HAS_S) * XMUL)[None, :, :]
-            else:  # codes J and J + 2 of a word: pair J
-                lo, hi = _pair32(w, 0, FMT)
-                part = lo * (_x_at(x_ptr, s_ptr, xc, xm, 0, HAS_S) * XMUL)[None, :, :]
-                part += hi * (_x_at(x_ptr, s_ptr, xc, xm, 2, HAS_S) * XMUL)[None, :, :]
-                lo, hi = _pair32(w, 1, FMT)
-                part += lo * (_x_at(x_ptr, s_ptr, xc, xm, 1, HAS_S) * XMUL)[None, :, :]
-                part += hi * (_x_at(x_ptr, s_ptr, xc, xm, 3, HAS_S) * XMUL)[None, :, :]
-        else:
-            col = (g * QBLOCK)[:, None] + offs_q[None, :]
-            xv = tl.load(x_ptr + col, mask=xm, other=0.0).to(tl.float32)  # [G, QBLOCK]
-            if HAS_S:
-                xv = xv * tl.load(s_ptr + col, mask=xm, other=0.0)
-            if ACT_Q == 1:
-                xv = _mxfp4_fake(xv, 1)
-            xv = xv * XMUL
-            if FMT <= 1:  # k = 8 word + 4 h + 2 b1 + b0; pair J = 2 b1 + b0 meets x[J] (h = 0) and x[J + 4] (h = 1)
-                xa, xb = tl.split(tl.reshape(xv, (G, WPB, 2, 2, 2)))
-                x0h, x2h = tl.split(xa)
-                x1h, x3h = tl.split(xb)
-                x0, x4 = tl.split(x0h)
-                x1, x5 = tl.split(x1h)
-                x2, x6 = tl.split(x2h)
-                x3, x7 = tl.split(x3h)
-                lo, hi = _pair32(w, 0, FMT)
-                part = lo * x0[None, :, :] + hi * x4[None, :, :]
-                lo, hi = _pair32(w, 1, FMT)
-                part += lo * x1[None, :, :] + hi * x5[None, :, :]
-                lo, hi = _pair32(w, 2, FMT)
-                part += lo * x2[None, :, :] + hi * x6[None, :, :]
-                lo, hi = _pair32(w, 3, FMT)
-                part += lo * x3[None, :, :] + hi * x7[None, :, :]
-            else:  # k = 4 word + 2 h + b0; pair J = b0 meets x[J] and x[J + 2]
-                xa, xb = tl.split(tl.reshape(xv, (G, WPB, 2, 2)))
-                x0, x2 = tl.split(xa)
-                x1, x3 = tl.split(xb)
-                lo, hi = _pair32(w, 0, FMT)
-                part = lo * x0[None, :, :] + hi * x2[None, :, :]
-                lo, hi = _pair32(w, 1, FMT)
-                part += lo * x1[None, :, :] + hi * x3[None, :, :]
+        xv = tl.load(x_ptr + col, mask=xm, other=0.0).to(tl.float32)  # [G, QBLOCK]
+        if HAS_S:
+            xv = xv * tl.load(s_ptr + col, mask=xm, other=0.0)
+        if ACT_Q == 1:
+            xv = _mxfp4_fake(xv, 1)
+        xv = xv * XMUL
+        if FMT <= 1:  # k = 8 word + 4 h + 2 b1 + b0; pair J = 2 b1 + b0 meets x[J] (h = 0) and x[J + 4] (h = 1)
+            xa, xb = tl.split(tl.reshape(xv, (G, WPB, 2, 2, 2)))
+            x0h, x2h = tl.split(xa)
+            x1h, x3h = tl.split(xb)
+            x0, x4 = tl.split(x0h)
+            x1, x5 = tl.split(x1h)
+            x2, x6 = tl.split(x2h)
+            x3, x7 = tl.split(x3h)
+            lo, hi = _pair32(w, 0, FMT)
+            part = lo * x0[None, :, :] + hi * x4[None, :, :]
+            lo, hi = _pair32(w, 1, FMT)
+            part += lo * x1[None, :, :] + hi * x5[None, :, :]
+            lo, hi = _pair32(w, 2, FMT)
+            part += lo * x2[None, :, :] + hi * x6[None, :, :]
+            lo, hi = _pair32(w, 3, FMT)
+            part += lo * x3[None, :, :] + hi * x7[None, :, :]
+        else:  # k = 4 word + 2 h + b0; pair J = b0 meets x[J] and x[J + 2]
+            xa, xb = tl.split(tl.reshape(xv, (G, WPB, 2, 2)))
+            x0, x2 = tl.split(xa)
+            x1, x3 = tl.split(xb)
+            lo, hi = _pair32(w, 0, FMT)
+            part = lo * x0[None, :, :] + hi * x2[None, :, :]
+            lo, hi = _pair32(w, 1, FMT)
+            part += lo * x1[None, :, :] + hi * x3[None, :, :]
         acc += part * sc[:, :, None]
     out = tl.sum(tl.sum(acc, axis=2), axis=1) * OMUL
     if FMT == 1:
