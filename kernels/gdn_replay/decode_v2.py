@@ -17,7 +17,8 @@ G_t = sum(ring g) + g_t, and k, q L2-normalised (q times scale):
   * flush, wp >= L-1: the ring replayed serially on the fp32 checkpoint tile (the eager order),
     S_t = e^{g_t} S + u_t k^T, written to ckpt (+ ckpt_lo), o = S_t q; nothing appended.
 Config: ``(BLOCK_V, num_warps[, fold[, maxnreg]])``; fold = how a flush folds the ring: "serial" rank-1
-updates, or one fp32 ``tl.dot`` over the ring ("dot", FMA; "tf32x3", tensor cores) as in the Mamba-2 kernel
+updates, or one fp32 ``tl.dot`` over the ring ("dot", FMA; "tf32x3", tensor cores; "bf16x3" with a bf16 k ring:
+three bf16 parts of the decayed u on bf16 tensor cores) as in the Mamba-2 kernel
 (default: ``pick_fold``); maxnreg caps registers per thread.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ import triton.language as tl
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _tile_mask
 from ..mamba2_replay.common import is_fp8, ring_by_cursor_default
 from ..mamba2_replay.triton_impl import _serial_fold
-from ..mamba2_replay.triton_v2 import FOLDS, _store_tile, decode_config, resolve_flush_config
+from ..mamba2_replay.triton_v2 import FOLDS, _fold_bf16x3, _store_tile, decode_config, resolve_flush_config
 
 
 @triton.jit
@@ -208,6 +209,8 @@ def _gdn_flush(S, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ru_ra
         rkf = tl.where(lm[:, None], rk_raw.to(tl.float32), 0.0)                                # [LP, BK]
         if FOLD == 1:
             S = tl.exp(Gt - gt) * S + tl.dot(uw, rkf, input_precision="ieee")
+        elif FOLD == 3:  # bf16 tensor cores, the decayed checkpoint as the accumulator (a bf16 k ring)
+            S = _fold_bf16x3(tl.exp(Gt - gt) * S, uw, rkf)
         else:
             S = tl.exp(Gt - gt) * S + tl.dot(uw, rkf, input_precision="tf32x3")
     S = tl.exp(gt) * S
@@ -296,9 +299,8 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     if ring_by_cursor is None:
         ring_by_cursor = ring_by_cursor_default(split)
     fbv, fnw, ffold, tpp = resolve_flush_config(flush_config, bv, nw, fold)
-    if "bf16x3" in (fold, ffold if split else None):
-        raise ValueError("config: fold 'bf16x3' is Mamba-2's (a bf16 B ring); the GDN kernel folds with "
-                         "'serial', 'dot' or 'tf32x3'")
+    if "bf16x3" in (fold, ffold if split else None) and ring_k.dtype != torch.bfloat16:
+        raise ValueError(f"config: fold 'bf16x3' needs a bf16 k ring (exact in bf16), got {ring_k.dtype}")
     extra = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     low = (torch.bfloat16, torch.float8_e4m3fn)

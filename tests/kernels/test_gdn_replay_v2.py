@@ -118,10 +118,12 @@ def test_v2_matches_eager_fp32(device):
     assert c["write_pos"].tolist() == [2, 2, 0, 2]
 
 
-@pytest.mark.parametrize("split,ring_by_cursor", [(False, False), (True, False), (False, True), (True, True)])
-def test_v2_full_ring_and_cursor_at_L(split, ring_by_cursor, device):
+@pytest.mark.parametrize("split,ring_by_cursor,fold", [(False, False, "serial"), (True, False, "serial"),
+                                                       (False, True, "serial"), (True, True, "serial"),
+                                                       (False, None, "bf16x3"), (True, None, "bf16x3")])
+def test_v2_full_ring_and_cursor_at_L(split, ring_by_cursor, fold, device):
     """Cursor at L (a verify committed a full window): the step flushes all L entries + this token;
-    at L-1 it flushes too; bf16 ring / activations."""
+    at L-1 it flushes too; bf16 ring / activations (bf16x3: the fold on bf16 tensor cores, fp32-exact)."""
     HV, Hk, V, K = 6, 3, 5, 7
     gen = torch.Generator().manual_seed(4)
     c, _ = fresh(gen, HV, Hk, V, K, "dual_bf16", dtype=torch.bfloat16)
@@ -133,7 +135,7 @@ def test_v2_full_ring_and_cursor_at_L(split, ring_by_cursor, device):
     c_ref = {k: v.clone() for k, v in c.items()}
     sid = torch.tensor([0, 1, -1, 2, 3], dtype=torch.int32, device=device)
     kw = {k: t.to(device) for k, t in inputs(gen, 5, HV, Hk, V, K, dtype=torch.bfloat16).items()}
-    o = v2_step(c, 1, (4, 2), split, ring_by_cursor, **kw, slot_ids=sid)
+    o = v2_step(c, 1, (4, 2, fold), split, ring_by_cursor, **kw, slot_ids=sid)
     o_ref = gdn_replay_decode(**c_ref, **kw, slot_ids=sid, L=L, advance=False, backend="ref")
     assert o.dtype == torch.bfloat16
     assert rel(o, o_ref) <= 1e-2  # bf16 outputs
@@ -153,3 +155,6 @@ def test_v2_argument_errors(device):
         gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="v2", advance=False, route="state")
     with pytest.raises(ValueError, match="impl"):
         gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="v3")
+    with pytest.raises(ValueError, match="bf16 k ring"):  # an fp32 ring is not exact in bf16
+        gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="v2", advance=False, backend="triton",
+                          config=(4, 2, "bf16x3"))
