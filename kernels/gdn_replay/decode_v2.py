@@ -255,17 +255,20 @@ def pick_config_v2(batch: int, HV: int, V: int, lo: bool) -> tuple[int, int]:
     return min(16, cap), 2 if rows <= 64 else 1
 
 
-def pick_fold(ckpt_lo, BV: int, nw: int, rows: int) -> str:
+def pick_fold(ckpt_lo, BV: int, nw: int, rows: int, ring_k_dtype=torch.bfloat16) -> str:
     """How a flush folds the ring. Below 1024 rows (batch x value heads) the step is latency-bound: the fp32 FMA
     dot over the ring already in registers, not L dependent rank-1 updates (see `pick_config_v2`). H200, batch
     256, a plain step (cursor 5) / the flush step (cursor 15), 2026-11-30 ~06:20 UTC (bench_replay_flush): fp32
     (32, 1 warp) serial 166 / 401 µs, dot 183 / 353, tf32x3 212 / 422; dual_bf16 serial 148 / 581, dot 149 / 485,
-    tf32x3 165 / 549. So there the dot with a bf16 copy at (32, 1) (2.7 % over an L = 16 cycle), serial otherwise
-    (the dot costs fp32 plain steps 10 %)."""
+    tf32x3 165 / 549. Full cycles in CUDA graphs (bench_replay --ops gdn --batches 256 --sweep 256, 2026-11-30
+    11:22 UTC, code c478db8): fp32 fused (32, 1) serial 173.2 µs, bf16x3 179.5, dot 186.3; dual (split, the
+    fold is the flush launch's) serial 136.2, dot 137.2, **bf16x3 128.6** (2.15x eager). So from 1024 rows: fp32
+    serial (the fused kernel's registers: bf16x3 spills 128 B there); a bf16 copy at (32, 1) bf16x3 with a bf16 k
+    ring (exact in bf16), else the dot."""
     if rows < 1024:
         return "dot"
     if ckpt_lo is not None and ckpt_lo.dtype == torch.bfloat16 and (BV, nw) == (32, 1):
-        return "dot"
+        return "bf16x3" if ring_k_dtype == torch.bfloat16 else "dot"
     return "serial"
 
 
@@ -293,7 +296,7 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     if b == 0:
         return o
     bv, nw, fold, maxnreg = decode_config(config, pick_config_v2(b, HV, V, ckpt_lo is not None),
-                                          lambda block, warps: pick_fold(ckpt_lo, block, warps, b * HV))
+                                          lambda block, warps: pick_fold(ckpt_lo, block, warps, b * HV, ring_k.dtype))
     if split is None:
         split = split_default(ckpt_lo, b * HV)
     if ring_by_cursor is None:

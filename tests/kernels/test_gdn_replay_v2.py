@@ -156,5 +156,6 @@ def test_v2_argument_errors(device):
     with pytest.raises(ValueError, match="impl"):
         gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="v3")
     with pytest.raises(ValueError, match="bf16 k ring"):  # an fp32 ring is not exact in bf16
-        gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="v2", advance=False, backend="triton",
+        gdn_replay_decode(**{k: v.to(device) for k, v in c.items()}, **{k: v.to(device) for k, v in kw.items()},
+                          slot_ids=sid.to(device), L=L, impl="v2", advance=False, backend="triton",
                           config=(4, 2, "bf16x3"))
