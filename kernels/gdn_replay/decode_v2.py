@@ -8,7 +8,9 @@ the shared cursor once per step with ``replay_advance``).
 Latency layout (as in ``mamba2_replay.triton_v2``): nothing but the slot id sits in front of the
 loads. The checkpoint tile, all L ring entries (u tile, the key head's k, g) and this token's inputs
 are issued without waiting for the cursor; the cursor is one scalar used only in arithmetic (entries
-j >= wp are zeroed with ``where``: stale ring contents may be NaN). With Gam_j = cumsum(ring g)_j and
+j >= wp are zeroed with ``where``: stale ring contents may be NaN). A split step's output-only launch instead
+reads the cursor after issuing the tile and loads only entries j < wp (``ring_by_cursor``: half the ring bytes
+on average; in a fused step the wait cost more than it saved, measured). With Gam_j = cumsum(ring g)_j and
 G_t = sum(ring g) + g_t, and k, q L2-normalised (q times scale):
   * output-only (adjoint) route, wp < L-1:
       S k  = e^{G_t} (S0 k) + sum_{j<wp} e^{G_t - Gam_j} (k_j . k) u_j      (S q likewise)

@@ -9,7 +9,9 @@ write_pos is read, never written (the caller moves the shared cursor once per st
 Latency layout: nothing but the slot id sits in front of the loads. The checkpoint tile, all L ring
 entries (x tile, dt, the group's B) and this token's inputs are issued without waiting for the
 cursor; the cursor is one scalar load used only in arithmetic (entries j >= wp are zeroed with
-``where``, so stale or NaN ring contents never leak in). Then, with c_j = A * cumsum(dt)_j and
+``where``, so stale or NaN ring contents never leak in). A split step's output-only launch instead reads the
+cursor after issuing the tile and loads only entries j < wp (``ring_by_cursor``: half the ring bytes on
+average; in a fused step the wait cost more than it saved, measured). Then, with c_j = A * cumsum(dt)_j and
 c_t = A * (sum of ring dt + dt_t):
   * output-only route (wp < L-1): y = e^{c_t} (S0 . C_t) + sum_{j<wp} dt_j e^{c_t-c_j} (B_j . C_t) x_j
     + dt_t (B_t . C_t) x_t + D x_t (* silu(z)); this token is appended at ring position wp (x tile by
