@@ -7,7 +7,8 @@ Variants: eager fp32 state (``mamba2_decode`` / ``gdn_decode`` Triton kernels), 
 checkpoint, replay dual_bf16 (fp32 checkpoint + bf16 copy read between flushes), and the same two
 through the eager-shaped decode kernels ``impl="v2"`` (rows ``*_v2``, Mamba-2 and GDN adjoint: ``advance=False``, the
 cursor is a per-step constant tensor, i.e. moved once per step outside the layer as in the engine;
-v2 fused steps read all L ring entries, split ones the wp live ones; the byte count stays the needed bytes); GDN replay in both
+v2 fused steps read all L ring entries, split ones the wp live ones; the byte count stays the needed bytes);
+GDN replay in both
 routes. Every time is the average decode step over full L-step cycles (so the flush is amortised):
 one CUDA graph holds L x R steps over R rotated slot sets (state touched per graph > 2x L2), time
 per graph replay / (L R). Bytes are counted exactly (unique bytes a step must move, averaged over
