@@ -11,6 +11,9 @@ rows are then copied src → device with row-wide vector loads (src is the pinne
 read through unified addressing) — by a second launch that spreads each request's misses over many
 programs (default), or inside the resolve program (`split=0`). Barriers order the scratch
 round-trips inside the program; nothing touches another request's state, so programs never race.
+Stage path (`stage`, the default for one request row): staging programs in the same launch copy the missed
+host rows to device staging rows while the resolve runs, and the second launch copies staging → hot rows
+(see `_resolve_kernel`), so the host copy no longer waits for the single-program resolve.
 """
 from __future__ import annotations
 
