@@ -5,7 +5,7 @@ the invariant both must keep: the row behind every returned id holds the selecte
 import pytest
 import torch
 from synodic.kernels.kv_resolve import kv_resolve
-from synodic.kernels.kv_resolve.triton_impl import kv_resolve_triton
+from synodic.kernels.kv_resolve.triton_impl import ResolveScratch, kv_resolve_triton
 
 BS, B, K, W = 3, 7, 5, 6  # odd page size, hot buffer, top-k and row width
 S = 4                      # 3 request slots + the scratch slot (index 3)
@@ -81,12 +81,13 @@ def test_triton_matches_ref_over_steps(adaptive, split, fast, stage, device):
     (a row of W = 6 in two column steps, the second partial). adaptive = resident pages; with fast, the
     short-row fast path too (hisparse verify windows: draft pages as resident ones). stage: misses copied
     host → staging rows beside the resolve (2-row staging chunks: 3 staging programs per request), then
-    staging → hot rows."""
+    staging → hot rows, one scratch reused by every step (its counts must come back to zero each call)."""
     gen = torch.Generator().manual_seed(7 + adaptive)
     a, b = build(gen, device, adaptive), build(torch.Generator().manual_seed(7 + adaptive), device, adaptive)
     rows = torch.tensor([2, 0, 1, S - 1], dtype=torch.long, device=device)   # the last row is padding
     start = torch.tensor([1, 4, 9, 0])
     total_miss = 0
+    scratch = ResolveScratch(len(rows), K, S, B, device) if stage else None
     for st in (a, b):  # prefill: every earlier position written once, in order
         for P in range(int(start.max())):
             live = [n for n in range(3) if P < start[n]]
@@ -100,7 +101,7 @@ def test_triton_matches_ref_over_steps(adaptive, split, fast, stage, device):
             write_newest(st, rows.cpu(), pos.cpu(), adaptive, fast)
         ids_t, nm_t = kv_resolve_triton(sel, rows, pos, block_size=BS, fast_path=fast, split=split,
                                        copy_j=2 if split in (2, 3) else 16, block_w=4 if split == 3 else None,
-                                       stage=stage, stage_j=2, **a)
+                                       stage=stage, stage_j=2, scratch=scratch, **a)
         ids_r, nm_r = kv_resolve(sel, rows, pos, block_size=BS, fast_path=fast, backend="ref", **b)
         assert torch.equal(ids_t, ids_r), (step, ids_t, ids_r)
         assert torch.equal(nm_t, nm_r)
@@ -108,6 +109,8 @@ def test_triton_matches_ref_over_steps(adaptive, split, fast, stage, device):
             assert torch.equal(a[key], b[key]), (step, key)
         assert torch.equal(a["dev"].nan_to_num(7.0), b["dev"].nan_to_num(7.0))
         total_miss += int(nm_t[:-1].sum())
+        if stage:
+            assert int(scratch.count.abs().sum()) == 0
         # every id holds the selected position's row; masked stay -1
         devf, srcf = a["dev"].view(-1, W), a["src"].view(-1, W)
         for n in range(3):
