@@ -362,27 +362,28 @@ def main(argv=None):
                 print(f"{cls.op} {v:26s} b={batch:4d}: {us:8.1f} µs  {row['gbps']:6.0f} GB/s "
                       f"({row['pct_hbm']:5.1f} %)  x{row['speedup'] or 0:.2f}", flush=True)
                 if batch in sweep_batches and v.endswith("_v2"):
-                    for cfg in (G_V2_SMALL_SWEEP if cls is GDNCase and batch <= 8 else grid):
-                        case.config = cfg
-                        t = time_cycle(case)
-                        res["sweep"].append(dict(op=cls.op, variant=v, batch=batch, config=cfg, us=t,
-                                                 speedup=eager_us / t))
-                        print(f"   sweep {cfg}: {t:8.1f} µs  x{eager_us / t:.2f}", flush=True)
-                    case.config = None
+                    _sweep(res, case, eager_us, "config", G_V2_SMALL_SWEEP if cls is GDNCase and batch <= 8 else grid)
                 if batch in ring_batches and "_v2" in v:
-                    for ring in (False, True):
-                        case.ring = ring
-                        t = time_cycle(case)
-                        res["sweep"].append(dict(op=cls.op, variant=v, batch=batch, ring_by_cursor=ring, us=t,
-                                                 speedup=eager_us / t))
-                        print(f"   ring_by_cursor={ring}: {t:8.1f} µs  x{eager_us / t:.2f}", flush=True)
-                    case.ring = None
+                    _sweep(res, case, eager_us, "ring", (False, True))
                 del case
                 torch.cuda.empty_cache()
             with open(args.out + ".partial", "w") as f:  # survives a timeout
                 json.dump(res, f, indent=1)
     _write(res, args.out)
     return 0 if all(c["ok"] for c in res["checks"]) else 1
+
+
+def _sweep(res, case, eager_us, attr, values):
+    """Time the case with case.<attr> ("config" or "ring") set to each value, then back to None (the launcher's
+    default); rows go to res["sweep"] under the key "config" / "ring_by_cursor"."""
+    key = {"config": "config", "ring": "ring_by_cursor"}[attr]
+    for val in values:
+        setattr(case, attr, val)
+        t = time_cycle(case)
+        res["sweep"].append({"op": case.op, "variant": case.variant, "batch": case.batch, key: val, "us": t,
+                             "speedup": eager_us / t})
+        print(f"   {key}={val}: {t:8.1f} µs  x{eager_us / t:.2f}", flush=True)
+    setattr(case, attr, None)
 
 
 def _write(res, path):

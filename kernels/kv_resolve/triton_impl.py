@@ -68,22 +68,10 @@ def _resolve_row(
     COPY_J: tl.constexpr, BLOCK_W: tl.constexpr, FUSED_COPY: tl.constexpr, STAGE: tl.constexpr,
 ):
     """The resolve of request row n (the module docstring's state machine)."""
-    r = tl.load(rows_ptr + n).to(tl.int64)
-    P = tl.load(pos_ptr + n).to(tl.int64)
     offs = tl.arange(0, BLOCK_K)
     kmask = offs < K
-    p = tl.load(sel_ptr + n * sel_n + offs, mask=kmask, other=-1).to(tl.int64)
-    valid = p >= 0
-    pc = tl.maximum(p, 0)
-    lp = pc // bs
-    off = pc % bs
-    if HAS_RES:
-        page = tl.load(res_ptr + r * res_s + lp, mask=valid, other=-1).to(tl.int64)
-        resident = valid & (page >= 0)
-        rid = page * bs + off
-    else:
-        resident = p < -1
-        rid = pc
+    r, P, p, valid, lp, off, resident, rid = _selected(sel_ptr, sel_n, rows_ptr, pos_ptr, res_ptr, res_s, n, offs,
+                                                       kmask, bs, HAS_RES)
     if P < fast_limit:
         # short sequence (hisparse): hot slot j holds position j; no lookups, no LRU work
         hp = tl.load(hot_tab_ptr + r * hot_tab_s + lp, mask=valid, other=0).to(tl.int64)
@@ -165,37 +153,44 @@ def _resolve_row(
 
 
 @triton.jit
+def _selected(sel_ptr, sel_n, rows_ptr, pos_ptr, res_ptr, res_s, n, offs, omask, bs, HAS_RES: tl.constexpr):
+    """Request row n's selected positions at offs (omask): (slot r, newest position P, p, valid, logical page lp,
+    offset in page, resident, resident row id). Shared by the resolve and its staging programs, which must
+    classify every position alike."""
+    r = tl.load(rows_ptr + n).to(tl.int64)
+    P = tl.load(pos_ptr + n).to(tl.int64)
+    p = tl.load(sel_ptr + n * sel_n + offs, mask=omask, other=-1).to(tl.int64)
+    valid = p >= 0
+    pc = tl.maximum(p, 0)
+    lp = pc // bs
+    off = pc % bs
+    if HAS_RES:
+        page = tl.load(res_ptr + r * res_s + lp, mask=valid, other=-1).to(tl.int64)
+        resident = valid & (page >= 0)
+        rid = page * bs + off
+    else:
+        resident = p < -1
+        rid = pc
+    return r, P, p, valid, lp, off, resident, rid
+
+
+@triton.jit
 def _stage_chunk(sel_ptr, sel_n, rows_ptr, pos_ptr, res_ptr, res_s, idx_tab_ptr, idx_tab_s, sof_ptr, src_tab_ptr,
                  src_tab_s, src_ptr, stage_ptr, cnt_ptr, n, c, K, W, bs, fast_limit, HAS_RES: tl.constexpr,
                  COPY_J: tl.constexpr, BLOCK_W: tl.constexpr):
     """Staging program c of request n: positions j in [c*COPY_J, (c+1)*COPY_J) classified as the resolve does;
     each miss's host row copied to staging row n*K + j. Then the request's done-count goes up by one (release:
     this program's reverse-map reads happen before the resolve's writes)."""
-    r = tl.load(rows_ptr + n).to(tl.int64)
-    P = tl.load(pos_ptr + n).to(tl.int64)
     oj = c * COPY_J + tl.arange(0, COPY_J)
-    jm = oj < K
-    p = tl.load(sel_ptr + n * sel_n + oj, mask=jm, other=-1).to(tl.int64)
-    valid = p >= 0
-    pc = tl.maximum(p, 0)
-    lp = pc // bs
-    off = pc % bs
-    if HAS_RES:
-        resident = valid & (tl.load(res_ptr + r * res_s + lp, mask=valid, other=-1) >= 0)
-    else:
-        resident = p < -1
+    r, P, p, valid, lp, off, resident, _ = _selected(sel_ptr, sel_n, rows_ptr, pos_ptr, res_ptr, res_s, n, oj,
+                                                     oj < K, bs, HAS_RES)
     if P >= fast_limit:  # a fast-path row (hisparse, P < B) looks nothing up and misses nothing
         look = valid & (~resident) & (p != P)  # the resolve's lookups: not resident, not the newest token
         # table loads unmasked: every lane's page index is in range (pc >= 0), its value used only where it misses
         ipage = tl.load(idx_tab_ptr + r * idx_tab_s + lp).to(tl.int64)
         miss = look & (tl.load(sof_ptr + ipage * bs + off, mask=look, other=0) < 0)
         srow = tl.load(src_tab_ptr + r * src_tab_s + lp).to(tl.int64) * bs + off
-        drow = n * K + oj
-        for w0 in range(0, W, BLOCK_W):
-            ow = w0 + tl.arange(0, BLOCK_W)
-            cm = miss[:, None] & (ow < W)[None, :]
-            x = tl.load(src_ptr + srow[:, None] * W + ow[None, :], mask=cm)
-            tl.store(stage_ptr + drow[:, None] * W + ow[None, :], x, mask=cm)
+        _copy_rows(src_ptr, srow, stage_ptr, n * K + oj, miss, W, BLOCK_W)
     tl.atomic_add(cnt_ptr + n, 1, sem="release")
 
 
@@ -218,11 +213,17 @@ def _copy_plan(plan_ptr, dst_ptr, src_ptr, dev_ptr, start, m, stride, W, COPY_J:
         jm = oj < m
         sr = tl.load(plan_ptr + oj, mask=jm, other=0)
         dr = tl.load(dst_ptr + oj, mask=jm, other=0)
-        for w0 in range(0, W, BLOCK_W):
-            ow = w0 + tl.arange(0, BLOCK_W)
-            cm = jm[:, None] & (ow < W)[None, :]
-            x = tl.load(src_ptr + sr[:, None] * W + ow[None, :], mask=cm)
-            tl.store(dev_ptr + dr[:, None] * W + ow[None, :], x, mask=cm)
+        _copy_rows(src_ptr, sr, dev_ptr, dr, jm, W, BLOCK_W)
+
+
+@triton.jit
+def _copy_rows(src_ptr, sr, dst_ptr, dr, rm, W, BLOCK_W: tl.constexpr):
+    """Rows sr -> rows dr where rm, W values each, BLOCK_W columns per step."""
+    for w0 in range(0, W, BLOCK_W):
+        ow = w0 + tl.arange(0, BLOCK_W)
+        cm = rm[:, None] & (ow < W)[None, :]
+        x = tl.load(src_ptr + sr[:, None] * W + ow[None, :], mask=cm)
+        tl.store(dst_ptr + dr[:, None] * W + ow[None, :], x, mask=cm)
 
 
 @triton.jit

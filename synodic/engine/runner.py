@@ -44,8 +44,6 @@ class ModelRunner:
 
     def _forward(self, bucket: int) -> torch.Tensor:
         ctx = DecodeContext(ssm=self.ssm, kv=self.kv, positions=self.pos[:bucket])
-        if self.ssm is not None:
-            self.ssm.begin_step()
         logits = self.model(self.ids[:bucket], ctx)[:, 0]
         if self.ssm is not None:
             self.ssm.end_step()

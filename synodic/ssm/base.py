@@ -62,9 +62,6 @@ class StateBackendBase:
         self.conv[i][slot] = conv_state.to(self.conv[i].dtype)
         self._seed_state(i, slot, state)
 
-    def begin_step(self) -> None:
-        """Called once before the layers of a decode step (after `bind`)."""
-
     def end_step(self) -> None:
         """Called once after every layer ran a decode step (cursor moves for backends that keep one)."""
 

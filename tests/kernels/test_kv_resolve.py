@@ -134,3 +134,13 @@ def test_rejects_k_larger_than_buffer():
     with pytest.raises(ValueError, match="hot buffer size"):
         kv_resolve(sel, torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), block_size=BS,
                    fast_path=True, **st)
+
+
+def test_stage_needs_the_second_launch(device):
+    """The stage path's plan names staging rows, which only the second (device) copy launch reads."""
+    st = build(torch.Generator().manual_seed(0), device, False)
+    sel = torch.zeros(1, K, dtype=torch.int32, device=device)
+    zero = torch.zeros(1, dtype=torch.long, device=device)
+    with pytest.raises(ValueError, match="stage=True copies staging rows"):
+        kv_resolve(sel, zero, zero, block_size=BS, fast_path=False, backend="triton",
+                   config=dict(stage=True, split=0), **st)

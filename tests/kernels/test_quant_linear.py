@@ -283,14 +283,19 @@ W32_CASES = [  # fmt, N, K, dtype, act_quant, with s and bias, config (KERNEL="g
 
 @pytest.mark.parametrize("fmt,N,K,dtype,act,with_sb,config", W32_CASES)
 def test_gemv32_matches_ref(fmt, N, K, dtype, act, with_sb, config, device, nan_empty):
+    check_kernel_matches_ref("gemv32", fmt, N, K, 1, dtype, act, with_sb, config, device, seed=N * K + 3)
+
+
+def check_kernel_matches_ref(kernel, fmt, N, K, M, dtype, act, with_sb, config, device, seed):
+    """KERNEL=kernel against the reference, twice (the split-K counters must be back at zero after a call)."""
     from synodic.kernels.quant_linear.triton_impl import _CNT
-    w, x, s, b = make(N, K, 1, dtype, device, seed=N * K + 3)
+    w, x, s, b = make(N, K, M, dtype, device, seed=seed)
     s, b = (s, b) if with_sb else (None, None)
     q = quantize(w, fmt)
     y_ref = quant_linear(x, q, s, b, act_quant=act, backend="ref")
-    for _ in range(2):  # twice: the split-K counters must be back at zero after a call
-        y = quant_linear(x, q, s, b, act_quant=act, backend="triton", config=dict(config, KERNEL="gemv32"))
-        assert y.shape == (1, N) and y.dtype == dtype and torch.isfinite(y).all()
+    for _ in range(2):
+        y = quant_linear(x, q, s, b, act_quant=act, backend="triton", config=dict(config, KERNEL=kernel))
+        assert y.shape == (M, N) and y.dtype == dtype and torch.isfinite(y).all()
         assert rel_rmse(y, y_ref) < (1e-5 if dtype == torch.float32 else 1e-2)
     assert all((t == 0).all() for t in _CNT.values())
 
@@ -384,16 +389,7 @@ DOTP_CASES = [  # fmt, N, K, M, dtype, act_quant, with s and bias, config (KERNE
 
 @pytest.mark.parametrize("fmt,N,K,M,dtype,act,with_sb,config", DOTP_CASES)
 def test_dotp_matches_ref(fmt, N, K, M, dtype, act, with_sb, config, device, nan_empty):
-    from synodic.kernels.quant_linear.triton_impl import _CNT
-    w, x, s, b = make(N, K, M, dtype, device, seed=N * K + M + 5)
-    s, b = (s, b) if with_sb else (None, None)
-    q = quantize(w, fmt)
-    y_ref = quant_linear(x, q, s, b, act_quant=act, backend="ref")
-    for _ in range(2):  # twice: the split-K counters must be back at zero after a call
-        y = quant_linear(x, q, s, b, act_quant=act, backend="triton", config=dict(config, KERNEL="dotp"))
-        assert y.shape == (M, N) and y.dtype == dtype and torch.isfinite(y).all()
-        assert rel_rmse(y, y_ref) < (1e-5 if dtype == torch.float32 else 1e-2)
-    assert all((t == 0).all() for t in _CNT.values())
+    check_kernel_matches_ref("dotp", fmt, N, K, M, dtype, act, with_sb, config, device, seed=N * K + M + 5)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2"])
