@@ -38,95 +38,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .codec import _SIGN2, _decode, _e4m3, _e8m0, _mxfp4_fake, _mxfp4_from_amax, _scale, _shl, _store_out
+from .gemvh import _qgemvh_kernel, gemvh_omul
+
 FMT_IDS = {"mxfp4": 0, "nvfp4": 1, "mxfp8_e4m3": 2, "mxfp8_e5m2": 3}
-_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: (y + MAGIC) - MAGIC rounds |y| < 2^22 half-to-even in fp32
-
-
-@triton.jit
-def _with_sign(mag, c):
-    # the code's sign bit set with an integer OR: -0 stays -0 (on the GPU a select of -mag / mag
-    # compiled to +0 for code 0x80)
-    return (mag.to(tl.int32, bitcast=True) | ((c & 0x80) << 24)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _e4m3(c):
-    """int32 E4M3fn codes (0..255) -> fp32."""
-    e = (c >> 3) & 15
-    m = c & 7
-    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True))
-    mag = tl.where((e == 15) & (m == 7), float("nan"), mag)
-    return _with_sign(mag, c)
-
-
-@triton.jit
-def _e5m2(c):
-    """int32 E5M2 codes (0..255) -> fp32."""
-    e = (c >> 2) & 31
-    m = c & 3
-    mag = tl.where(e == 0, m.to(tl.float32) * 0.0000152587890625,
-                   (((e + 112) << 23) | (m << 21)).to(tl.float32, bitcast=True))
-    mag = tl.where(e == 31, tl.where(m == 0, float("inf"), float("nan")), mag)
-    return _with_sign(mag, c)
-
-
-@triton.jit
-def _e8m0(c):
-    """int32 E8M0 codes -> fp32 (0 -> 2^-127, 255 -> NaN), as synodic.quant.mx.e8m0_to_fp32."""
-    v = tl.where(c == 0, 5.877471754111438e-39, (c << 23).to(tl.float32, bitcast=True))
-    return tl.where(c == 255, float("nan"), v)
-
-
-@triton.jit
-def _mxfp4_round(v):
-    """E2M1 grid, round-half-even, saturating at 6, NaN kept (v already divided by the block scale)."""
-    av = tl.abs(v)
-    e = tl.minimum(tl.maximum((av.to(tl.int32, bitcast=True) >> 23) & 0xFF, 127), 129)
-    ulp = ((e - 1) << 23).to(tl.float32, bitcast=True)  # 2^(e - mbits) with mbits = 1
-    r = tl.minimum(((av / ulp + _MAGIC) - _MAGIC) * ulp, 6.0)
-    r = tl.where(v < 0, -r, r)
-    return tl.where(v != v, v, r)
-
-
-@triton.jit
-def _mxfp4_from_amax(x, amax):
-    """MXFP4 fake quantization of x whose 32-block absolute max (broadcastable to x) is amax."""
-    ebits = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    biased = tl.minimum(tl.maximum(ebits - 2, 0), 255)  # floor(log2 amax) - emax(E2M1)=2, E8M0-biased
-    biased = tl.where(amax != amax, 255, biased)
-    div = tl.maximum((biased << 23).to(tl.float32, bitcast=True), 1.1754943508222875e-38)
-    return _mxfp4_round(x / div) * _e8m0(biased)
-
-
-@triton.jit
-def _mxfp4_fake(x, AXIS: tl.constexpr):
-    """x as [..., G, 32] blocks (the 32 along AXIS, the last)."""
-    return _mxfp4_from_amax(x, tl.max(tl.abs(x), axis=AXIS, keep_dims=True))
-
-
-@triton.jit
-def _decode(codes, FMT: tl.constexpr, FP8_CVT: tl.constexpr = False):
-    """int32 8-bit codes (FMT 2: E4M3, 3: E5M2) -> fp32 weights: bit-field arithmetic (default; exact, the
-    same values as synodic.quant.elements' tables, NaN payloads aside), or with FP8_CVT the byte bitcast to
-    tl.float8e4nv / tl.float8e5 and converted by the hardware (sm_89+; exact there too). The Triton 3.9
-    interpreter's fp8 conversion is wrong for the special codes (E4M3 0x7F/0xFF give finite values, E5M2
-    Inf/NaN codes too), so only the arithmetic decoder is tested bit for bit on CPU."""
-    if FMT == 2:
-        if FP8_CVT:
-            return codes.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        return _e4m3(codes)
-    else:
-        if FP8_CVT:
-            return codes.to(tl.uint8).to(tl.float8e5, bitcast=True).to(tl.float32)
-        return _e5m2(codes)
-
-
-@triton.jit
-def _scale(sc, FMT: tl.constexpr):
-    if FMT == 1:
-        return _e4m3(sc)
-    else:
-        return _e8m0(sc)
 
 
 # --- decode, output, kernels -----------------------------------------------------------------------------------
@@ -186,25 +101,6 @@ def _fold(sc, FMT: tl.constexpr, SH: tl.constexpr, SHMUL: tl.constexpr):
         return tl.where(sc == 255, float("nan"), v)
 
 
-@triton.jit
-def _store_out(val, y_ptr, part_ptr, cnt_ptr, y_off, p_off, mask, pid_k, tile, slab,
-               SPLIT: tl.constexpr, SEM: tl.constexpr):
-    """Write an output tile. Split K: every program stores its fp32 partial; with SEM the last program of a
-    tile (a per-tile counter, atomics acq_rel) sums the partials in split order (deterministic) and writes y,
-    then resets the counter — no second kernel launch; without SEM the host sums them."""
-    if SPLIT == 1:
-        tl.store(y_ptr + y_off, val.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(part_ptr + pid_k * slab + p_off, val, mask=mask)
-        if SEM:
-            tl.debug_barrier()  # every thread's partial is issued before the counter moves
-            done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if done == SPLIT - 1:
-                tot = tl.load(part_ptr + p_off, mask=mask, other=0.0, cache_modifier=".cg")
-                for j in range(1, SPLIT):
-                    tot += tl.load(part_ptr + j * slab + p_off, mask=mask, other=0.0, cache_modifier=".cg")
-                tl.store(y_ptr + y_off, tot.to(y_ptr.dtype.element_ty), mask=mask)
-                tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
 @triton.jit
@@ -312,19 +208,9 @@ def _qdot_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt
 # code i of each word. Per word:
 # E FMAs into a [BLOCK_N, G, WPB] accumulator, times the block scale; summed once after the K loop.
 
-_SIGN2 = tl.constexpr(-2147450880)  # 0x80008000: the sign bits of both bf16 halves
 _HI16 = tl.constexpr(-65536)  # 0xFFFF0000
 _E4M3_NAN = tl.constexpr(1.875 * 2.0 ** -112)  # the fp32 word of E4M3 magnitude bits 0x7F (a NaN code)
 _E5M2_TOP = tl.constexpr(2.0 ** -96)  # E5M2 exponent field all ones, mantissa 0, times 2^-112
-
-
-@triton.jit
-def _shl(w, S: tl.constexpr):
-    """w << S, or w >> -S (arithmetic) for S < 0: the callers mask off the sign-filled bits."""
-    if S >= 0:
-        return w << S
-    else:
-        return w >> (-S)
 
 
 @triton.jit
@@ -599,8 +485,9 @@ def _qdotp_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cn
 
 # --- launch ----------------------------------------------------------------------------------------------------
 
-KERNELS = ("dot", "gemv32", "dotp")  # config KERNEL: tl.dot (any M) | CUDA-core GEMV from int32 code words
-# (M = 1) | tl.dot on bf16-decoded, K-permuted weight tiles (any M; see "dotp" above)
+KERNELS = ("dot", "gemv32", "dotp", "gemvh")  # config KERNEL: tl.dot (any M) | CUDA-core GEMV from int32 code
+# words (M = 1) | tl.dot on bf16-decoded, K-permuted weight tiles (any M; see "dotp" above) | the fp16x2 GEMV
+# (M = 1; gemvh.py)
 
 
 def _auto_split(progs: int, K: int, bk: int, sms: int, per_sm: int, min_iters: int) -> int:
@@ -659,7 +546,7 @@ def resolve_config(M: int, N: int, K: int, fmt: str, config: dict | None, sms: i
         raise ValueError(f"config KERNEL={kern!r}: expected one of {', '.join(KERNELS)}")
     if kern is None:
         base = default_config(M, N, K, fmt, sms)
-    elif kern == "gemv32":
+    elif kern in ("gemv32", "gemvh"):
         base = dict(KERNEL=kern, BLOCK_N=32, BLOCK_K=256 if FMT_IDS[fmt] <= 1 else 128, SEM=True, num_warps=4,
                     num_stages=2)
     elif kern == "dot":
@@ -710,7 +597,7 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     N = data.shape[0]
     cfg = resolve_config(M, N, K, fmt, config, _sms(x2d.device))
     kern = cfg["KERNEL"]
-    if kern == "gemv32" and M != 1:  # the CUDA-core kernel reads one row; more rows take the M >= 2 default
+    if kern in ("gemv32", "gemvh") and M != 1:  # the CUDA-core GEMVs read one row; more rows take the M >= 2 default
         cfg = resolve_config(M, N, K, fmt, {k: v for k, v in (config or {}).items() if k != "KERNEL"},
                              _sms(x2d.device))
         kern = cfg["KERNEL"]
@@ -723,7 +610,7 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     split = triton.cdiv(K, k_per)
     cvt = bool(cfg.get("FP8_CVT", False)) and fmt.startswith("mxfp8")
     if cvt and kern != "dot":
-        raise ValueError(f"config FP8_CVT=True: KERNEL={kern!r} decodes 8-bit codes arithmetically only")
+        raise ValueError(f"config FP8_CVT=True: only KERNEL='dot' takes it, got KERNEL={kern!r}")
     if kern == "dotp" and ("TWO_MUL" in cfg or "BLOCK_M" in cfg and cfg["BLOCK_M"] < 16):
         raise ValueError("config KERNEL='dotp': no TWO_MUL, BLOCK_M >= 16")
     dummy = data
@@ -753,15 +640,22 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
             BLOCK_M=bm, ASM=low, EVEN=N % bn == 0 and K % bk == 0, SH=r - _DSH, SHMUL=float(2.0 ** (r - _DSH)),
             OMUL=float(2.0 ** _DSH),
             **{k: v for k, v in common.items() if k not in ("FP8_CVT", "ACT_Q")})
-    elif kern == "gemv32":
+    elif kern in ("gemv32", "gemvh"):
         cnt = _counters(x2d.device, triton.cdiv(N, bn)) if sem else None
         sem = cnt is not None
         words = code_words(data)
-        _qgemv32_kernel[(triton.cdiv(N, bn), split)](
-            x2d, words, scale, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias,
-            y, part, dummy if cnt is None else cnt, N, K, k_per, words.stride(0), scale.stride(0),
-            SPLIT=split, SEM=sem, XMUL=float(2.0 ** (r - _DSH)), OMUL=float(2.0 ** _DSH),
-            **{k: v for k, v in common.items() if k != "FP8_CVT"})
+        args = (x2d, words, scale, dummy if p is None else p, dummy if s is None else s,
+                dummy if bias is None else bias, y, part, dummy if cnt is None else cnt, N, K, k_per, words.stride(0),
+                scale.stride(0))
+        meta = {k: v for k, v in common.items() if k != "FP8_CVT"}
+        if kern == "gemvh":  # the split's K range in words too: its divisibility gives 16-byte loads
+            args = args[:12] + (k_per // (8 if FMT_IDS[fmt] <= 1 else 4),) + args[12:]
+            _qgemvh_kernel[(triton.cdiv(N, bn), split)](*args, SPLIT=split, SEM=sem, ASM=not interp,
+                                                        EVEN=N % bn == 0 and K % bk == 0,
+                                                        OMUL=gemvh_omul(FMT_IDS[fmt]), **meta)
+        else:
+            _qgemv32_kernel[(triton.cdiv(N, bn), split)](*args, SPLIT=split, SEM=sem, XMUL=float(2.0 ** (r - _DSH)),
+                                                         OMUL=float(2.0 ** _DSH), **meta)
     else:
         bm = int(cfg.get("BLOCK_M", _bm(M)))
         grid = (triton.cdiv(N, bn), split, triton.cdiv(M, bm))

@@ -8,7 +8,8 @@ import triton
 import triton.language as tl
 from kernel_errors import rel_rmse
 from synodic.kernels.quant_linear import quant_linear
-from synodic.kernels.quant_linear.triton_impl import FMT_IDS, _bits8, _bits_hi, _bits_lo, _decode, _e8m0, _fold, _pair32
+from synodic.kernels.quant_linear.codec import _decode, _e8m0
+from synodic.kernels.quant_linear.triton_impl import FMT_IDS, _bits8, _bits_hi, _bits_lo, _fold, _pair32
 
 from synodic.quant import QuantLinear, quantize
 
@@ -452,3 +453,69 @@ def test_dotp_asm_decode_matches_ref(fmt):
     kern[(1,)](codes, out, ref, FMT=FMT_IDS[fmt])
     n = 2048 if fmt == "mxfp4" else 1024
     assert torch.equal(out[:n], ref[:n])
+
+
+# --- gemvh: the one-row GEMV with fp16x2 arithmetic (inline asm on the GPU, fp32 sums of the fp16 operands on CPU) ---
+
+GH_CASES = [  # fmt, N, K, dtype, act_quant, with s and bias, config (KERNEL="gemvh" added)
+    ("mxfp4", 37, 160, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
+    ("mxfp4", 37, 256, F16, "mxfp4", True, dict(BLOCK_N=32, BLOCK_K=128)),  # split K from the heuristic
+    ("mxfp4", 21, 128, F32, None, False, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=4, SEM=False)),  # host sums
+    ("nvfp4", 41, 112, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
+    ("nvfp4", 41, 96, BF16, "mxfp4", False, dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2)),  # host act quant
+    ("mxfp8_e4m3", 24, 96, BF16, "mxfp4", True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
+    ("mxfp8_e4m3", 45, 192, F32, None, True, dict(BLOCK_N=16, BLOCK_K=64)),
+    ("mxfp8_e5m2", 19, 128, BF16, None, False, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
+]
+
+
+def check_fp16_close(y, x, q, s, b, act):
+    """|y - ref| <= 4e-3 * (|act(x s)| @ |dequant(q)|.T) (+ one rounding of the output dtype): fp16 operands and
+    fp16 partial sums of a word against the fp32 reference."""
+    from synodic.quant import dequantize
+    from synodic.quant.qtensor import fake_quant
+    y_ref = quant_linear(x, q, s, b, act_quant=act, backend="ref").float()
+    a = x.float() if s is None else x.float() * s
+    if act is not None:
+        a = fake_quant(a, act)
+    bound = 4e-3 * (a.abs() @ dequantize(q).abs().T)
+    if y.dtype != torch.float32:
+        bound = bound + y_ref.abs() * 2.0 ** -7
+    assert torch.isfinite(y).all()
+    assert ((y.float() - y_ref).abs() <= bound + 1e-30).all()
+
+
+@pytest.mark.parametrize("fmt,N,K,dtype,act,with_sb,config", GH_CASES)
+def test_gemvh_matches_ref(fmt, N, K, dtype, act, with_sb, config, device, nan_empty):
+    from synodic.kernels.quant_linear.triton_impl import _CNT
+    w, x, s, b = make(N, K, 1, dtype, device, seed=N * K + 7)
+    s, b = (s, b) if with_sb else (None, None)
+    q = quantize(w, fmt)
+    big = 30.0 if dtype == F16 else 8e3  # an fp16 y must stay finite
+    for scale in (1.0, big, 1e-5):  # block ranges: fp16 must neither overflow nor lose small activations
+        xs = (x.float() * scale).to(dtype)
+        for _ in range(2):  # the split-K counters must be back at zero after a call
+            y = quant_linear(xs, q, s, b, act_quant=act, backend="triton", config=dict(config, KERNEL="gemvh"))
+            assert y.shape == (1, N) and y.dtype == dtype
+            check_fp16_close(y, xs, q, s, b, act)
+    assert all((t == 0).all() for t in _CNT.values())
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2"])
+def test_gemvh_one_hot_exact(fmt, device):
+    """Every code byte at every position of a word, one-hot x at each code position of the first two words: y is
+    the column of dequant(q) bit for bit (NaN rows where a NaN code sits in the row, as in the reference)."""
+    from synodic.quant import QTensor
+    e = 8 if fmt in ("mxfp4", "nvfp4") else 4
+    blk = 16 if fmt == "nvfp4" else 32
+    ar = torch.arange(256)
+    data = ((ar[:, None] + 37 * torch.arange(4)[None, :]) % 256).to(torch.uint8).reshape(32, 32).to(device)
+    K = 32 * (2 if e == 8 else 1)
+    scale = torch.full((32, K // blk), 0x38 if fmt == "nvfp4" else 127, dtype=torch.uint8, device=device)  # 1.0
+    q = QTensor(fmt, data, scale, torch.ones(1, device=device) if fmt == "nvfp4" else None, (32, K))
+    eye = torch.eye(K, device=device)
+    for k in range(2 * e):
+        y = quant_linear(eye[k:k + 1], q, backend="triton", config=dict(KERNEL="gemvh", BLOCK_N=16, BLOCK_K=32))
+        ref = quant_linear(eye[k:k + 1], q, backend="ref")
+        torch.testing.assert_close(y, ref, rtol=0, atol=0, equal_nan=True)
