@@ -225,11 +225,16 @@ def _qgemvh_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, c
                    KW_PER_SPLIT, stride_wn, stride_sn,
                    FMT: tl.constexpr, QBLOCK: tl.constexpr, HAS_S: tl.constexpr, HAS_BIAS: tl.constexpr,
                    ACT_Q: tl.constexpr, SPLIT: tl.constexpr, SEM: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr, OMUL: tl.constexpr):
+                   BLOCK_K: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr, K_FIRST: tl.constexpr,
+                   OMUL: tl.constexpr):
     """y[n] = sum_k act(x[k] s[k]) w[n, k] for one row x, from int32 code words (w_ptr: int32, stride_wn in
     words); see the module docstring."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    if K_FIRST:  # the splits of one row tile run side by side
+        pid_k = tl.program_id(0)
+        pid_n = tl.program_id(1)
+    else:
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
     E: tl.constexpr = 8 if FMT <= 1 else 4  # codes per word
     G: tl.constexpr = BLOCK_K // QBLOCK
     WPB: tl.constexpr = QBLOCK // E
@@ -256,7 +261,10 @@ def _qgemvh_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, c
         else:
             sc = tl.load(sc_ptrs, mask=mn[:, None] & mg[None, :], other=0)
             w = tl.load(w_ptrs, mask=mn[:, None] & (cw < k_hi // E)[None, :], other=0)
-        sc = _scale(sc.to(tl.int32), FMT)
+        if FMT == 1 and ASM:  # NVFP4's E4M3 scales by the hardware conversion (exact; NaN code kept)
+            sc = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        else:
+            sc = _scale(sc.to(tl.int32), FMT)
         w = tl.reshape(w, (BLOCK_N, G, WPB))
         col = (g * QBLOCK)[:, None] + offs_q[None, :]
         if EVEN:

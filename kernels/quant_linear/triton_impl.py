@@ -611,6 +611,8 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     cvt = bool(cfg.get("FP8_CVT", False)) and fmt.startswith("mxfp8")
     if cvt and kern != "dot":
         raise ValueError(f"config FP8_CVT=True: only KERNEL='dot' takes it, got KERNEL={kern!r}")
+    if cfg.get("K_FIRST") and kern != "gemvh":
+        raise ValueError(f"config K_FIRST=True: only KERNEL='gemvh' takes it, got KERNEL={kern!r}")
     if kern == "dotp" and ("TWO_MUL" in cfg or "BLOCK_M" in cfg and cfg["BLOCK_M"] < 16):
         raise ValueError("config KERNEL='dotp': no TWO_MUL, BLOCK_M >= 16")
     dummy = data
@@ -650,9 +652,10 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
         meta = {k: v for k, v in common.items() if k != "FP8_CVT"}
         if kern == "gemvh":  # the split's K range in words too: its divisibility gives 16-byte loads
             args = args[:12] + (k_per // (8 if FMT_IDS[fmt] <= 1 else 4),) + args[12:]
-            _qgemvh_kernel[(triton.cdiv(N, bn), split)](*args, SPLIT=split, SEM=sem, ASM=not interp,
-                                                        EVEN=N % bn == 0 and K % bk == 0,
-                                                        OMUL=gemvh_omul(FMT_IDS[fmt]), **meta)
+            kf = bool(cfg.get("K_FIRST", False))
+            grid = (split, triton.cdiv(N, bn)) if kf else (triton.cdiv(N, bn), split)
+            _qgemvh_kernel[grid](*args, SPLIT=split, SEM=sem, ASM=not interp, EVEN=N % bn == 0 and K % bk == 0,
+                                 K_FIRST=kf, OMUL=gemvh_omul(FMT_IDS[fmt]), **meta)
         else:
             _qgemv32_kernel[(triton.cdiv(N, bn), split)](*args, SPLIT=split, SEM=sem, XMUL=float(2.0 ** (r - _DSH)),
                                                          OMUL=float(2.0 ** _DSH), **meta)

@@ -466,7 +466,14 @@ GH_CASES = [  # fmt, N, K, dtype, act_quant, with s and bias, config (KERNEL="ge
     ("mxfp8_e4m3", 24, 96, BF16, "mxfp4", True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
     ("mxfp8_e4m3", 45, 192, F32, None, True, dict(BLOCK_N=16, BLOCK_K=64)),
     ("mxfp8_e5m2", 19, 128, BF16, None, False, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
+    ("mxfp4", 37, 192, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=3, K_FIRST=True)),  # grid (split, n)
 ]
+
+
+def test_gemvh_k_first_only_for_gemvh(device):
+    w, x, _, _ = make(16, 64, 1, torch.float32, device, seed=18)
+    with pytest.raises(ValueError, match="K_FIRST"):
+        quant_linear(x, quantize(w, "mxfp4"), backend="triton", config=dict(KERNEL="gemv32", K_FIRST=True))
 
 
 def check_fp16_close(y, x, q, s, b, act):
