@@ -225,16 +225,11 @@ def _qgemvh_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, c
                    KW_PER_SPLIT, stride_wn, stride_sn,
                    FMT: tl.constexpr, QBLOCK: tl.constexpr, HAS_S: tl.constexpr, HAS_BIAS: tl.constexpr,
                    ACT_Q: tl.constexpr, SPLIT: tl.constexpr, SEM: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr, K_FIRST: tl.constexpr,
-                   OMUL: tl.constexpr):
+                   BLOCK_K: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr, OMUL: tl.constexpr):
     """y[n] = sum_k act(x[k] s[k]) w[n, k] for one row x, from int32 code words (w_ptr: int32, stride_wn in
     words); see the module docstring."""
-    if K_FIRST:  # the splits of one row tile run side by side
-        pid_k = tl.program_id(0)
-        pid_n = tl.program_id(1)
-    else:
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
     E: tl.constexpr = 8 if FMT <= 1 else 4  # codes per word
     G: tl.constexpr = BLOCK_K // QBLOCK
     WPB: tl.constexpr = QBLOCK // E

@@ -490,6 +490,10 @@ KERNELS = ("dot", "gemv32", "dotp", "gemvh")  # config KERNEL: tl.dot (any M) | 
 # (M = 1; gemvh.py)
 
 
+CONFIG_KEYS = {"KERNEL", "BLOCK_N", "BLOCK_K", "BLOCK_M", "SPLIT_K", "SEM", "num_warps", "num_stages", "FP8_CVT",
+               "TWO_MUL"}
+
+
 def _auto_split(progs: int, K: int, bk: int, sms: int, per_sm: int, min_iters: int) -> int:
     """Largest power-of-two K split keeping <= per_sm programs per SM and >= min_iters K tiles each."""
     split = 1
@@ -498,19 +502,23 @@ def _auto_split(progs: int, K: int, bk: int, sms: int, per_sm: int, min_iters: i
     return split
 
 
-def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132) -> dict:
-    """Launch config (no timing at run time: decode steps stay capturable in CUDA graphs): the winners
-    of the H200 sweep of 2026-11-30 ~02:53 UTC (bench_quant --shapes 4096x14336,14336x4096 --ms 1,32), per
-    format, against the bf16 torch linear in the same run:
-      M = 1, int32-word GEMV "gemv32": 4-bit [16 x 512] tiles on 4 warps (MXFP4 1.44x / 1.47x, NVFP4
-      1.42x / 1.42x; the removed byte-tile GEMV: 1.14x / 0.88x), MXFP8 [32 x 128] on 4 warps (1.03x / 1.04x);
+def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: bool = False) -> dict:
+    """Launch config (no timing at run time: decode steps stay capturable in CUDA graphs), from the H200 sweeps
+    of 2026-11-30 (bench_quant --shapes 4096x14336,14336x4096), against the bf16 torch linear in the same run:
+      M = 1, bf16 / fp16 activations, the fp16x2 GEMV "gemvh" (sweeps of 12:30 and 12:35 UTC): [64 x 512] tiles
+      on 4 warps for 4-bit (MXFP4 14.1-14.4 us, 2.1-2.3x; NVFP4 18.8-19.2 us, ~1.7x), [64 x 256] for MXFP8
+      (19.3-20.6 us, ~1.6x); K split to ~8 programs per SM for 4-bit and <= 7 for MXFP8 (the sweeps' best
+      splits: 16 / 4 and 8 / 4 for 4096x14336 / 14336x4096; twice as many were 5-15 % slower);
+      M = 1, fp32 activations, "gemv32" (fp32 arithmetic; 1.41-1.47x 4-bit, 1.03x MXFP8): 4-bit [16 x 512],
+      MXFP8 [32 x 128], 4 warps, ~16 programs per SM;
       M >= 2, "dotp" (sweep of 2026-11-30 09:22 UTC, bench_quant --ms 32): [64 x 128] tiles (MXFP8 [64 x 64]) on
       4 warps, 4 stages; M = 32: MXFP4 0.94x / 0.84x, NVFP4 0.70x / 0.63x, MXFP8 0.84x / 0.71x, where "dot"
-      (`_dot_config`) gave 0.62x / 0.57x, 0.44x / 0.41x, 0.74x / 0.65x in the same run.
-    The probes of that run (same tiles, loads only) read at 2.5-3.1 TB/s where gemv32 reached ~1.5 TB/s:
-    the decode arithmetic, not the load pattern, limits the GEMV.
-    K is split like the sweep's entries (resolve_config's rule: ~16 GEMV / 4 dot programs per SM)."""
+      (`_dot_config`) gave 0.62x / 0.57x, 0.44x / 0.41x, 0.74x / 0.65x in the same run, ~4 programs per SM."""
     packed = FMT_IDS[fmt] <= 1
+    if M == 1 and not fp32_act:
+        bn, bk = (64, 512) if packed else (64, 256)
+        split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 8 if packed else 7, 1)
+        return dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=2)
     if M == 1:
         bn, bk = (16, 512) if packed else (32, 128)
         split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 16, 1)
@@ -537,15 +545,20 @@ def _bm(M: int) -> int:
     return min(64, max(16, triton.next_power_of_2(M)))
 
 
-def resolve_config(M: int, N: int, K: int, fmt: str, config: dict | None, sms: int = 132) -> dict:
+def resolve_config(M: int, N: int, K: int, fmt: str, config: dict | None, sms: int = 132,
+                   fp32_act: bool = False) -> dict:
     """The full launch config: `config` over the heuristic of its KERNEL; a missing SPLIT_K is chosen for
     the config's tile (so one sweep entry fits every shape)."""
     config = dict(config or {})
+    bad = sorted(set(config) - CONFIG_KEYS)
+    if bad:
+        raise ValueError(f"config {bad[0]}={config[bad[0]]!r}: not a launch key; expected one of "
+                         f"{', '.join(sorted(CONFIG_KEYS))}")
     kern = config.get("KERNEL")
     if kern is not None and kern not in KERNELS:
         raise ValueError(f"config KERNEL={kern!r}: expected one of {', '.join(KERNELS)}")
     if kern is None:
-        base = default_config(M, N, K, fmt, sms)
+        base = default_config(M, N, K, fmt, sms, fp32_act)
     elif kern in ("gemv32", "gemvh"):
         base = dict(KERNEL=kern, BLOCK_N=32, BLOCK_K=256 if FMT_IDS[fmt] <= 1 else 128, SEM=True, num_warps=4,
                     num_stages=2)
@@ -559,8 +572,9 @@ def resolve_config(M: int, N: int, K: int, fmt: str, config: dict | None, sms: i
         if cfg["KERNEL"] in ("dot", "dotp"):
             progs = triton.cdiv(N, cfg["BLOCK_N"]) * triton.cdiv(M, cfg.get("BLOCK_M", _bm(M)))
             cfg["SPLIT_K"] = _auto_split(progs, K, cfg["BLOCK_K"], sms, 4, 4)
-        else:
-            cfg["SPLIT_K"] = _auto_split(triton.cdiv(N, cfg["BLOCK_N"]), K, cfg["BLOCK_K"], sms, 16, 1)
+        else:  # gemvh: the default's programs per SM (see default_config)
+            per_sm = 16 if cfg["KERNEL"] == "gemv32" else 8 if FMT_IDS[fmt] <= 1 else 7
+            cfg["SPLIT_K"] = _auto_split(triton.cdiv(N, cfg["BLOCK_N"]), K, cfg["BLOCK_K"], sms, per_sm, 1)
     return cfg
 
 
@@ -595,11 +609,12 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     activations itself for NVFP4 weights)."""
     M, K = x2d.shape
     N = data.shape[0]
-    cfg = resolve_config(M, N, K, fmt, config, _sms(x2d.device))
+    f32 = x2d.dtype == torch.float32
+    cfg = resolve_config(M, N, K, fmt, config, _sms(x2d.device), f32)
     kern = cfg["KERNEL"]
     if kern in ("gemv32", "gemvh") and M != 1:  # the CUDA-core GEMVs read one row; more rows take the M >= 2 default
         cfg = resolve_config(M, N, K, fmt, {k: v for k, v in (config or {}).items() if k != "KERNEL"},
-                             _sms(x2d.device))
+                             _sms(x2d.device), f32)
         kern = cfg["KERNEL"]
     bn, bk, split = cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
     if bk % qblock or bk < 32 or bk & (bk - 1):
@@ -611,8 +626,6 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     cvt = bool(cfg.get("FP8_CVT", False)) and fmt.startswith("mxfp8")
     if cvt and kern != "dot":
         raise ValueError(f"config FP8_CVT=True: only KERNEL='dot' takes it, got KERNEL={kern!r}")
-    if cfg.get("K_FIRST") and kern != "gemvh":
-        raise ValueError(f"config K_FIRST=True: only KERNEL='gemvh' takes it, got KERNEL={kern!r}")
     if kern == "dotp" and ("TWO_MUL" in cfg or "BLOCK_M" in cfg and cfg["BLOCK_M"] < 16):
         raise ValueError("config KERNEL='dotp': no TWO_MUL, BLOCK_M >= 16")
     dummy = data
@@ -652,10 +665,9 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
         meta = {k: v for k, v in common.items() if k != "FP8_CVT"}
         if kern == "gemvh":  # the split's K range in words too: its divisibility gives 16-byte loads
             args = args[:12] + (k_per // (8 if FMT_IDS[fmt] <= 1 else 4),) + args[12:]
-            kf = bool(cfg.get("K_FIRST", False))
-            grid = (split, triton.cdiv(N, bn)) if kf else (triton.cdiv(N, bn), split)
-            _qgemvh_kernel[grid](*args, SPLIT=split, SEM=sem, ASM=not interp, EVEN=N % bn == 0 and K % bk == 0,
-                                 K_FIRST=kf, OMUL=gemvh_omul(FMT_IDS[fmt]), **meta)
+            _qgemvh_kernel[(triton.cdiv(N, bn), split)](
+                *args, SPLIT=split, SEM=sem, ASM=not interp, EVEN=N % bn == 0 and K % bk == 0,
+                OMUL=gemvh_omul(FMT_IDS[fmt]), **meta)
         else:
             _qgemv32_kernel[(triton.cdiv(N, bn), split)](*args, SPLIT=split, SEM=sem, XMUL=float(2.0 ** (r - _DSH)),
                                                          OMUL=float(2.0 ** _DSH), **meta)

@@ -466,14 +466,23 @@ GH_CASES = [  # fmt, N, K, dtype, act_quant, with s and bias, config (KERNEL="ge
     ("mxfp8_e4m3", 24, 96, BF16, "mxfp4", True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
     ("mxfp8_e4m3", 45, 192, F32, None, True, dict(BLOCK_N=16, BLOCK_K=64)),
     ("mxfp8_e5m2", 19, 128, BF16, None, False, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
-    ("mxfp4", 37, 192, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=3, K_FIRST=True)),  # grid (split, n)
+    ("mxfp4", 37, 192, BF16, None, True, dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=3, num_warps=4)),  # 4 warps
 ]
 
 
-def test_gemvh_k_first_only_for_gemvh(device):
+def test_config_keys_checked(device):
     w, x, _, _ = make(16, 64, 1, torch.float32, device, seed=18)
     with pytest.raises(ValueError, match="K_FIRST"):
-        quant_linear(x, quantize(w, "mxfp4"), backend="triton", config=dict(KERNEL="gemv32", K_FIRST=True))
+        quant_linear(x, quantize(w, "mxfp4"), backend="triton", config=dict(KERNEL="gemvh", K_FIRST=True))
+
+
+def test_default_one_row_kernel_follows_activation_dtype():
+    """One row: gemvh (fp16 arithmetic) for bf16 / fp16 activations, gemv32 (fp32) for fp32 ones; more rows: dotp."""
+    from synodic.kernels.quant_linear.triton_impl import resolve_config
+    assert resolve_config(1, 4096, 14336, "mxfp4", None)["KERNEL"] == "gemvh"
+    assert resolve_config(1, 4096, 14336, "mxfp8_e4m3", None)["BLOCK_K"] == 256
+    assert resolve_config(1, 4096, 14336, "mxfp4", None, fp32_act=True)["KERNEL"] == "gemv32"
+    assert resolve_config(8, 4096, 14336, "mxfp4", None)["KERNEL"] == "dotp"
 
 
 def check_fp16_close(y, x, q, s, b, act):
