@@ -58,6 +58,12 @@ GEMVH_M1 = [dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stage
             for bn, bk, nw, kw in ((64, 512, 4, {}), (16, 1024, 2, {}), (64, 256, 4, {}), (16, 1024, 4, {}),
                                    (64, 512, 4, dict(SPLIT_K=4)), (64, 512, 4, dict(SPLIT_K=8)), (32, 512, 4, {}),
                                    (128, 256, 8, {}), (64, 1024, 8, {}))]
+# gemvh for a few rows (one weight decode for 2 or 4 rows): BLOCK_M 4 at [32 x 512] (255 registers and spills for
+# NVFP4 at [64 x 512], offline sm_90 compile)
+GEMVH_MN = [dict(KERNEL="gemvh", BLOCK_N=64, BLOCK_K=512, BLOCK_M=2, num_warps=4, num_stages=2),
+            dict(KERNEL="gemvh", BLOCK_N=32, BLOCK_K=512, BLOCK_M=4, num_warps=4, num_stages=2),
+            dict(KERNEL="gemvh", BLOCK_N=32, BLOCK_K=512, BLOCK_M=2, num_warps=4, num_stages=2),
+            dict(KERNEL="gemvh", BLOCK_N=64, BLOCK_K=256, BLOCK_M=4, num_warps=4, num_stages=2)]
 SWEEP = {
     "m1": GEMVH_M1 + DOTP_M1 + [
            dict(KERNEL="gemv32", BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=2),
@@ -76,7 +82,7 @@ SWEEP = {
            dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=3),
            dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, TWO_MUL=True),
            dict(KERNEL="dot", BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4)],
-    "mN": DOTP_MN + [
+    "mN": GEMVH_MN + DOTP_MN + [
            dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
            dict(KERNEL="dot", BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=3),
            dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3, SEM=False),

@@ -221,28 +221,60 @@ def _f16_bits(v):
 
 
 @triton.jit
-def _qgemvh_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, N, K, K_PER_SPLIT,
-                   KW_PER_SPLIT, stride_wn, stride_sn,
+def _row_part(x_row, s_ptr, w, sc, col, mg, mi, M, FMT: tl.constexpr, QBLOCK: tl.constexpr, G: tl.constexpr,
+              HAS_S: tl.constexpr, ACT_Q: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr):
+    """One activation row's contribution to the tile's outputs over one K tile, fp32 [BLOCK_N]: x [G, QBLOCK]
+    loaded, times s, (MXFP4-quantized), scaled per block into fp16 range, paired, dotted (`_block_dot`), times the
+    block scales."""
+    WPB: tl.constexpr = QBLOCK // (8 if FMT <= 1 else 4)
+    if EVEN:  # every row of the program exists too
+        xv = tl.load(x_row + col).to(tl.float32)
+        if HAS_S:
+            xv = xv * tl.load(s_ptr + col)
+    else:
+        xm = mg[:, None] & ((tl.zeros((G, QBLOCK), tl.int32) + mi) < M)  # row mi of x exists
+        xv = tl.load(x_row + col, mask=xm, other=0.0).to(tl.float32)
+        if HAS_S:
+            xv = xv * tl.load(s_ptr + col, mask=xm, other=0.0)
+    if ACT_Q == 1:
+        xv = _mxfp4_fake(xv, 1)
+    xmul, xinv = _block_range(tl.max(tl.abs(xv), axis=1), FMT)
+    xb = _f16_bits(xv * xmul[:, None])
+    if FMT <= 1:  # k = 8 word + 4 h + J: register J of a word holds x[J] (low half) and x[J + 4] (high half)
+        lo, hi = tl.split(tl.permute(tl.reshape(xb, (G, WPB, 2, 4)), (0, 1, 3, 2)))
+    else:  # k = 4 word + 2 i + t: register i holds x[2 i] (low half) and x[2 i + 1] (high half)
+        lo, hi = tl.split(tl.reshape(xb, (G, WPB, 2, 2)))
+    return tl.sum(_block_dot(w, lo | (hi << 16), FMT, WPB, ASM) * (sc * xinv[None, :]), axis=1)
+
+
+@triton.jit
+def _qgemvh_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, K_PER_SPLIT,
+                   KW_PER_SPLIT, stride_xm, stride_wn, stride_sn,
                    FMT: tl.constexpr, QBLOCK: tl.constexpr, HAS_S: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   ACT_Q: tl.constexpr, SPLIT: tl.constexpr, SEM: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr, OMUL: tl.constexpr):
-    """y[n] = sum_k act(x[k] s[k]) w[n, k] for one row x, from int32 code words (w_ptr: int32, stride_wn in
-    words); see the module docstring."""
+                   ACT_Q: tl.constexpr, SPLIT: tl.constexpr, SEM: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr,
+                   OMUL: tl.constexpr):
+    """y[m, n] = sum_k act(x[m, k] s[k]) w[n, k] for BLOCK_M (1, 2 or 4) rows of x (the program's rows m <
+    M), from int32 code words (w_ptr: int32, stride_wn in words); a weight tile is decoded once for all rows
+    (see the module docstring)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
     E: tl.constexpr = 8 if FMT <= 1 else 4  # codes per word
     G: tl.constexpr = BLOCK_K // QBLOCK
     WPB: tl.constexpr = QBLOCK // E
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mn = offs_n < N
     rows = offs_n.to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    x0 = x_ptr + m0.to(tl.int64) * stride_xm
     offs_g = tl.arange(0, G)
     offs_w = tl.arange(0, BLOCK_K // E)
     offs_q = tl.arange(0, QBLOCK)
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     g_hi = k_hi // QBLOCK
-    acc = tl.zeros((BLOCK_N, G), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k in range(k_lo, k_hi, BLOCK_K):
         k0 = tl.multiple_of(k, BLOCK_K)  # splits start at tile multiples
         g = k0 // QBLOCK + offs_g
@@ -250,43 +282,44 @@ def _qgemvh_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, c
         sc_ptrs = sc_ptr + rows[:, None] * stride_sn + g[None, :]
         cw = tl.multiple_of(pid_k * KW_PER_SPLIT + (k0 - k_lo) // E, BLOCK_K // E) + offs_w  # 16-byte loads
         w_ptrs = w_ptr + rows[:, None] * stride_wn + cw[None, :]
+        # the codes are read once per call: evict_first keeps them from displacing what stays in L2 (measured
+        # 2026-11-30 12:40 UTC: MXFP8 20.3 -> 18.1 us at 4096 x 14336, 4-bit 1-5 % faster)
         if EVEN:  # N and K multiples of the tile: no masks
             sc = tl.load(sc_ptrs)
-            w = tl.load(w_ptrs)
+            w = tl.load(w_ptrs, eviction_policy="evict_first")
         else:
             sc = tl.load(sc_ptrs, mask=mn[:, None] & mg[None, :], other=0)
-            w = tl.load(w_ptrs, mask=mn[:, None] & (cw < k_hi // E)[None, :], other=0)
+            w = tl.load(w_ptrs, mask=mn[:, None] & (cw < k_hi // E)[None, :], other=0, eviction_policy="evict_first")
         if FMT == 1 and ASM:  # NVFP4's E4M3 scales by the hardware conversion (exact; NaN code kept)
             sc = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         else:
             sc = _scale(sc.to(tl.int32), FMT)
         w = tl.reshape(w, (BLOCK_N, G, WPB))
         col = (g * QBLOCK)[:, None] + offs_q[None, :]
-        if EVEN:
-            xv = tl.load(x_ptr + col).to(tl.float32)  # [G, QBLOCK]
-            if HAS_S:
-                xv = xv * tl.load(s_ptr + col)
+        p0 = _row_part(x0, s_ptr, w, sc, col, mg, m0, M, FMT, QBLOCK, G, HAS_S, ACT_Q, ASM, EVEN)
+        if BLOCK_M == 1:
+            acc += p0[:, None]
         else:
-            xm = mg[:, None]
-            xv = tl.load(x_ptr + col, mask=xm, other=0.0).to(tl.float32)
-            if HAS_S:
-                xv = xv * tl.load(s_ptr + col, mask=xm, other=0.0)
-        if ACT_Q == 1:
-            xv = _mxfp4_fake(xv, 1)
-        xmul, xinv = _block_range(tl.max(tl.abs(xv), axis=1), FMT)
-        xb = _f16_bits(xv * xmul[:, None])
-        if FMT <= 1:  # k = 8 word + 4 h + J: register J of a word holds x[J] (low half) and x[J + 4] (high half)
-            lo, hi = tl.split(tl.permute(tl.reshape(xb, (G, WPB, 2, 4)), (0, 1, 3, 2)))
-        else:  # k = 4 word + 2 i + t: register i holds x[2 i] (low half) and x[2 i + 1] (high half)
-            lo, hi = tl.split(tl.reshape(xb, (G, WPB, 2, 2)))
-        acc += _block_dot(w, lo | (hi << 16), FMT, WPB, ASM) * (sc * xinv[None, :])
-    out = tl.sum(acc, axis=1) * OMUL
+            p1 = _row_part(x0 + stride_xm, s_ptr, w, sc, col, mg, m0 + 1, M, FMT, QBLOCK, G, HAS_S, ACT_Q, ASM,
+                           EVEN)
+            if BLOCK_M == 2:
+                acc += tl.join(p0, p1)
+            else:
+                p2 = _row_part(x0 + 2 * stride_xm, s_ptr, w, sc, col, mg, m0 + 2, M, FMT, QBLOCK, G, HAS_S,
+                               ACT_Q, ASM, EVEN)
+                p3 = _row_part(x0 + 3 * stride_xm, s_ptr, w, sc, col, mg, m0 + 3, M, FMT, QBLOCK, G, HAS_S,
+                               ACT_Q, ASM, EVEN)
+                acc += tl.reshape(tl.join(tl.join(p0, p2), tl.join(p1, p3)), (BLOCK_N, 4))  # [n, j, i] = p(2 j + i)
+    acc = acc * OMUL
     if FMT == 1:
-        out = out * tl.load(p_ptr)
+        acc = acc * tl.load(p_ptr)
     if HAS_BIAS:
         if pid_k == 0:
-            out += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)
-    _store_out(out, y_ptr, part_ptr, cnt_ptr, offs_n, offs_n, mn, pid_k, pid_n, N, SPLIT, SEM)
+            acc += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[:, None]
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    off = offs_m.to(tl.int64)[None, :] * N + offs_n[:, None]
+    _store_out(acc, y_ptr, part_ptr, cnt_ptr, off, off, mn[:, None] & (offs_m < M)[None, :], pid_k,
+               pid_m * tl.num_programs(0) + pid_n, M * N, SPLIT, SEM)
 
 
 def gemvh_omul(fmt_id: int) -> float:

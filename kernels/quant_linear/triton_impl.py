@@ -487,7 +487,7 @@ def _qdotp_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cn
 
 KERNELS = ("dot", "gemv32", "dotp", "gemvh")  # config KERNEL: tl.dot (any M) | CUDA-core GEMV from int32 code
 # words (M = 1) | tl.dot on bf16-decoded, K-permuted weight tiles (any M; see "dotp" above) | the fp16x2 GEMV
-# (M = 1; gemvh.py)
+# (any M, 1, 2 or 4 rows per program; gemvh.py)
 
 
 CONFIG_KEYS = {"KERNEL", "BLOCK_N", "BLOCK_K", "BLOCK_M", "SPLIT_K", "SEM", "num_warps", "num_stages", "FP8_CVT",
@@ -612,7 +612,7 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     f32 = x2d.dtype == torch.float32
     cfg = resolve_config(M, N, K, fmt, config, _sms(x2d.device), f32)
     kern = cfg["KERNEL"]
-    if kern in ("gemv32", "gemvh") and M != 1:  # the CUDA-core GEMVs read one row; more rows take the M >= 2 default
+    if kern == "gemv32" and M != 1:  # the fp32 CUDA-core GEMV reads one row; more rows take the M >= 2 default
         cfg = resolve_config(M, N, K, fmt, {k: v for k, v in (config or {}).items() if k != "KERNEL"},
                              _sms(x2d.device), f32)
         kern = cfg["KERNEL"]
@@ -626,6 +626,8 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     cvt = bool(cfg.get("FP8_CVT", False)) and fmt.startswith("mxfp8")
     if cvt and kern != "dot":
         raise ValueError(f"config FP8_CVT=True: only KERNEL='dot' takes it, got KERNEL={kern!r}")
+    if kern == "gemvh" and cfg.get("BLOCK_M", 1) not in (1, 2, 4):
+        raise ValueError(f"config BLOCK_M={cfg['BLOCK_M']!r}: KERNEL='gemvh' takes 1, 2 or 4 rows per program")
     if kern == "dotp" and ("TWO_MUL" in cfg or "BLOCK_M" in cfg and cfg["BLOCK_M"] < 16):
         raise ValueError("config KERNEL='dotp': no TWO_MUL, BLOCK_M >= 16")
     dummy = data
@@ -655,22 +657,28 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
             BLOCK_M=bm, ASM=low, EVEN=N % bn == 0 and K % bk == 0, SH=r - _DSH, SHMUL=float(2.0 ** (r - _DSH)),
             OMUL=float(2.0 ** _DSH),
             **{k: v for k, v in common.items() if k not in ("FP8_CVT", "ACT_Q")})
-    elif kern in ("gemv32", "gemvh"):
+    elif kern == "gemvh":
+        bm = int(cfg.get("BLOCK_M", min(4, triton.next_power_of_2(M))))
+        grid = (triton.cdiv(N, bn), split, triton.cdiv(M, bm))
+        cnt = _counters(x2d.device, grid[0] * grid[2]) if sem else None
+        sem = cnt is not None
+        words = code_words(data)
+        # the split's K range in words too: its divisibility gives 16-byte loads
+        _qgemvh_kernel[grid](
+            x2d, words, scale, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias,
+            y, part, dummy if cnt is None else cnt, M, N, K, k_per, k_per // (8 if FMT_IDS[fmt] <= 1 else 4),
+            x2d.stride(0), words.stride(0), scale.stride(0), SPLIT=split, SEM=sem, BLOCK_M=bm, ASM=not interp,
+            EVEN=N % bn == 0 and K % bk == 0 and M % bm == 0, OMUL=gemvh_omul(FMT_IDS[fmt]),
+            **{k: v for k, v in common.items() if k != "FP8_CVT"})
+    elif kern == "gemv32":
         cnt = _counters(x2d.device, triton.cdiv(N, bn)) if sem else None
         sem = cnt is not None
         words = code_words(data)
-        args = (x2d, words, scale, dummy if p is None else p, dummy if s is None else s,
-                dummy if bias is None else bias, y, part, dummy if cnt is None else cnt, N, K, k_per, words.stride(0),
-                scale.stride(0))
-        meta = {k: v for k, v in common.items() if k != "FP8_CVT"}
-        if kern == "gemvh":  # the split's K range in words too: its divisibility gives 16-byte loads
-            args = args[:12] + (k_per // (8 if FMT_IDS[fmt] <= 1 else 4),) + args[12:]
-            _qgemvh_kernel[(triton.cdiv(N, bn), split)](
-                *args, SPLIT=split, SEM=sem, ASM=not interp, EVEN=N % bn == 0 and K % bk == 0,
-                OMUL=gemvh_omul(FMT_IDS[fmt]), **meta)
-        else:
-            _qgemv32_kernel[(triton.cdiv(N, bn), split)](*args, SPLIT=split, SEM=sem, XMUL=float(2.0 ** (r - _DSH)),
-                                                         OMUL=float(2.0 ** _DSH), **meta)
+        _qgemv32_kernel[(triton.cdiv(N, bn), split)](
+            x2d, words, scale, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias,
+            y, part, dummy if cnt is None else cnt, N, K, k_per, words.stride(0), scale.stride(0),
+            SPLIT=split, SEM=sem, XMUL=float(2.0 ** (r - _DSH)), OMUL=float(2.0 ** _DSH),
+            **{k: v for k, v in common.items() if k != "FP8_CVT"})
     else:
         bm = int(cfg.get("BLOCK_M", _bm(M)))
         grid = (triton.cdiv(N, bn), split, triton.cdiv(M, bm))

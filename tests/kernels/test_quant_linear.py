@@ -474,6 +474,8 @@ def test_config_keys_checked(device):
     w, x, _, _ = make(16, 64, 1, torch.float32, device, seed=18)
     with pytest.raises(ValueError, match="K_FIRST"):
         quant_linear(x, quantize(w, "mxfp4"), backend="triton", config=dict(KERNEL="gemvh", K_FIRST=True))
+    with pytest.raises(ValueError, match="BLOCK_M"):
+        quant_linear(x, quantize(w, "mxfp4"), backend="triton", config=dict(KERNEL="gemvh", BLOCK_M=3))
 
 
 def test_default_one_row_kernel_follows_activation_dtype():
@@ -501,10 +503,20 @@ def check_fp16_close(y, x, q, s, b, act):
     assert ((y.float() - y_ref).abs() <= bound + 1e-30).all()
 
 
-@pytest.mark.parametrize("fmt,N,K,dtype,act,with_sb,config", GH_CASES)
-def test_gemvh_matches_ref(fmt, N, K, dtype, act, with_sb, config, device, nan_empty):
+GH_CASES += [  # several activation rows: one weight decode for 2 or 4 rows (M = 3: one row masked; M = 6: two
+    # programs along M, one half empty)
+    ("mxfp4", 37, 160, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2), 2),
+    ("nvfp4", 41, 128, BF16, "mxfp4", True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3), 3),
+    ("mxfp8_e4m3", 24, 96, F16, None, True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=2, SEM=False), 4),
+    ("mxfp4", 21, 128, BF16, None, False, dict(BLOCK_N=16, BLOCK_K=64), 6),
+    ("mxfp8_e5m2", 19, 128, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=64, BLOCK_M=2), 5),
+]
+
+
+@pytest.mark.parametrize("fmt,N,K,dtype,act,with_sb,config,M", [c if len(c) == 8 else c + (1,) for c in GH_CASES])
+def test_gemvh_matches_ref(fmt, N, K, dtype, act, with_sb, config, M, device, nan_empty):
     from synodic.kernels.quant_linear.triton_impl import _CNT
-    w, x, s, b = make(N, K, 1, dtype, device, seed=N * K + 7)
+    w, x, s, b = make(N, K, M, dtype, device, seed=N * K + 7)
     s, b = (s, b) if with_sb else (None, None)
     q = quantize(w, fmt)
     big = 30.0 if dtype == F16 else 8e3  # an fp16 y must stay finite
@@ -512,7 +524,7 @@ def test_gemvh_matches_ref(fmt, N, K, dtype, act, with_sb, config, device, nan_e
         xs = (x.float() * scale).to(dtype)
         for _ in range(2):  # the split-K counters must be back at zero after a call
             y = quant_linear(xs, q, s, b, act_quant=act, backend="triton", config=dict(config, KERNEL="gemvh"))
-            assert y.shape == (1, N) and y.dtype == dtype
+            assert y.shape == (M, N) and y.dtype == dtype
             check_fp16_close(y, xs, q, s, b, act)
     assert all((t == 0).all() for t in _CNT.values())
 
