@@ -58,12 +58,10 @@ GEMVH_M1 = [dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stage
             for bn, bk, nw, kw in ((64, 512, 4, {}), (16, 1024, 2, {}), (64, 256, 4, {}), (16, 1024, 4, {}),
                                    (64, 512, 4, dict(SPLIT_K=4)), (64, 512, 4, dict(SPLIT_K=8)), (32, 512, 4, {}),
                                    (128, 256, 8, {}), (64, 1024, 8, {}))]
-# gemvh for a few rows (one weight decode for 2 or 4 rows): BLOCK_M 4 at [32 x 512] (255 registers and spills for
-# NVFP4 at [64 x 512], offline sm_90 compile)
-GEMVH_MN = [dict(KERNEL="gemvh", BLOCK_N=64, BLOCK_K=512, BLOCK_M=2, num_warps=4, num_stages=2),
-            dict(KERNEL="gemvh", BLOCK_N=32, BLOCK_K=512, BLOCK_M=4, num_warps=4, num_stages=2),
-            dict(KERNEL="gemvh", BLOCK_N=32, BLOCK_K=512, BLOCK_M=2, num_warps=4, num_stages=2),
-            dict(KERNEL="gemvh", BLOCK_N=64, BLOCK_K=256, BLOCK_M=4, num_warps=4, num_stages=2)]
+# gemvh for two rows (one weight decode for both; 4 rows per program, 168-255 registers, lost to dotp at M = 4 on
+# the H200, 2026-11-30 12:52 UTC, and were removed)
+GEMVH_MN = [dict(KERNEL="gemvh", BLOCK_N=32, BLOCK_K=512, BLOCK_M=2, num_warps=4, num_stages=2),
+            dict(KERNEL="gemvh", BLOCK_N=64, BLOCK_K=512, BLOCK_M=2, num_warps=4, num_stages=2)]
 SWEEP = {
     "m1": GEMVH_M1 + DOTP_M1 + [
            dict(KERNEL="gemv32", BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=2),

@@ -12,13 +12,15 @@ W8A16) or 'mxfp4' (activations fake-quantized in-kernel to MXFP4, 'floor' scale 
 The weights are dequantized in registers, so decode reads ~4.25 bits (MXFP4) / 4.5 bits (NVFP4) per
 weight instead of 16. Backends: "auto" (Triton on CUDA tensors, reference otherwise) | "triton" | "ref".
 
-Kernels (triton_impl): "dotp" and "dot" (tl.dot, any M) and "gemv32" (CUDA-core GEMV for one row, from int32
-code words); the default config takes gemv32 for M = 1 and dotp above. Measured on an H200 (bench_quant.py,
-2026-11-30 sweeps, bf16 activations, weights read from HBM, 4096x14336 and 14336x4096): M = 1 "gemv32"
-1.44-1.47x the bf16 F.linear for MXFP4, 1.42x NVFP4, 1.03-1.04x MXFP8; M = 32 "dotp" 0.63-0.94x ("dot"
-0.41-0.74x).
-QuantLinear therefore runs the kernel only for single-row inputs. On bf16 activations the dot path rounds
-x * s to bf16 before the MMA (rel. error ~1e-3 vs the fp32 reference; fp32 activations run an IEEE fp32 dot).
+Kernels (triton_impl, gemvh): "gemvh" (CUDA-core GEMV for one or two rows with fp16x2 FMAs), "gemv32" (the
+same from fp32 arithmetic, one row), "dotp" and "dot" (tl.dot, any M); the default config takes gemvh for M <= 2
+with bf16 / fp16 activations, gemv32 for one fp32 row, dotp above. Measured on an H200 (bench_quant.py,
+2026-11-30, bf16 activations, weights read from HBM, 4096x14336 and 14336x4096): M = 1 "gemvh" 2.1-2.3x the bf16
+F.linear for MXFP4, 1.6-1.8x NVFP4, 1.5-1.7x MXFP8 (gemv32: 1.41-1.47x, 1.41-1.47x, 1.03-1.09x); M = 2 gemvh
+1.46-1.51x MXFP4, 1.29-1.31x NVFP4; M = 32 "dotp" 0.63-0.94x ("dot" 0.41-0.74x).
+QuantLinear therefore runs the kernel for one or two rows (one for fp32 activations). gemvh rounds products to
+fp16 (rel. error ~1.5e-3 vs the fp32 reference); on bf16 activations the dot path rounds x * s to bf16 before the
+MMA (rel. error ~1e-3; fp32 activations run an IEEE fp32 dot).
 """
 from __future__ import annotations
 
@@ -56,9 +58,10 @@ def _check(x, q, s, bias, act_quant) -> None:
 def quant_linear(x: torch.Tensor, q, s: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
                  act_quant: str | None = None, backend: str = "auto", config: dict | None = None) -> torch.Tensor:
     """x [..., K] (bf16 / fp16 / fp32) -> y [..., N] in x.dtype. `config` overrides the Triton launch
-    config (KERNEL dot | gemv32 | dotp, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, SEM (in-kernel split-K
-    reduction), and for dot BLOCK_M, TWO_MUL (exact decode for any block scale); see triton_impl.resolve_config;
-    for MXFP8, FP8_CVT=True decodes with the hardware fp8 conversion in dot)."""
+    config (KERNEL dot | gemv32 | dotp | gemvh, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, SEM (in-kernel
+    split-K reduction), BLOCK_M (dot, dotp: rows per tile; gemvh: 1 or 2), and for dot TWO_MUL (exact decode for
+    any block scale); see triton_impl.resolve_config; for MXFP8, FP8_CVT=True decodes with the hardware fp8
+    conversion in dot)."""
     _check(x, q, s, bias, act_quant)
     if backend == "auto":
         backend = "triton" if x.is_cuda and q.fmt in KERNEL_FORMATS else "ref"

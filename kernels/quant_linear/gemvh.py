@@ -1,28 +1,36 @@
-"""gemvh: the one-row GEMV with packed fp16 arithmetic (HFMA2: two multiply-adds per instruction).
+"""gemvh: the GEMV for one or two activation rows with packed fp16 arithmetic (HFMA2: two multiply-adds per
+instruction).
 
 Why: "gemv32" spends ~5.8 SASS instructions per weight on the H200 (offline sm_90 count: the decode to fp32,
 the bf16-pair unpacking, one FFMA per weight), about half of its 21 us at 4096 x 14336; the bytes alone take
 ~10 us. Here two weights share one 32-bit register as fp16 halves and one `fma.rn.f16x2` multiplies both by
-their two activations, so a weight costs ~2.5 instructions (4-bit) / ~1.5 (8-bit).
+their two activations: ~3.5 instructions per weight in the K loop for 4-bit formats (decode ~1.9, the FMA 0.5,
+the rest activation pairing, block scales and loads), ~2.7 for MXFP8. On the H200 (2026-11-30): MXFP4 14.1-14.4 us
+(gemv32 21 us), 2.1-2.3x the bf16 linear; NVFP4 ~1.7-1.8x; MXFP8 1.5-1.7x (gemv32 1.03x). The MXFP4 kernel runs
+at ~0.76 of a load-only probe of its own tile: the decode is no longer the whole story, nor fully hidden.
 
 Weights (the QTensor layout, no repacking) as int32 code words like gemv32: E = 8 nibbles / 4 bytes per word.
   * E2M1 (MXFP4, NVFP4): code J and code J + 4 of a word sit 16 bits apart; two shifts and two masks put their
     magnitude bits at fp16 bits 9..11 and their sign at 15, in the word's two halves (`_e2m1_pair`). The fp16
     value is then exactly E2M1 * 2^-14 (exponent field e1 e0, mantissa bit m; e = 0 lands on the fp16
-    subnormal 2^-15 = 0.5 * 2^-14), and the 2^14 goes back on the output once.
+    subnormal 2^-15 = 0.5 * 2^-14), and the 2^14 goes back on the output once. (A multiply cannot stand in
+    for the two shifts as in "dotp"'s bf16 decode: sign and magnitude are 3 bits apart in the nibble and must
+    be 4 apart in fp16, so the two shifted copies overlap and the carry flips the sign of code 0xF.)
   * E4M3 / E5M2: `cvt.rn.f16x2.e4m3x2` / `.e5m2x2` (sm_89+), two bytes per instruction; every fp8 value is exact
     in fp16 (NaN / Inf codes stay NaN / Inf).
 Activations: x times s (and the in-kernel MXFP4 quantizer, as gemv32), then per 32-block (the weight block) times
 a power of two 2^c chosen from the block's absolute max so that fp16 holds them and no fp16 partial sum can
-overflow: 4-bit |x 2^c| in [2^14, 2^15) (a word's 8 products are <= 12 each), E4M3 [1, 2) (<= 448 * 2 each, a
-32-block sums <= 28672), E5M2 [2^-7, 2^-6). The block scale times 2^-c multiplies the block's fp32 sum.
-Per word one asm call: mul / fma.rn.f16x2 over its E/2 register pairs, the two fp16 halves added, to fp32;
-the words of a block and the blocks are summed in fp32.
+overflow: 4-bit |x 2^c| in [2^14, 2^15) (products <= 12), E4M3 [1, 2) (<= 896), E5M2 [2^-7, 2^-6); a block's
+16 products per fp16 half then sum to < 28672. The block scale times 2^-c multiplies the block's fp32 sum.
+Per (row, block) one inline-asm chain: mul / fma.rn.f16x2 over the block's register pairs into one fp16x2
+accumulator, its two halves added, to fp32; blocks and K tiles sum in fp32. Two activation rows share a
+decoded weight tile (BLOCK_M = 2); four per program needed 168-255 registers and lost to tl.dot on the H200.
 
-Precision: products and a word's partial sum are rounded to fp16 (11-bit significands): rel. error ~1e-3 of
-the output scale, the order of a bf16 output's own rounding (2^-9) and far below the formats' quantization
-error, so this is the default for bf16 / fp16 activations; fp32 activations keep gemv32 (fp32 arithmetic).
-Activations below 2^-24 of their block's max flush to zero in fp16.
+Precision: products and a block's fp16 partial sums (16 terms per half) are rounded to fp16 (11-bit
+significands): rel. RMSE ~1.5e-3 against the fp32 reference on the bench's weights, the order of a bf16
+output's own rounding (2^-9) and far below the formats' quantization error, so this is the default for bf16 /
+fp16 activations; fp32 activations keep gemv32 (fp32 arithmetic). Activations below 2^-24 of their block's max
+flush to zero in fp16.
 On the interpreter (no inline asm) the same fp16 operands are multiplied and summed in fp32 (`ASM=False`):
 it checks the decode, the pairing and the scaling, not the fp16 rounding, which the GPU tests bound.
 """
@@ -254,9 +262,9 @@ def _qgemvh_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, c
                    ACT_Q: tl.constexpr, SPLIT: tl.constexpr, SEM: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ASM: tl.constexpr, EVEN: tl.constexpr,
                    OMUL: tl.constexpr):
-    """y[m, n] = sum_k act(x[m, k] s[k]) w[n, k] for BLOCK_M (1, 2 or 4) rows of x (the program's rows m <
-    M), from int32 code words (w_ptr: int32, stride_wn in words); a weight tile is decoded once for all rows
-    (see the module docstring)."""
+    """y[m, n] = sum_k act(x[m, k] s[k]) w[n, k] for BLOCK_M (1 or 2) rows of x (the program's rows m < M),
+    from int32 code words (w_ptr: int32, stride_wn in words); a weight tile is decoded once for both rows (see the
+    module docstring)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -300,16 +308,8 @@ def _qgemvh_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, c
         if BLOCK_M == 1:
             acc += p0[:, None]
         else:
-            p1 = _row_part(x0 + stride_xm, s_ptr, w, sc, col, mg, m0 + 1, M, FMT, QBLOCK, G, HAS_S, ACT_Q, ASM,
-                           EVEN)
-            if BLOCK_M == 2:
-                acc += tl.join(p0, p1)
-            else:
-                p2 = _row_part(x0 + 2 * stride_xm, s_ptr, w, sc, col, mg, m0 + 2, M, FMT, QBLOCK, G, HAS_S,
-                               ACT_Q, ASM, EVEN)
-                p3 = _row_part(x0 + 3 * stride_xm, s_ptr, w, sc, col, mg, m0 + 3, M, FMT, QBLOCK, G, HAS_S,
-                               ACT_Q, ASM, EVEN)
-                acc += tl.reshape(tl.join(tl.join(p0, p2), tl.join(p1, p3)), (BLOCK_N, 4))  # [n, j, i] = p(2 j + i)
+            acc += tl.join(p0, _row_part(x0 + stride_xm, s_ptr, w, sc, col, mg, m0 + 1, M, FMT, QBLOCK, G, HAS_S,
+                                         ACT_Q, ASM, EVEN))
     acc = acc * OMUL
     if FMT == 1:
         acc = acc * tl.load(p_ptr)

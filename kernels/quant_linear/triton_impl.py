@@ -1,4 +1,4 @@
-"""Triton kernels of `quant_linear`: GEMV (M = 1) and skinny GEMM (M >= 2) straight from packed
+"""Triton kernels of `quant_linear`: GEMV (M = 1, 2) and skinny GEMM (M >= 3) straight from packed
 block-quantized weights.
 
 Weights stay in the layout `QTensor` stores (no conversion): codes [N, K/2] uint8 for 4-bit formats
@@ -7,16 +7,18 @@ E4M3 for NVFP4, whose FP32 per-tensor scale multiplies the accumulator once at t
 x times s (fp32), optionally fake-quantized to MXFP4 in-kernel (blocks of 32, 'floor' E8M0 scale, E2M1
 round-half-even — the same values as synodic.quant.fake_quant).
 
-Three kernels, picked by config KERNEL:
-  * "dotp" (any M; the default for M >= 2; `_qdotp_kernel`): codes decoded straight to bf16 in the MMA operand
+Four kernels, picked by config KERNEL:
+  * "gemvh" (CUDA cores, one or two rows; the default for M <= 2 with bf16 / fp16 activations; gemvh.py): fp16x2
+    FMAs on weights decoded into fp16 halves, activations scaled per block into fp16 range; 2.1-2.3x bf16 for
+    MXFP4 at M = 1 on the H200, ~1.5x at M = 2;
+  * "dotp" (any M; the default for M >= 3; `_qdotp_kernel`): codes decoded straight to bf16 in the MMA operand
     layout, K permuted inside a tile (see the note above the kernel); 0.63-0.94x bf16 at M = 32 on the H200;
   * "dot" (any M; `_qdot_kernel`; the M >= 2 default until dotp): the decoded weight tile is the left tl.dot
     operand, bf16 MMA (fp32 IEEE for fp32 activations), M = 1 padded to a 16-row tile;
-  * "gemv32" (CUDA cores, one row; the default for M = 1; `_qgemv32_kernel`): the code bytes viewed as
-    int32 words (8 nibbles / 4 bytes per word), two codes decoded per few integer ops, FMAs with x, block
-    sums times the scale; see above it. (A byte-tile GEMV was 0.80-1.15x bf16 where this one is 1.03-1.47x
-    on the H200 sweep of 2026-11-30, so it was removed.)
-Rows > 1 asked of the GEMV take the M >= 2 default. Decoding is exact bit manipulation (see `_bits_lo`); MXFP8
+  * "gemv32" (CUDA cores, one row; the default for one row of fp32 activations; `_qgemv32_kernel`): the code
+    bytes viewed as int32 words (8 nibbles / 4 bytes per word), two codes decoded per few integer ops, fp32 FMAs
+    with x, block sums times the scale; see above it; 1.03-1.47x bf16.
+Rows > 1 asked of gemv32 take the M >= 2 default. Decoding is exact bit manipulation (see `_bits_lo`); MXFP8
 (E4M3 / E5M2) may instead use the hardware fp8 conversion in "dot" (config FP8_CVT=True).
 SPLIT_K programs share one output tile's K range; the last one to finish sums the fp32 partials in split
 order (`_store_out`: deterministic, no second launch). The launch config is a heuristic (no timing at
@@ -487,7 +489,7 @@ def _qdotp_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cn
 
 KERNELS = ("dot", "gemv32", "dotp", "gemvh")  # config KERNEL: tl.dot (any M) | CUDA-core GEMV from int32 code
 # words (M = 1) | tl.dot on bf16-decoded, K-permuted weight tiles (any M; see "dotp" above) | the fp16x2 GEMV
-# (any M, 1, 2 or 4 rows per program; gemvh.py)
+# (any M, 1 or 2 rows per program; gemvh.py)
 
 
 CONFIG_KEYS = {"KERNEL", "BLOCK_N", "BLOCK_K", "BLOCK_M", "SPLIT_K", "SEM", "num_warps", "num_stages", "FP8_CVT",
@@ -509,16 +511,21 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       on 4 warps for 4-bit (MXFP4 14.1-14.4 us, 2.1-2.3x; NVFP4 18.8-19.2 us, ~1.7x), [64 x 256] for MXFP8
       (19.3-20.6 us, ~1.6x); K split to ~8 programs per SM for 4-bit and <= 7 for MXFP8 (the sweeps' best
       splits: 16 / 4 and 8 / 4 for 4096x14336 / 14336x4096; twice as many were 5-15 % slower);
+      M = 2, bf16 / fp16 activations, "gemvh" with both rows in one program ([32 x 512] / MXFP8 [32 x 256]; sweep
+      of 12:52 UTC): MXFP4 20.6-20.7 us (1.46-1.51x), NVFP4 23.1-24.3 us (1.29-1.31x), MXFP8 27.9-32.1 us (0.94-
+      1.12x), where "dotp" took 30-32 / 41-45 / 34-38 us; 4 rows per program (168-255 registers) were slower than
+      dotp at M = 4, and two 2-row programs decode every tile twice: M >= 3 stays on dotp;
       M = 1, fp32 activations, "gemv32" (fp32 arithmetic; 1.41-1.47x 4-bit, 1.03x MXFP8): 4-bit [16 x 512],
       MXFP8 [32 x 128], 4 warps, ~16 programs per SM;
       M >= 2, "dotp" (sweep of 2026-11-30 09:22 UTC, bench_quant --ms 32): [64 x 128] tiles (MXFP8 [64 x 64]) on
       4 warps, 4 stages; M = 32: MXFP4 0.94x / 0.84x, NVFP4 0.70x / 0.63x, MXFP8 0.84x / 0.71x, where "dot"
       (`_dot_config`) gave 0.62x / 0.57x, 0.44x / 0.41x, 0.74x / 0.65x in the same run, ~4 programs per SM."""
     packed = FMT_IDS[fmt] <= 1
-    if M == 1 and not fp32_act:
-        bn, bk = (64, 512) if packed else (64, 256)
+    if M <= 2 and not fp32_act:
+        bn, bk = (64 // M, 512) if packed else (64 // M, 256)
         split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 8 if packed else 7, 1)
-        return dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=2)
+        return dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, BLOCK_M=M, SPLIT_K=split, SEM=True, num_warps=4,
+                    num_stages=2)
     if M == 1:
         bn, bk = (16, 512) if packed else (32, 128)
         split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 16, 1)
@@ -626,8 +633,8 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     cvt = bool(cfg.get("FP8_CVT", False)) and fmt.startswith("mxfp8")
     if cvt and kern != "dot":
         raise ValueError(f"config FP8_CVT=True: only KERNEL='dot' takes it, got KERNEL={kern!r}")
-    if kern == "gemvh" and cfg.get("BLOCK_M", 1) not in (1, 2, 4):
-        raise ValueError(f"config BLOCK_M={cfg['BLOCK_M']!r}: KERNEL='gemvh' takes 1, 2 or 4 rows per program")
+    if kern == "gemvh" and cfg.get("BLOCK_M", 1) not in (1, 2):
+        raise ValueError(f"config BLOCK_M={cfg['BLOCK_M']!r}: KERNEL='gemvh' takes 1 or 2 rows per program")
     if kern == "dotp" and ("TWO_MUL" in cfg or "BLOCK_M" in cfg and cfg["BLOCK_M"] < 16):
         raise ValueError("config KERNEL='dotp': no TWO_MUL, BLOCK_M >= 16")
     dummy = data
@@ -658,7 +665,7 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
             OMUL=float(2.0 ** _DSH),
             **{k: v for k, v in common.items() if k not in ("FP8_CVT", "ACT_Q")})
     elif kern == "gemvh":
-        bm = int(cfg.get("BLOCK_M", min(4, triton.next_power_of_2(M))))
+        bm = int(cfg.get("BLOCK_M", min(2, M)))
         grid = (triton.cdiv(N, bn), split, triton.cdiv(M, bm))
         cnt = _counters(x2d.device, grid[0] * grid[2]) if sem else None
         sem = cnt is not None

@@ -24,7 +24,11 @@ MODES = {"w4a16": (4, False), "w8a16": (8, False), "w4a4": (4, True), "w8a8": (8
          "w6a16": (6, False), "w6a6": (6, True)}
 DEFAULT_FORMAT = {4: "mxfp4", 6: "mxfp6_e2m3", 8: "mxfp8_e4m3"}
 BACKENDS = ("auto", "torch", "triton")
-KERNEL_MAX_ROWS = 1  # H200 (bench_quant 2026-11-30): M = 1 GEMV 1.03-1.47x bf16; M = 32 tl.dot path 0.40-0.76x
+# rows per call that 'auto' sends to the packed kernel (H200, bench_quant 2026-11-30 12:40-12:52 UTC, bf16
+# activations): M = 1 gemvh 2.1-2.2x bf16 (MXFP4), 1.8x NVFP4, 1.5-1.6x MXFP8; M = 2 1.3-1.5x 4-bit, 0.94-1.12x
+# MXFP8; M >= 4 (tl.dot) 0.67-1.09x. fp32 activations: one row (the fp32 GEMV), 1.0-1.5x.
+KERNEL_MAX_ROWS = 2
+KERNEL_MAX_ROWS_FP32 = 1
 
 
 def _check(mode: str, fmt: str | None) -> tuple[str, bool]:
@@ -113,7 +117,8 @@ class QuantLinear(nn.Module):
 
     def uses_kernel(self, x: torch.Tensor) -> bool:
         """Whether forward(x) runs the packed Triton kernel: backend 'triton' always (CUDA, or CPU under
-        TRITON_INTERPRET=1), 'auto' on CUDA for a kernel format and one row, 'torch' never."""
+        TRITON_INTERPRET=1), 'auto' on CUDA for a kernel format and up to KERNEL_MAX_ROWS rows (one for fp32
+        activations), 'torch' never."""
         if self.backend == "torch" or (self.backend == "auto" and not x.is_cuda):
             return False
         from synodic.kernels.quant_linear import KERNEL_FORMATS
@@ -123,7 +128,8 @@ class QuantLinear(nn.Module):
                 raise ValueError(f"backend='triton': the packed kernel reads {', '.join(KERNEL_FORMATS)}, "
                                  f"not {self.fmt}")
             return True
-        return ok and x.numel() // self.in_features <= KERNEL_MAX_ROWS
+        rows = KERNEL_MAX_ROWS if x.dtype in (torch.bfloat16, torch.float16) else KERNEL_MAX_ROWS_FP32
+        return ok and x.numel() // self.in_features <= rows
 
     def qtensor(self) -> QTensor:
         """The stored (packed) weight: Q(W / s)."""

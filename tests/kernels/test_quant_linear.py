@@ -475,13 +475,16 @@ def test_config_keys_checked(device):
     with pytest.raises(ValueError, match="K_FIRST"):
         quant_linear(x, quantize(w, "mxfp4"), backend="triton", config=dict(KERNEL="gemvh", K_FIRST=True))
     with pytest.raises(ValueError, match="BLOCK_M"):
-        quant_linear(x, quantize(w, "mxfp4"), backend="triton", config=dict(KERNEL="gemvh", BLOCK_M=3))
+        quant_linear(x, quantize(w, "mxfp4"), backend="triton", config=dict(KERNEL="gemvh", BLOCK_M=4))
 
 
 def test_default_one_row_kernel_follows_activation_dtype():
-    """One row: gemvh (fp16 arithmetic) for bf16 / fp16 activations, gemv32 (fp32) for fp32 ones; more rows: dotp."""
+    """One or two rows: gemvh (fp16 arithmetic) for bf16 / fp16 activations, gemv32 (fp32) for one fp32 row;
+    more rows: dotp."""
     from synodic.kernels.quant_linear.triton_impl import resolve_config
     assert resolve_config(1, 4096, 14336, "mxfp4", None)["KERNEL"] == "gemvh"
+    assert resolve_config(2, 4096, 14336, "nvfp4", None)["BLOCK_M"] == 2
+    assert resolve_config(3, 4096, 14336, "mxfp4", None)["KERNEL"] == "dotp"
     assert resolve_config(1, 4096, 14336, "mxfp8_e4m3", None)["BLOCK_K"] == 256
     assert resolve_config(1, 4096, 14336, "mxfp4", None, fp32_act=True)["KERNEL"] == "gemv32"
     assert resolve_config(8, 4096, 14336, "mxfp4", None)["KERNEL"] == "dotp"
@@ -503,13 +506,13 @@ def check_fp16_close(y, x, q, s, b, act):
     assert ((y.float() - y_ref).abs() <= bound + 1e-30).all()
 
 
-GH_CASES += [  # several activation rows: one weight decode for 2 or 4 rows (M = 3: one row masked; M = 6: two
-    # programs along M, one half empty)
+GH_CASES += [  # several activation rows: one weight decode for 2 rows (M = 3 / 5: the last program's second row
+    # masked; M = 6: three programs along M)
     ("mxfp4", 37, 160, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2), 2),
     ("nvfp4", 41, 128, BF16, "mxfp4", True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3), 3),
     ("mxfp8_e4m3", 24, 96, F16, None, True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=2, SEM=False), 4),
     ("mxfp4", 21, 128, BF16, None, False, dict(BLOCK_N=16, BLOCK_K=64), 6),
-    ("mxfp8_e5m2", 19, 128, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=64, BLOCK_M=2), 5),
+    ("mxfp8_e5m2", 19, 128, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=64, BLOCK_M=1), 5),
 ]
 
 
