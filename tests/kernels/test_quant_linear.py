@@ -455,7 +455,7 @@ def test_dotp_asm_decode_matches_ref(fmt):
     assert torch.equal(out[:n], ref[:n])
 
 
-# --- gemvh: the one-row GEMV with fp16x2 arithmetic (inline asm on the GPU, fp32 sums of the fp16 operands on CPU) ---
+# --- gemvh: the GEMV for 1-2 rows with fp16x2 arithmetic (inline asm on the GPU, fp32 sums of fp16 operands on CPU) ---
 
 GH_CASES = [  # fmt, N, K, dtype, act_quant, with s and bias, config (KERNEL="gemvh" added)
     ("mxfp4", 37, 160, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
