@@ -239,8 +239,9 @@ def emulation(device: torch.device, fmt: str, bits: int, act_quant: bool, backen
         how = "x*s and the activation quantizer fused in the packed kernel" if kernel else "in torch"
         return True, kernel, f"{hw}: activations fake-quantized ({how}), matmul in the model dtype"
     if kernel:
-        return False, True, ("batch-1 decode steps read the packed weights (dequantized in-kernel); batched "
-                             "steps and prefill use the dequantized weights in the model dtype")
+        from synodic.quant.linear import KERNEL_MAX_ROWS
+        return False, True, (f"decode steps of up to {KERNEL_MAX_ROWS} rows read the packed weights (dequantized "
+                             "in-kernel); larger batches and prefill use the dequantized weights in the model dtype")
     return True, False, (f"no packed kernel for {fmt}: weights dequantized to the model dtype "
                          "(the ledger counts packed bytes)")
 

@@ -1,4 +1,4 @@
-"""QuantLinear: a linear layer whose weight was solved by a quant method; plain torch, no kernels.
+"""QuantLinear: a linear layer whose weight was solved by a quant method (torch path, or the packed kernel).
 
 forward(x) = fake_quant(x * s, fmt) @ w_q.T + b   in activation-quant modes (W4A4, W8A8)
            =           (x * s)      @ w_q.T + b   in weight-only modes (W4A16, W8A16)
@@ -6,8 +6,8 @@ with (w_q, s) from `solve` (s = None for RTN). The multiply by s is done in fp32
 activation quantizer, where a kernel would fuse it. The packed weight is kept beside the dequantized one
 (`qtensor()`) for byte accounting (`weight_bytes()`) and for the packed decode kernel
 (`synodic.kernels.quant_linear`), which `backend="auto"` uses on CUDA for MXFP4 / NVFP4 / MXFP8 weights
-and single-row inputs (batch-1 decode); more rows and other formats take the torch path
-(`backend="triton"` forces the kernel for any row count).
+and inputs of up to KERNEL_MAX_ROWS rows (decode at batch 1-2; one row for fp32 activations); more rows and
+other formats take the torch path (`backend="triton"` forces the kernel for any row count).
 """
 
 from __future__ import annotations
