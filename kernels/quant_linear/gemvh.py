@@ -103,11 +103,6 @@ def _split4(t):
 
 
 @triton.jit
-def _split2(t):
-    return tl.split(t)
-
-
-@triton.jit
 def _fp8_ref(c, FMT: tl.constexpr):
     if FMT == 2:
         return _e4m3(c & 0xFF)
@@ -123,9 +118,9 @@ def _word8_ref(w, x0, x1, FMT: tl.constexpr):
 
 
 @triton.jit
-def _e2m1_word(w, xa, xb, xc, xd):
-    """A word's 4 fp16 weight pairs (`_e2m1_pair`) and the 4 activation registers they meet."""
-    return _e2m1_pair(w, 0), _e2m1_pair(w, 1), _e2m1_pair(w, 2), _e2m1_pair(w, 3), xa, xb, xc, xd
+def _e2m1_word(w):
+    """A word's 4 fp16 weight pairs (`_e2m1_pair` J = 0..3)."""
+    return _e2m1_pair(w, 0), _e2m1_pair(w, 1), _e2m1_pair(w, 2), _e2m1_pair(w, 3)
 
 
 @triton.jit
@@ -142,43 +137,43 @@ def _block_dot(w, xp, FMT: tl.constexpr, WPB: tl.constexpr, ASM: tl.constexpr):
             a2, b2, c2, d2 = _split4(x2)
             a3, b3, c3, d3 = _split4(x3)
             if ASM:
-                ha0, ha1, ha2, ha3, ya0, ya1, ya2, ya3 = _e2m1_word(wa, a0, a1, a2, a3)
-                hb0, hb1, hb2, hb3, yb0, yb1, yb2, yb3 = _e2m1_word(wb, b0, b1, b2, b3)
-                hc0, hc1, hc2, hc3, yc0, yc1, yc2, yc3 = _e2m1_word(wc, c0, c1, c2, c3)
-                hd0, hd1, hd2, hd3, yd0, yd1, yd2, yd3 = _e2m1_word(wd, d0, d1, d2, d3)
+                ha0, ha1, ha2, ha3 = _e2m1_word(wa)
+                hb0, hb1, hb2, hb3 = _e2m1_word(wb)
+                hc0, hc1, hc2, hc3 = _e2m1_word(wc)
+                hd0, hd1, hd2, hd3 = _e2m1_word(wd)
                 return tl.inline_asm_elementwise(
                     asm=_ASM_E2M1_32, constraints="=r" + ",r" * 32,
                     args=[ha0, ha1, ha2, ha3, hb0, hb1, hb2, hb3, hc0, hc1, hc2, hc3, hd0, hd1, hd2, hd3,
-                          ya0[None, :], ya1[None, :], ya2[None, :], ya3[None, :],
-                          yb0[None, :], yb1[None, :], yb2[None, :], yb3[None, :],
-                          yc0[None, :], yc1[None, :], yc2[None, :], yc3[None, :],
-                          yd0[None, :], yd1[None, :], yd2[None, :], yd3[None, :]],
+                          a0[None, :], a1[None, :], a2[None, :], a3[None, :],
+                          b0[None, :], b1[None, :], b2[None, :], b3[None, :],
+                          c0[None, :], c1[None, :], c2[None, :], c3[None, :],
+                          d0[None, :], d1[None, :], d2[None, :], d3[None, :]],
                     dtype=tl.float32, is_pure=True, pack=1)
             return (_word4_ref(wa, a0, a1, a2, a3) + _word4_ref(wb, b0, b1, b2, b3)
                     + _word4_ref(wc, c0, c1, c2, c3) + _word4_ref(wd, d0, d1, d2, d3))
         else:  # NVFP4: 2 words per 16-block
-            wa, wb = _split2(w)
-            a0, b0 = _split2(x0)
-            a1, b1 = _split2(x1)
-            a2, b2 = _split2(x2)
-            a3, b3 = _split2(x3)
+            wa, wb = tl.split(w)
+            a0, b0 = tl.split(x0)
+            a1, b1 = tl.split(x1)
+            a2, b2 = tl.split(x2)
+            a3, b3 = tl.split(x3)
             if ASM:
-                ha0, ha1, ha2, ha3, ya0, ya1, ya2, ya3 = _e2m1_word(wa, a0, a1, a2, a3)
-                hb0, hb1, hb2, hb3, yb0, yb1, yb2, yb3 = _e2m1_word(wb, b0, b1, b2, b3)
+                ha0, ha1, ha2, ha3 = _e2m1_word(wa)
+                hb0, hb1, hb2, hb3 = _e2m1_word(wb)
                 return tl.inline_asm_elementwise(
                     asm=_ASM_E2M1_16, constraints="=r" + ",r" * 16,
                     args=[ha0, ha1, ha2, ha3, hb0, hb1, hb2, hb3,
-                          ya0[None, :], ya1[None, :], ya2[None, :], ya3[None, :],
-                          yb0[None, :], yb1[None, :], yb2[None, :], yb3[None, :]],
+                          a0[None, :], a1[None, :], a2[None, :], a3[None, :],
+                          b0[None, :], b1[None, :], b2[None, :], b3[None, :]],
                     dtype=tl.float32, is_pure=True, pack=1)
             return _word4_ref(wa, a0, a1, a2, a3) + _word4_ref(wb, b0, b1, b2, b3)
     else:  # fp8: 8 words per 32-block, two registers each
-        x0, x1 = _split2(xp)  # [G, 8] each
-        wlo, whi = _split2(tl.reshape(w, w.shape[:-1] + [4, 2]))  # word j = 2 q + i: whi i = 1
+        x0, x1 = tl.split(xp)  # [G, 8] each
+        wlo, whi = tl.split(tl.reshape(w, w.shape[:-1] + [4, 2]))  # word j = 2 q + i: whi i = 1
         wa, wb, wc, wd = _split4(wlo)
         we, wf, wg, wh = _split4(whi)
-        xlo0, xhi0 = _split2(tl.reshape(x0, x0.shape[:-1] + [4, 2]))
-        xlo1, xhi1 = _split2(tl.reshape(x1, x1.shape[:-1] + [4, 2]))
+        xlo0, xhi0 = tl.split(tl.reshape(x0, x0.shape[:-1] + [4, 2]))
+        xlo1, xhi1 = tl.split(tl.reshape(x1, x1.shape[:-1] + [4, 2]))
         a0, b0, c0, d0 = _split4(xlo0)
         e0, f0, g0, h0 = _split4(xhi0)
         a1, b1, c1, d1 = _split4(xlo1)
