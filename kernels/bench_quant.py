@@ -11,12 +11,12 @@ DualQuant's solve time for a whole 8B model, one process.
    mxfp8_e4m3, whose sweep also tries the hardware fp8 conversion, FP8_CVT=True). Each time is
    per call inside a CUDA graph of many calls that cycle over enough weight copies (> 4x L2) that every
    call reads its weight from HBM. Bytes = weight (codes + scales + s) + x + y. Per row: bf16, the run-time
-   heuristic (`us`; the int32-word GEMV "gemv32" for M = 1, tl.dot above); then, if the budget
+   heuristic (`us`; the fp16x2 GEMV "gemvh" for M <= 2, tl.dot above); then, if the budget
    allows, the SWEEP candidates (`sweep`, `best_us` with its config). Every config is checked against the
    torch reference before it is timed (a config off by > 2e-2 rel. RMSE is not timed).
    Load probes (M = 1, unless --no-probe): kernels that read the code bytes and block scales in exactly a
    GEMV's tile pattern (grid, BLOCK_N, BLOCK_K, SPLIT_K, warps) and only XOR them into a per-row int32 (no x,
-   no decode): "probe32" loads [BLOCK_N, BLOCK_K/E] int32 words (E codes per word) as "gemv32" does. Timed
+   no decode): "probe32" loads [BLOCK_N, BLOCK_K/E] int32 words (E codes per word) as "gemv32" / "gemvh" do. Timed
    beside the kernel on its tile, as GB/s of codes + scales (`*_load_GB_per_s`): probe near HBM speed and
    kernel far below -> decode arithmetic limits; probe slow -> the load pattern does.
 2. DualQuant (MXFP4, 15 iterations) over every linear of the blocks of nemotron_h_8b, random bf16
