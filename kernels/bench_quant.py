@@ -3,7 +3,7 @@ DualQuant's solve time for a whole 8B model, one process.
 
     python -m synodic.kernels.bench_quant --out quant.json [--budget 110] [--no-sweep] [--skip-dualquant]
         [--shapes 4096x14336,14336x4096] [--ms 1,32] [--formats mxfp4,nvfp4,mxfp8_e4m3]
-        [--no-probe]
+        [--no-probe] [--kernels gemvh,dotp]
     TRITON_INTERPRET=1 python -m synodic.kernels.bench_quant --smoke     # CPU: every config vs the reference
 
 1. GEMV / skinny GEMM, M in {1, 32}, weights (N, K) in {4096x4096, 4096x14336, 14336x4096}, bf16
