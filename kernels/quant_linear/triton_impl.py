@@ -103,8 +103,6 @@ def _fold(sc, FMT: tl.constexpr, SH: tl.constexpr, SHMUL: tl.constexpr):
         return tl.where(sc == 255, float("nan"), v)
 
 
-
-
 @triton.jit
 def _dot_tile(M, N, K, K_PER_SPLIT, QBLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """A dot program's output tile (grid: N tiles, K splits, M tiles) and its K range: program ids, N offsets /
@@ -517,9 +515,10 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       dotp at M = 4, and two 2-row programs decode every tile twice: M >= 3 stays on dotp;
       M = 1, fp32 activations, "gemv32" (fp32 arithmetic; 1.41-1.47x 4-bit, 1.03x MXFP8): 4-bit [16 x 512],
       MXFP8 [32 x 128], 4 warps, ~16 programs per SM;
-      M >= 2, "dotp" (sweep of 2026-11-30 09:22 UTC, bench_quant --ms 32): [64 x 128] tiles (MXFP8 [64 x 64]) on
-      4 warps, 4 stages; M = 32: MXFP4 0.94x / 0.84x, NVFP4 0.70x / 0.63x, MXFP8 0.84x / 0.71x, where "dot"
-      (`_dot_config`) gave 0.62x / 0.57x, 0.44x / 0.41x, 0.74x / 0.65x in the same run, ~4 programs per SM."""
+      M >= 3 (M >= 2 for fp32 activations), "dotp" (sweep of 2026-11-30 09:22 UTC, bench_quant --ms 32):
+      [64 x 128] tiles (MXFP8 [64 x 64]) on 4 warps, 4 stages; M = 32: MXFP4 0.94x / 0.84x, NVFP4 0.70x / 0.63x,
+      MXFP8 0.84x / 0.71x, where "dot" (`_dot_config`) gave 0.62x / 0.57x, 0.44x / 0.41x, 0.74x / 0.65x in the same
+      run, ~4 programs per SM."""
     packed = FMT_IDS[fmt] <= 1
     if M <= 2 and not fp32_act:
         bn, bk = (64 // M, 512) if packed else (64 // M, 256)

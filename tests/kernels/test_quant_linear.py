@@ -506,8 +506,8 @@ def check_fp16_close(y, x, q, s, b, act):
     assert ((y.float() - y_ref).abs() <= bound + 1e-30).all()
 
 
-GH_CASES += [  # several activation rows: one weight decode for 2 rows (M = 3 / 5: the last program's second row
-    # masked; M = 6: three programs along M)
+GH_CASES += [  # several activation rows: one weight decode for 2 rows (M = 3: the last program's second row
+    # masked; M = 6: three programs along M; M = 5 with one row per program)
     ("mxfp4", 37, 160, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2), 2),
     ("nvfp4", 41, 128, BF16, "mxfp4", True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3), 3),
     ("mxfp8_e4m3", 24, 96, F16, None, True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=2, SEM=False), 4),
@@ -535,18 +535,29 @@ def test_gemvh_matches_ref(fmt, N, K, dtype, act, with_sb, config, M, device, na
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2"])
 def test_gemvh_one_hot_exact(fmt, device):
-    """Every code byte at every position of a word, one-hot x at each code position of the first two words: y is
-    the column of dequant(q) bit for bit (NaN rows where a NaN code sits in the row, as in the reference)."""
-    from synodic.quant import QTensor
+    """Every code byte at every byte position of a word, read through one-hot rows x = I (all K positions, two rows
+    per program): y is dequant(q).T bit for bit. fp8: NaN rows wherever a NaN code sits in a weight row, as in the
+    reference; then again with the non-finite codes zeroed, so that every finite code is checked in every row."""
+    from synodic.quant import QTensor, dequantize
     e = 8 if fmt in ("mxfp4", "nvfp4") else 4
     blk = 16 if fmt == "nvfp4" else 32
     ar = torch.arange(256)
     data = ((ar[:, None] + 37 * torch.arange(4)[None, :]) % 256).to(torch.uint8).reshape(32, 32).to(device)
     K = 32 * (2 if e == 8 else 1)
-    scale = torch.full((32, K // blk), 0x38 if fmt == "nvfp4" else 127, dtype=torch.uint8, device=device)  # 1.0
-    q = QTensor(fmt, data, scale, torch.ones(1, device=device) if fmt == "nvfp4" else None, (32, K))
+    code = 0x38 if fmt == "nvfp4" else 127  # block scale 1.0
+    p = torch.ones(1, device=device) if fmt == "nvfp4" else None
     eye = torch.eye(K, device=device)
-    for k in range(2 * e):
-        y = quant_linear(eye[k:k + 1], q, backend="triton", config=dict(KERNEL="gemvh", BLOCK_N=16, BLOCK_K=32))
-        ref = quant_linear(eye[k:k + 1], q, backend="ref")
-        torch.testing.assert_close(y, ref, rtol=0, atol=0, equal_nan=True)
+    for d in (data, None):
+        if d is None:
+            if e == 8:
+                break
+            lut = QTensor(fmt, torch.arange(256, dtype=torch.uint8, device=device)[None],
+                          torch.full((1, 8), code, dtype=torch.uint8, device=device), None, (1, 256))
+            finite = torch.isfinite(dequantize(lut)[0])
+            d = torch.where(finite[data.long()], data, torch.zeros_like(data))
+            assert not (d == data).all()
+        q = QTensor(fmt, d, torch.full((32, K // blk), code, dtype=torch.uint8, device=device), p, (32, K))
+        y = quant_linear(eye, q, backend="triton", config=dict(KERNEL="gemvh", BLOCK_N=16, BLOCK_K=32, BLOCK_M=2))
+        torch.testing.assert_close(y, quant_linear(eye, q, backend="ref"), rtol=0, atol=0, equal_nan=True)
+        if e == 8 or d is not data:  # all codes finite: each y entry is one weight, no NaN * 0 from its row
+            torch.testing.assert_close(y, dequantize(q).T, rtol=0, atol=0)
