@@ -12,9 +12,17 @@ import torch
 from .._dispatch import expect_shape, pick_backend
 from .ref import conv1d_update_ref
 
-__all__ = ["conv1d_update", "conv1d_update_ref"]
+__all__ = ["conv1d_update", "conv1d_update_ref", "new_conv_state"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def new_conv_state(num_slots: int, C: int, km1: int, *, dtype, device) -> torch.Tensor:
+    """A zeroed conv-state cache [num_slots, C, width - 1] stored tap-major (memory [num_slots, width - 1, C]):
+    each tap of a slot is one contiguous channel vector, so the kernel moves it with full-width vector loads
+    and stores (channel-major rows hold 6-byte bf16 windows: short, latency-bound accesses). Any layout works
+    with `conv1d_update`; this is the fast one."""
+    return torch.zeros(num_slots, km1, C, dtype=dtype, device=device).transpose(1, 2)
 
 
 def _check(x, conv_state, weight, bias, slot_ids, out) -> None:

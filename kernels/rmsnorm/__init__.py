@@ -2,6 +2,7 @@
 (synodic/models/norm.py semantics, fp32 statistics):
 
     rmsnorm:        y = x * rsqrt(mean(x², -1) + eps) * weight
+    add_rmsnorm:    s = x + r (rounded to x.dtype, returned), y = rmsnorm(s)   (a residual add fused in)
     gated_rmsnorm:  h = x * silu(z);  y = h * rsqrt(mean(h², group) + eps) * weight   (per group of
                     `group_size` channels)
 Output in x.dtype. Any leading dims; the last dim may sit in a row-strided view (e.g. a slice of a
@@ -12,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import pick_backend
-from .ref import gated_rmsnorm_ref, rmsnorm_ref
+from .ref import add_rmsnorm_ref, gated_rmsnorm_ref, rmsnorm_ref
 
-__all__ = ["rmsnorm", "gated_rmsnorm", "rmsnorm_ref", "gated_rmsnorm_ref"]
+__all__ = ["rmsnorm", "add_rmsnorm", "gated_rmsnorm", "rmsnorm_ref", "add_rmsnorm_ref", "gated_rmsnorm_ref"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -49,6 +50,21 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, *, backend
     from .triton_impl import rmsnorm_triton
 
     return rmsnorm_triton(x, None, weight, eps, x.shape[-1])
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, *,
+                backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, rmsnorm(s)) with s = x + residual in x.dtype: a pre-norm block's residual add and the next norm in one
+    pass (one read of each input, two writes). residual: x's shape and dtype. backend as `rmsnorm`."""
+    _check(x, None, weight, None)
+    if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
+        raise ValueError(f"residual: expected x's shape, dtype and device ({tuple(x.shape)}, {x.dtype}, {x.device}), "
+                         f"got ({tuple(residual.shape)}, {residual.dtype}, {residual.device})")
+    if pick_backend(backend, x) == "ref":
+        return add_rmsnorm_ref(x, residual, weight, eps)
+    from .triton_impl import rmsnorm_triton
+
+    return rmsnorm_triton(x, None, weight, eps, x.shape[-1], residual=residual)
 
 
 def gated_rmsnorm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5,

@@ -19,3 +19,9 @@ def gated_rmsnorm_ref(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, ep
     h = h.reshape(*shape[:-1], -1, group_size)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return (h.reshape(shape) * weight.float()).to(x.dtype)
+
+
+def add_rmsnorm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    s = x + residual
+    return s, rmsnorm_ref(s, weight, eps)

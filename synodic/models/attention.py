@@ -10,16 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from synodic.kernels.rope import rope_cs, rope_norm, rope_ref
+
 from .config import HybridConfig
-from .norm import RMSNorm
-
-
-def rope_cs(pos: torch.Tensor, theta: float, rot_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [..., T, 1, rot_dim / 2] of RoPE at positions pos (broadcastable to [..., T])."""
-    half = rot_dim // 2
-    inv = theta ** (-torch.arange(half, device=pos.device, dtype=torch.float32) / half)
-    ang = pos.float()[..., None] * inv  # [..., T, half]
-    return ang.cos()[..., None, :], ang.sin()[..., None, :]
+from .norm import RMSNorm, fused_backend
 
 
 def step_rope(ctx, pos: torch.Tensor, theta: float, rot_dim: int):
@@ -38,11 +32,7 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float, rot_dim: int, cs=None
     """Rotate-half RoPE on the first rot_dim dims. x [..., T, heads, D], pos broadcastable to [..., T];
     cs: rope_cs(pos, theta, rot_dim) when already computed."""
     cos, sin = rope_cs(pos, theta, rot_dim) if cs is None else cs
-    half = rot_dim // 2
-    xr, rest = x[..., :rot_dim].float(), x[..., rot_dim:]
-    x1, x2 = xr[..., :half], xr[..., half:]
-    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
-    return torch.cat([out, rest], dim=-1)
+    return rope_ref(x, cos, sin, rot_dim)
 
 
 class Attention(nn.Module):
@@ -69,10 +59,18 @@ class Attention(nn.Module):
         q = self.q_proj(h).unflatten(-1, (self.nq, self.hd))
         k = self.k_proj(h).unflatten(-1, (self.nkv, self.hd))
         v = self.v_proj(h).unflatten(-1, (self.nkv, self.hd))
+        if not self.rot:
+            return (self.q_norm(q), self.k_norm(k), v) if self.qk_norm else (q, k, v)
+        cos, sin = step_rope(ctx, pos, self.theta, self.rot) or rope_cs(pos, self.theta, self.rot)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cs = step_rope(ctx, pos, self.theta, self.rot) if self.rot else None
-        return rope(q, pos, self.theta, self.rot, cs), rope(k, pos, self.theta, self.rot, cs), v
+            return self._rope(q, cos, sin, self.q_norm), self._rope(k, cos, sin, self.k_norm), v
+        return self._rope(q, cos, sin), self._rope(k, cos, sin), v
+
+    def _rope(self, x, cos, sin, norm=None):
+        """(QK-norm and) RoPE of one tensor: one kernel on CUDA (synodic.kernels.rope)."""
+        if norm is None:
+            return rope_norm(x, cos, sin, self.rot, backend=fused_backend(x))
+        return rope_norm(x, cos, sin, self.rot, norm.weight, norm.eps, backend=fused_backend(x, norm.weight))
 
     def _index(self, h, pos, ctx):
         ix = self.indexer

@@ -51,6 +51,9 @@ class VerifyContext:
 
 
 class Block(nn.Module):
+    """A pre-norm residual block, x + mixer(norm(x)); HybridLM.forward runs it inline so that the residual
+    add is fused into the next block's norm."""
+
     def __init__(self, cfg: HybridConfig, kind: str, index: int):
         super().__init__()
         self.kind = kind
@@ -61,9 +64,6 @@ class Block(nn.Module):
             "attention": lambda: Attention(cfg, index),
             "mlp": lambda: MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_hidden_act),
         }[kind]()
-
-    def forward(self, x, ctx=None):
-        return x + self.mixer(self.norm(x), ctx)
 
 
 class HybridLM(nn.Module):
@@ -112,6 +112,13 @@ class HybridLM(nn.Module):
         """input_ids [b,T] → logits [b,T,V]. With a PrefillContext/DecodeContext the SSM and attention
         layers read and write the run's state backend and KV policy."""
         x = self.embed_tokens(input_ids)
+        delta = None  # the last mixer's output, added to the residual stream by the next norm's kernel
         for blk in self.blocks:
-            x = blk(x, ctx)
-        return self.lm_head(self.norm_f(x))
+            if delta is None:
+                h = blk.norm(x)
+            else:
+                x, h = blk.norm.add(x, delta)
+            delta = blk.mixer(h, ctx)
+        if delta is None:
+            return self.lm_head(self.norm_f(x))
+        return self.lm_head(self.norm_f.add(x, delta)[1])

@@ -28,6 +28,20 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.ones(self.H))
         self.norm = GatedRMSNorm(self.d_inner, cfg.rms_norm_eps, group_size=self.d_inner // self.G)
         self.out_proj = nn.Linear(self.d_inner, cfg.hidden_size, bias=False)
+        self._A = (None, None)  # (key, A) while A_log is unchanged: see `A`
+
+    def A(self) -> torch.Tensor:
+        """-exp(A_log) in fp32. Without autograd it is computed once per A_log version (three launches per layer
+        and decode step otherwise); never cached inside a CUDA-graph capture, where kernels do not run."""
+        p = self.A_log
+        if torch.is_grad_enabled():
+            return -torch.exp(p.float())
+        key = (p.data_ptr(), p._version, p.dtype, p.device)
+        if self._A[0] != key:
+            if p.is_cuda and torch.cuda.is_current_stream_capturing():
+                return -torch.exp(p.float())
+            self._A = (key, -torch.exp(p.float()))
+        return self._A[1]
 
     def _split(self, h):
         z, xBC, dt = torch.split(h, [self.d_inner, self.conv_dim, self.H], dim=-1)
@@ -42,7 +56,7 @@ class Mamba2Mixer(nn.Module):
         """hidden [b,T,d]. ctx None: whole sequences from zero state; ctx.mode 'prefill' (b=1) seeds
         the backend's slot; 'decode' (T=1) steps through the backend."""
         z, xBC, dt = self._split(self.in_proj(hidden))
-        A = -torch.exp(self.A_log.float())
+        A = self.A()
         w = self.conv1d.weight[:, 0]
         if ctx is not None and ctx.mode == "decode":
             xBC = ctx.ssm.conv_step(self.ssm_index, xBC[:, 0], w, self.conv1d.bias)

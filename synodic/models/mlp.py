@@ -1,7 +1,10 @@
 """MLPs: SwiGLU (Qwen-style) and squared-ReLU (NemotronH)."""
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from synodic.kernels.mlp_act import mlp_act
+
+from .norm import fused_backend
 
 
 class MLP(nn.Module):
@@ -14,8 +17,11 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, ctx=None) -> torch.Tensor:
+        # the activation (and SwiGLU's product) as one kernel on CUDA: synodic.kernels.mlp_act
         if self.act == "silu":
-            h = F.silu(self.gate_proj(x)) * self.up_proj(x)
+            g, u = self.gate_proj(x), self.up_proj(x)
+            h = mlp_act(g, u, act="silu", backend=fused_backend(g, u))
         else:
-            h = F.relu(self.up_proj(x)).square()
+            u = self.up_proj(x)
+            h = mlp_act(u, act="relu2", backend=fused_backend(u))
         return self.down_proj(h)

@@ -3,7 +3,7 @@ Triton on CUDA, the torch reference on the CPU and whenever autograd records).""
 import torch
 from torch import nn
 
-from synodic.kernels.rmsnorm import gated_rmsnorm, rmsnorm
+from synodic.kernels.rmsnorm import add_rmsnorm, gated_rmsnorm, rmsnorm
 
 
 def fused_backend(*ts: torch.Tensor) -> str:
@@ -20,6 +20,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rmsnorm(x, self.weight, self.eps, backend=fused_backend(x, self.weight))
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + residual, this norm of it) in one kernel: a pre-norm stack's residual add and next norm."""
+        return add_rmsnorm(x, residual, self.weight, self.eps, backend=fused_backend(x, residual, self.weight))
 
 
 class GatedRMSNorm(RMSNorm):

@@ -5,7 +5,7 @@ Slots: rows 0..max_slots-1 belong to requests; row max_slots is scratch for padd
 """
 import torch
 import torch.nn.functional as F
-from synodic.kernels.conv1d_update import conv1d_update
+from synodic.kernels.conv1d_update import conv1d_update, new_conv_state
 
 
 class StateBackendBase:
@@ -15,8 +15,8 @@ class StateBackendBase:
         self.kernel = "auto"  # kernel backend (subclasses set theirs from the config)
         self.layers = model.ssm_layers
         dtype = next(model.parameters()).dtype
-        self.conv = [torch.zeros(max_slots + 1, m.conv_dim, m.conv1d.weight.shape[-1] - 1,
-                                 device=device, dtype=dtype) for m in self.layers]
+        self.conv = [new_conv_state(max_slots + 1, m.conv_dim, m.conv1d.weight.shape[-1] - 1, device=device,
+                                    dtype=dtype) for m in self.layers]
         self.slot_ids = torch.zeros(0, dtype=torch.long, device=device)
         self._conv_rows = self.slot_ids
         self._window: dict[int, torch.Tensor] = {}

@@ -3,7 +3,7 @@ bf16 / fp32), a decode sequence equals the whole-sequence causal conv, argument 
 import pytest
 import torch
 from kernel_errors import rel_max
-from synodic.kernels.conv1d_update import conv1d_update
+from synodic.kernels.conv1d_update import conv1d_update, new_conv_state
 
 from synodic.models.scan import causal_conv
 
@@ -16,14 +16,19 @@ CASES = [  # (C, width, state dtype, slot id dtype, bias, silu)
 ]
 
 
+@pytest.mark.parametrize("tap_major", [False, True], ids=["channel-major", "tap-major"])
 @pytest.mark.parametrize("C,W,dtype,idt,with_bias,silu", CASES)
-def test_triton_matches_ref(C, W, dtype, idt, with_bias, silu, device):
+def test_triton_matches_ref(C, W, dtype, idt, with_bias, silu, tap_major, device):
     gen = torch.Generator().manual_seed(C * 10 + W)
     num_slots = 6
     slot_ids = torch.tensor([4, -1, 0, 2, -1], dtype=idt, device=device)
     batch = slot_ids.shape[0]
     state0 = torch.randn(num_slots, C, W - 1, generator=gen).to(dtype).to(device)
-    s_tri, s_ref = state0.clone(), state0.clone()
+    s_ref = state0.clone()
+    s_tri = new_conv_state(num_slots, C, W - 1, dtype=dtype, device=device) if tap_major else state0.clone()
+    if tap_major:  # the SSM backends' layout: [slots, C, W - 1] over memory [slots, W - 1, C]
+        s_tri.copy_(state0)
+        assert s_tri.stride(1) == 1
     w = (torch.randn(C, W, generator=gen) * 0.5).to(dtype).to(device)
     b = torch.randn(C, generator=gen).to(dtype).to(device) if with_bias else None
     for step in range(3):

@@ -3,7 +3,7 @@ row-strided inputs, bf16 / fp32); the norm modules equal the reference on the CP
 import pytest
 import torch
 from kernel_errors import rel_max
-from synodic.kernels.rmsnorm import gated_rmsnorm, gated_rmsnorm_ref, rmsnorm, rmsnorm_ref
+from synodic.kernels.rmsnorm import add_rmsnorm, gated_rmsnorm, gated_rmsnorm_ref, rmsnorm, rmsnorm_ref
 
 from synodic.models.norm import GatedRMSNorm, RMSNorm
 
@@ -27,6 +27,29 @@ def test_rmsnorm_triton_matches_ref(lead, D, dtype, device):
     y_ref = rmsnorm(x, w, 1e-5, backend="ref")
     assert y.shape == x.shape and y.dtype == dtype
     assert rel_max(y, y_ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("lead,D,dtype", [((3, 1), 96, torch.float32), ((5,), 1000, torch.bfloat16),
+                                          ((2, 1), 4096, torch.bfloat16), ((4,), 33, torch.float32)])
+def test_add_rmsnorm_triton_matches_ref(lead, D, dtype, device):
+    gen = torch.Generator().manual_seed(D + 1)
+    x = _inputs(lead, D, dtype, device, gen, strided=D == 33)
+    r = _inputs(lead, D, dtype, device, gen, strided=False)
+    w = (torch.rand(D, generator=gen) + 0.5).to(dtype).to(device)
+    s, y = add_rmsnorm(x, r, w, 1e-5, backend="triton")
+    s_ref, y_ref = add_rmsnorm(x, r, w, 1e-5, backend="ref")
+    assert torch.equal(s, s_ref)  # the add rounds once, as torch's does
+    assert torch.equal(s_ref, x + r) and s.shape == y.shape == x.shape and y.dtype == dtype
+    assert rel_max(y, y_ref) < TOL[dtype]
+    assert rel_max(y, rmsnorm(s_ref, w, 1e-5, backend="triton")) == 0  # = the add, then the norm kernel
+
+
+def test_add_rmsnorm_argument_errors():
+    x, w = torch.zeros(2, 8), torch.ones(8)
+    with pytest.raises(ValueError, match="residual: expected x's shape"):
+        add_rmsnorm(x, torch.zeros(2, 7), w)
+    with pytest.raises(ValueError, match="residual: expected x's shape"):
+        add_rmsnorm(x, x.double(), w)
 
 
 @pytest.mark.parametrize("lead,D,gs,dtype", [
