@@ -22,7 +22,8 @@ def rope_norm(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int, w
               eps: float = 1e-6, *, backend: str = "auto") -> torch.Tensor:
     """See the module docstring. No autograd."""
     if x.dim() < 2 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"x: expected a float32 / bfloat16 / float16 tensor [..., H, D], got {x.dtype} {tuple(x.shape)}")
+        raise ValueError(f"x: expected a float32 / bfloat16 / float16 tensor [..., H, D], "
+                         f"got {x.dtype} {tuple(x.shape)}")
     D = x.shape[-1]
     if rot % 2 or not 0 < rot <= D:
         raise ValueError(f"rot: expected an even number in (0, D = {D}], got {rot}")
