@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from synodic.config.errors import ConfigError
+from synodic.models.fuse import fuse_projections
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -91,6 +92,7 @@ def build_graph(cfg, max_seq_len: int, max_slots: int | None = None, window: int
     g = ServingGraph(cfg=cfg, model=model, codec=load_codec(ckpt), device=device, max_slots=slots,
                      max_seq_len=max_seq_len, cuda_graphs=cuda_graphs, ckpt_dir=ckpt)
     g.quant = cfg.quant.build(ctx)  # may swap the model's linears for quantized ones, so first
+    fuse_projections(model)  # after quantization: only plain linears share a GEMM
     g.ssm = cfg.ssm.build(ctx) if model.ssm_layers else None
     g.kv = cfg.kv.build(ctx) if model.attention_layers else None
     g.spec = cfg.spec.build(ctx)

@@ -13,6 +13,7 @@ from torch import nn
 from synodic.kernels.rope import rope_cs, rope_norm, rope_ref
 
 from .config import HybridConfig
+from .fuse import project
 from .norm import RMSNorm, fused_backend
 
 
@@ -36,6 +37,8 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float, rot_dim: int, cs=None
 
 
 class Attention(nn.Module):
+    FUSED_PROJECTIONS = ("q_proj", "k_proj", "v_proj")  # one GEMM once fused (synodic/models/fuse.py)
+
     def __init__(self, cfg: HybridConfig, attn_index: int):
         super().__init__()
         self.attn_index = attn_index
@@ -56,9 +59,9 @@ class Attention(nn.Module):
             self.indexer = LightningIndexer(cfg)
 
     def _qkv(self, h, pos, ctx=None):
-        q = self.q_proj(h).unflatten(-1, (self.nq, self.hd))
-        k = self.k_proj(h).unflatten(-1, (self.nkv, self.hd))
-        v = self.v_proj(h).unflatten(-1, (self.nkv, self.hd))
+        q, k, v = project(self, self.FUSED_PROJECTIONS, h)
+        q, k, v = (q.unflatten(-1, (self.nq, self.hd)), k.unflatten(-1, (self.nkv, self.hd)),
+                   v.unflatten(-1, (self.nkv, self.hd)))
         if not self.rot:
             return (self.q_norm(q), self.k_norm(k), v) if self.qk_norm else (q, k, v)
         cos, sin = step_rope(ctx, pos, self.theta, self.rot) or rope_cs(pos, self.theta, self.rot)

@@ -7,6 +7,7 @@ from torch import nn
 from synodic.kernels.gdn_gating import gdn_gating
 
 from .config import HybridConfig
+from .fuse import project
 from .norm import GatedRMSNorm, fused_backend
 from .scan import causal_conv, gdn_chunked
 
@@ -17,6 +18,8 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 class GatedDeltaNetMixer(nn.Module):
+    FUSED_PROJECTIONS = ("in_proj_qkvz", "in_proj_ba")  # one GEMM once fused (synodic/models/fuse.py)
+
     def __init__(self, cfg: HybridConfig, ssm_index: int):
         super().__init__()
         self.ssm_index = ssm_index
@@ -40,8 +43,9 @@ class GatedDeltaNetMixer(nn.Module):
                 v.unflatten(-1, (self.HV, self.V)))
 
     def forward(self, hidden: torch.Tensor, ctx=None) -> torch.Tensor:
-        qkv, z = torch.split(self.in_proj_qkvz(hidden), [self.conv_dim, self.value_dim], dim=-1)
-        b, a = self.in_proj_ba(hidden).chunk(2, dim=-1)
+        qkvz, ba = project(self, self.FUSED_PROJECTIONS, hidden)
+        qkv, z = torch.split(qkvz, [self.conv_dim, self.value_dim], dim=-1)
+        b, a = ba.chunk(2, dim=-1)
         # g = −exp(A_log)·softplus(a + dt_bias), β = sigmoid(b), fp32: one fused kernel
         g, beta = gdn_gating(a, b, self.A_log, self.dt_bias, backend=fused_backend(a, self.A_log, self.dt_bias))
         w = self.conv1d.weight[:, 0]
