@@ -152,8 +152,7 @@ def split_plan(K: int, hd: int, splits_per_row: int = SPLITS_PER_ROW, block_k: i
     alone (see the module docstring), CHUNK a multiple of BLOCK_K."""
     block_k = block_k or (32 if sum(head_split(hd)) > 128 else 64)
     blocks = triton.cdiv(max(K, 1), block_k)
-    # two blocks or fewer: one split (no combine launch; e.g. a short dense context at head dim 256)
-    per = blocks if blocks <= 2 else triton.cdiv(blocks, splits_per_row)
+    per = triton.cdiv(blocks, splits_per_row)
     return block_k, per * block_k, triton.cdiv(blocks, per)
 
 
