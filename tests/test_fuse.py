@@ -7,6 +7,7 @@ from synodic.models.config import HybridConfig
 from synodic.models.fuse import fuse_projections, project
 from synodic.models.lm import HybridLM
 from synodic.models.presets import PRESETS
+from synodic.models.weights import load_checkpoint, save_checkpoint
 
 
 def _model(name):
@@ -49,3 +50,12 @@ def test_fused_weights_follow_inplace_loads_and_fall_back_on_replacement():
     y = project(mlp, mlp.FUSED_PROJECTIONS, x)[0].sum()
     y.backward()
     assert mlp.gate_proj.weight.grad is not None
+
+
+def test_fused_model_saves_and_reloads(tmp_path):
+    m = _model("tiny_gdn")
+    fuse_projections(m)
+    save_checkpoint(m, tmp_path)  # parameters that are row blocks of one fused storage
+    back = load_checkpoint(tmp_path)
+    sd, sd2 = m.state_dict(), back.state_dict()
+    assert all(torch.equal(sd[k], sd2[k]) for k in sd)
