@@ -9,7 +9,8 @@ through the eager-shaped decode kernels ``impl="v2"`` (rows ``*_v2``, Mamba-2 an
 cursor is a per-step constant tensor, i.e. moved once per step outside the layer as in the engine;
 v2 fused steps read all L ring entries, split ones the wp live ones; the byte count stays the needed bytes);
 GDN replay in both
-routes. Every time is the average decode step over full L-step cycles (so the flush is amortised):
+routes, and the v2 rows with the checkpoint stored [K, V] per head (``*_v2_kv``, ``gdn_replay.layout``).
+Every time is the average decode step over full L-step cycles (so the flush is amortised):
 one CUDA graph holds L x R steps over R rotated slot sets (state touched per graph > 2x L2), time
 per graph replay / (L R). Bytes are counted exactly (unique bytes a step must move, averaged over
 the cycle: checkpoint reads, the flush's write, ring reads of i entries at cursor i, the ring append,
@@ -41,7 +42,7 @@ TARGETS = {("mamba2", "replay_fp32"): 1.75, ("mamba2", "replay_dual_bf16"): 2.5,
            ("mamba2", "replay_fp32_v2"): 1.75, ("mamba2", "replay_dual_bf16_v2"): 2.5,
            ("mamba2", "replay_dual_bf16_v2_row"): 2.5,
            ("gdn", "replay_fp32_adjoint"): 1.6, ("gdn", "replay_fp32_state"): 1.6,
-           ("gdn", "replay_fp32_adjoint_v2"): 1.6}
+           ("gdn", "replay_fp32_adjoint_v2"): 1.6, ("gdn", "replay_fp32_adjoint_v2_kv"): 1.6}
 # Launch configs swept for the engine's kernels (the v2 decode kernels; the v1 kernels' sweeps of
 # 2026-11-30 are recorded in their pick_config docstrings).
 # v2 (BLOCK_P, warps, flush fold)
@@ -153,7 +154,7 @@ class GDNCase(_Case):
         S0 = torch.randn(slots, HV, V, K, device=device, generator=gen) * 0.1
         self._setup(variant, batch, rot, L, config, S0,
                     lambda lo_dtype: gdn_replay_alloc(slots, HV, V, K, Hk, L, dtype=ACT, device=device,
-                                                      lo_dtype=lo_dtype))
+                                                      lo_dtype=lo_dtype, kv_major=variant.endswith("_kv")))
         self.route = "state" if variant.endswith("_state") else "adjoint"
         perm = torch.randperm(slots, device=device, generator=gen).to(torch.int32)
         self.sets = [dict(q=torch.randn(batch, Hk, K, device=device, generator=gen).to(ACT),
@@ -170,7 +171,7 @@ class GDNCase(_Case):
             return gdn_decode(self.state, s["q"], s["k"], s["v"], s["g"], s["beta"], s["slot_ids"],
                               backend="triton")
         from synodic.kernels.gdn_replay import gdn_replay_decode
-        if self.variant.endswith("_v2"):
+        if "_v2" in self.variant:
             return gdn_replay_decode(**self._cursor_cache(r), q=s["q"], k=s["k"], v=s["v"],
                                      g=s["g"], beta=s["beta"], slot_ids=s["slot_ids"], L=self.L, advance=False,
                                      backend="triton", config=self.config, impl="v2", ring_by_cursor=self.ring)
@@ -326,7 +327,8 @@ def main(argv=None):
                                 "replay_dual_bf16_v2_row"], V2_SWEEP))
     if "gdn" in args.ops:
         ops.append((GDNCase, ["eager", "replay_fp32_adjoint", "replay_fp32_state", "replay_dual_bf16_adjoint",
-                              "replay_fp32_adjoint_v2", "replay_dual_bf16_adjoint_v2"], G_V2_SWEEP))
+                              "replay_fp32_adjoint_v2", "replay_dual_bf16_adjoint_v2", "replay_fp32_adjoint_v2_kv",
+                              "replay_dual_bf16_adjoint_v2_kv"], G_V2_SWEEP))
     res = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                command="python -m synodic.kernels.bench_replay " + " ".join(argv if argv is not None
                                                                           else sys.argv[1:]),

@@ -19,9 +19,9 @@ SLOTS = 4
 L = 4
 
 
-def fresh(gen, HV, Hk, V, K, mode, dtype=torch.float32):
+def fresh(gen, HV, Hk, V, K, mode, dtype=torch.float32, kv_major=False):
     ck, lo = MODES[mode]
-    c = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, dtype=dtype, ckpt_dtype=ck, lo_dtype=lo)
+    c = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, dtype=dtype, ckpt_dtype=ck, lo_dtype=lo, kv_major=kv_major)
     S = fill_state(c, gen, (SLOTS, HV, V, K), mode, 0.3)
     poison(c, ("ring_u", "ring_k", "ring_g"))
     return c, S.clone()
@@ -71,11 +71,18 @@ CASES = [  # (HV, Hk, V, K, mode, config (BLOCK_V, warps[, fold]) or None = pick
 ]
 
 
-@pytest.mark.parametrize("HV,Hk,V,K,mode,config,split,ring_by_cursor", [c + (None,) * (8 - len(c)) for c in CASES])
-def test_v2_decode_matches_ref_across_flushes(HV, Hk, V, K, mode, config, split, ring_by_cursor, device):
+# the checkpoint stored [K, V] per head (gdn_replay_alloc(kv_major=True)): every route and fold of the cases above
+KV_MAJOR_CASES = [CASES[i] for i in (0, 1, 2, 5, 7, 8, 11)]
+
+
+@pytest.mark.parametrize("HV,Hk,V,K,mode,config,split,ring_by_cursor,kv_major",
+                         [c + (None,) * (8 - len(c)) + (False,) for c in CASES]
+                         + [c + (None,) * (8 - len(c)) + (True,) for c in KV_MAJOR_CASES])
+def test_v2_decode_matches_ref_across_flushes(HV, Hk, V, K, mode, config, split, ring_by_cursor, kv_major, device):
     gen = torch.Generator().manual_seed(20 + HV + len(mode))
-    c, _ = fresh(gen, HV, Hk, V, K, mode)
+    c, _ = fresh(gen, HV, Hk, V, K, mode, kv_major=kv_major)
     c = {k: v.to(device) for k, v in c.items()}
+    assert (c["ckpt"].stride(-2) == 1) == kv_major  # the layout survived the copy to the device
     c_ref = {k: v.clone() for k, v in c.items()}
     worst = 0.0
     steps = 2 * L + 1
@@ -159,3 +166,17 @@ def test_v2_argument_errors(device):
         gdn_replay_decode(**{k: v.to(device) for k, v in c.items()}, **{k: v.to(device) for k, v in kw.items()},
                           slot_ids=sid.to(device), L=L, impl="v2", advance=False, backend="triton",
                           config=(4, 2, "bf16x3"))
+
+
+def test_checkpoint_layout_errors():
+    HV, Hk, V, K = 2, 1, 5, 7
+    gen = torch.Generator().manual_seed(6)
+    c, _ = fresh(gen, HV, Hk, V, K, "dual_bf16")
+    kw = inputs(gen, 1, HV, Hk, V, K)
+    sid = torch.tensor([0], dtype=torch.int32)
+    odd = torch.zeros(HV, SLOTS, V, K).transpose(0, 1)  # slots not outermost
+    with pytest.raises(ValueError, match="ckpt: expected a contiguous"):
+        gdn_replay_decode(**{**c, "ckpt": odd}, **kw, slot_ids=sid, L=L, impl="v2", advance=False)
+    kv = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, lo_dtype=torch.bfloat16, kv_major=True)
+    with pytest.raises(ValueError, match="ckpt_lo: expected the checkpoint's layout"):
+        gdn_replay_decode(**{**c, "ckpt_lo": kv["ckpt_lo"]}, **kw, slot_ids=sid, L=L, impl="v2", advance=False)
