@@ -363,7 +363,7 @@ def main(argv=None):
                 res["rows"].append(row)
                 print(f"{cls.op} {v:26s} b={batch:4d}: {us:8.1f} µs  {row['gbps']:6.0f} GB/s "
                       f"({row['pct_hbm']:5.1f} %)  x{row['speedup'] or 0:.2f}", flush=True)
-                if batch in sweep_batches and v.endswith("_v2"):
+                if batch in sweep_batches and v.endswith(("_v2", "_v2_kv")):
                     _sweep(res, case, eager_us, "config", G_V2_SMALL_SWEEP if cls is GDNCase and batch <= 8 else grid)
                 if batch in ring_batches and "_v2" in v:
                     _sweep(res, case, eager_us, "ring", (False, True))
