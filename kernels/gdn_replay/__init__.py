@@ -38,7 +38,6 @@ from ..mamba2_replay.common import (
     replay_commit,
     replay_flush_reset,
 )
-from .layout import kv_major
 from .ref import gdn_replay_decode_ref, gdn_replay_flush_ref, gdn_replay_verify_ref
 
 __all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "gdn_replay_alloc",
@@ -54,9 +53,10 @@ def _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo
     want = {"ring_u": (ring_u, (slots, HV, L, V)), "ring_k": (ring_k, (slots, Hk, L, K)),
             "ring_g": (ring_g, (slots, HV, L)), "write_pos": (write_pos, (slots,))}
     check_ring(want, write_pos, L, ("ring_g", ring_g))
+    # the layout ([V, K] or [K, V] per head) is checked once, by the Triton launchers (`layout.kv_major`); the
+    # torch references index any strides
     check_state_pair(ckpt, ckpt_scale, "ckpt", ckpt.shape, layout_checked=True)
     check_state_pair(ckpt_lo, ckpt_lo_scale, "ckpt_lo", ckpt.shape, layout_checked=True)
-    kv_major(ckpt, ckpt_lo)  # [V, K] or [K, V] per head, the same for both (raises otherwise)
 
 
 def _inner(t):

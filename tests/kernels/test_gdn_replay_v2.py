@@ -12,7 +12,7 @@ from kernel_errors import rel_max as rel
 from kernel_errors import rel_rmse as rrmse
 from replay_fixtures import MODES, check_checkpoints, fill_state, poison, rows_for
 from synodic.kernels.gdn_decode.ref import gdn_decode_ref
-from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_decode, replay_advance
+from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_decode, gdn_replay_flush, replay_advance
 from synodic.kernels.gdn_replay.decode_v2 import launch_decode_v2
 
 SLOTS = 4
@@ -176,7 +176,10 @@ def test_checkpoint_layout_errors():
     sid = torch.tensor([0], dtype=torch.int32)
     odd = torch.zeros(HV, SLOTS, V, K).transpose(0, 1)  # slots not outermost
     with pytest.raises(ValueError, match="ckpt: expected a contiguous"):
-        gdn_replay_decode(**{**c, "ckpt": odd}, **kw, slot_ids=sid, L=L, impl="v2", advance=False)
+        gdn_replay_decode(**{**c, "ckpt": odd}, **kw, slot_ids=sid, L=L, impl="v2", advance=False, backend="triton")
     kv = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, lo_dtype=torch.bfloat16, kv_major=True)
     with pytest.raises(ValueError, match="ckpt_lo: expected the checkpoint's layout"):
-        gdn_replay_decode(**{**c, "ckpt_lo": kv["ckpt_lo"]}, **kw, slot_ids=sid, L=L, impl="v2", advance=False)
+        gdn_replay_decode(**{**c, "ckpt_lo": kv["ckpt_lo"]}, **kw, slot_ids=sid, L=L, impl="v2", advance=False,
+                          backend="triton")
+    with pytest.raises(ValueError, match="ckpt: expected a contiguous"):  # v1 kernel / flush launcher too
+        gdn_replay_flush(**{**c, "ckpt": odd}, slot_ids=sid, L=L, backend="triton")
