@@ -168,16 +168,17 @@ def test_v2_argument_errors(device):
                           config=(4, 2, "bf16x3"))
 
 
-def test_checkpoint_layout_errors():
+def test_checkpoint_layout_errors(device):
     HV, Hk, V, K = 2, 1, 5, 7
     gen = torch.Generator().manual_seed(6)
     c, _ = fresh(gen, HV, Hk, V, K, "dual_bf16")
-    kw = inputs(gen, 1, HV, Hk, V, K)
-    sid = torch.tensor([0], dtype=torch.int32)
-    odd = torch.zeros(HV, SLOTS, V, K).transpose(0, 1)  # slots not outermost
+    c = {k: v.to(device) for k, v in c.items()}
+    kw = {k: v.to(device) for k, v in inputs(gen, 1, HV, Hk, V, K).items()}
+    sid = torch.tensor([0], dtype=torch.int32, device=device)
+    odd = torch.zeros(HV, SLOTS, V, K, device=device).transpose(0, 1)  # slots not outermost
     with pytest.raises(ValueError, match="ckpt: expected a contiguous"):
         gdn_replay_decode(**{**c, "ckpt": odd}, **kw, slot_ids=sid, L=L, impl="v2", advance=False, backend="triton")
-    kv = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, lo_dtype=torch.bfloat16, kv_major=True)
+    kv = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, lo_dtype=torch.bfloat16, kv_major=True, device=device)
     with pytest.raises(ValueError, match="ckpt_lo: expected the checkpoint's layout"):
         gdn_replay_decode(**{**c, "ckpt_lo": kv["ckpt_lo"]}, **kw, slot_ids=sid, L=L, impl="v2", advance=False,
                           backend="triton")
