@@ -17,6 +17,7 @@ class StateBackendBase:
         dtype = next(model.parameters()).dtype
         self.conv = [new_conv_state(max_slots + 1, m.conv_dim, m.conv1d.weight.shape[-1] - 1, device=device,
                                     dtype=dtype) for m in self.layers]
+        self._conv_row_bytes = sum(c[0].numel() * c.element_size() for c in self.conv)  # the ledger's, per step
         self.slot_ids = torch.zeros(0, dtype=torch.long, device=device)
         self._conv_rows = self.slot_ids
         self._window: dict[int, torch.Tensor] = {}
@@ -66,7 +67,7 @@ class StateBackendBase:
         """Called once after every layer ran a decode step (cursor moves for backends that keep one)."""
 
     def conv_bytes_per_step(self, batch: int) -> int:
-        return batch * sum(c[0].numel() * c.element_size() for c in self.conv)
+        return batch * self._conv_row_bytes
 
     def _seed_state(self, i, slot, state):
         raise NotImplementedError

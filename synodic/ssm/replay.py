@@ -1,7 +1,9 @@
 """`ssm=replay`: checkpoint + ring of inputs per slot (REPLAYSSM.md). One cursor `write_pos` per slot
 is shared by every SSM layer: the kernels run with advance=False and the runner moves the cursor
 once per step (`end_step`), inside the same captured graph."""
+import numpy as np
 import torch
+
 from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_decode, gdn_replay_flush, gdn_replay_verify
 from synodic.kernels.mamba2_replay import (
     mamba2_replay_alloc,
@@ -33,7 +35,7 @@ class ReplayStateBackend(StateBackendBase):
         ck, lo = PRECISIONS[cfg.precision]
         dtype = next(model.parameters()).dtype
         self.write_pos = torch.zeros(max_slots, dtype=torch.int32, device=device)
-        self.host_wp = [0] * max_slots  # mirror of write_pos for the byte ledger (no device reads)
+        self.host_wp = np.zeros(max_slots, dtype=np.int64)  # write_pos mirror for the ledger (no device reads)
         self.cache = []
         for m in self.layers:
             if hasattr(m, "P"):
@@ -44,6 +46,7 @@ class ReplayStateBackend(StateBackendBase):
                                      lo_dtype=lo, device=device)
             c["write_pos"] = self.write_pos
             self.cache.append(c)
+        self._ledger_constants()
 
     def _seed_state(self, i, slot, state):
         c = self.cache[i]
@@ -91,49 +94,40 @@ class ReplayStateBackend(StateBackendBase):
         replay_commit(self.write_pos, accepted, self.slot_ids, L=self.L)
 
     # -- ledger: exact bytes of the layouts, per the cursor of each row -----------------------------
-    def _layer_bytes(self, c, wp: int) -> tuple[int, int, int]:
-        """(state read, state write, ring read+write) of one row of one layer at cursor wp."""
-        def row(name):
+    # Every layer of a row shares the row's cursor, so a step's bytes are per-row sums of per-layer
+    # constants: summed once here, a step costs a few numpy ops instead of a Python loop over rows x
+    # layers (that loop, ~10^4 tensor views at batch 256, sat between a step's read-back and the next launch).
+    def _ledger_constants(self) -> None:
+        def row(c, name):
             t = c.get(name)
             return 0 if t is None else t[0].numel() * t.element_size()
-
-        ring_names = [k for k in c if k.startswith("ring_")]
-        entry = sum(row(n) // self.L for n in ring_names)  # one position of every ring tensor
-        ck = row("ckpt") + row("ckpt_scale")
-        lo = row("ckpt_lo") + row("ckpt_lo_scale")
-        if wp >= self.L - 1:  # flush: fp32 recurrence reads ckpt + ring, writes ckpt (+ refreshes copy)
-            return ck, ck + lo, wp * entry
-        return (lo or ck), 0, wp * entry + entry
-
-    def _window_bytes(self, c, wp: int, T: int) -> tuple[int, int, int]:
-        """A window: an early flush when wp + T > L (read ckpt + ring, write ckpt), then the verify
-        reads the checkpoint (or its low-precision copy) and ring[:wp'] and writes T ring entries."""
-        def row(name):
-            t = c.get(name)
-            return 0 if t is None else t[0].numel() * t.element_size()
-        entry = sum(row(n) // self.L for n in c if n.startswith("ring_"))
-        ck = row("ckpt") + row("ckpt_scale")
-        lo = row("ckpt_lo") + row("ckpt_lo_scale")
-        read = write = ring = 0
-        if wp > 0 and wp + T > self.L:
-            read, write, ring, wp = ck, ck + lo, wp * entry, 0
-        return read + (lo or ck), write, ring + wp * entry + T * entry
+        E = CK = LO = R0 = 0
+        for c in self.cache:
+            E += sum(row(c, n) // self.L for n in c if n.startswith("ring_"))  # one position of every ring
+            ck = row(c, "ckpt") + row(c, "ckpt_scale")
+            lo = row(c, "ckpt_lo") + row(c, "ckpt_lo_scale")
+            CK, LO, R0 = CK + ck, LO + lo, R0 + (lo or ck)  # a step reads the low-precision copy if any
+        self._E, self._CK, self._LO, self._R0 = E, CK, LO, R0
 
     def step_bytes(self, slots: list[int], T: int = 1, accepted: list[int] | None = None) -> dict[str, int]:
-        """Plain step (T = 1), or a verify window of T committing accepted[i] tokens per row."""
-        read = write = ring = 0
-        for j, s in enumerate(slots):
-            wp = self.host_wp[s]
-            for c in self.cache:
-                if T == 1:
-                    r, w, g = self._layer_bytes(c, wp)
-                else:
-                    r, w, g = self._window_bytes(c, wp, T)
-                read, write, ring = read + r, write + w, ring + g
-            if T == 1:
-                self.host_wp[s] = 0 if wp >= self.L - 1 else wp + 1
-            else:
-                base = 0 if (wp > 0 and wp + T > self.L) else wp
-                self.host_wp[s] = min(self.L, base + accepted[j])
-        return {"ssm_state_read": read, "ssm_state_write": write, "ssm_ring": ring,
-                "ssm_conv_state": 2 * self.conv_bytes_per_step(len(slots))}
+        """Plain step (T = 1), or a verify window of T committing accepted[i] tokens per row.
+        Plain: a row at cursor wp reads the checkpoint (or its copy) and ring[:wp] and appends one entry;
+        at wp = L - 1 it flushes instead: reads ckpt + ring[:wp], writes ckpt (+ refreshes the copy).
+        Window: an early flush when wp > 0 and wp + T > L, then the verify reads the checkpoint (or
+        copy) and ring[:wp'] and writes T entries; the cursor moves to wp' + accepted."""
+        idx = np.asarray(slots, dtype=np.int64)
+        wp = self.host_wp[idx]
+        n = len(idx)
+        if T == 1:
+            flush = int((wp >= self.L - 1).sum())
+            read = flush * self._CK + (n - flush) * self._R0
+            ring = self._E * (int(wp.sum()) + n - flush)
+            self.host_wp[idx] = np.where(wp >= self.L - 1, 0, wp + 1)
+        else:
+            early = (wp > 0) & (wp + T > self.L)
+            flush = int(early.sum())
+            read = flush * self._CK + n * self._R0
+            ring = self._E * (int(wp.sum()) + n * T)
+            self.host_wp[idx] = np.minimum(self.L, np.where(early, 0, wp) + np.asarray(accepted, dtype=np.int64))
+        return {"ssm_state_read": read, "ssm_state_write": flush * (self._CK + self._LO), "ssm_ring": ring,
+                "ssm_conv_state": 2 * self.conv_bytes_per_step(n)}
