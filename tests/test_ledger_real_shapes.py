@@ -34,7 +34,7 @@ def _row_layer_bytes(backend, wp: int, T: int) -> tuple[int, int, int, int]:
     """The ledger written out per layer from the cache tensors: (read, write, ring, next cursor) of one row."""
     L, read, write, ring = backend.L, 0, 0, 0
     for c in backend.cache:
-        def row(name):
+        def row(name, c=c):
             t = c.get(name)
             return 0 if t is None else t[0].numel() * t.element_size()
         entry = sum(row(n) // L for n in c if n.startswith("ring_"))
