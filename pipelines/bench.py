@@ -18,6 +18,9 @@ class BenchPipeline(Component):
     prompt_len: int = Field(32, ge=1, description="prompt tokens per sequence before timing")
     steps: int = Field(16, ge=1, description="timed decode steps per point")
     warmup: int = Field(2, ge=0, description="untimed decode steps first (graph capture, autotune)")
+    stagger: int = Field(16, ge=0, description="rows join over this many untimed steps first (row s after s mod "
+                         "stagger steps), so positions and replay cursors are spread as when requests arrive over "
+                         "time; 0 or 1: every row starts together (replay then flushes every row on the same step)")
     profile: bool = Field(False, description="after all timings, per variant at the largest batch: 3 "
                           "uncaptured steps under torch.profiler, per-kernel time table in profile_<variant #>.txt "
                           "(where the step's time goes)")
@@ -32,15 +35,19 @@ def _task_overrides() -> list[str]:
 
 
 def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None) -> dict:
-    """Prefill b random prompts, then time p.steps batched decode steps (greedy feedback)."""
+    """Prefill b random prompts, let the rows join over p.stagger steps, then time p.steps batched decode steps
+    (greedy feedback) the way the engine runs them: overlapped when graph.overlap (step N + 1 queued with
+    step N's tokens still on the device, N's tokens read back while N + 1 runs), else one host sync per step;
+    the byte ledger is taken every step in both."""
     import torch
 
+    from synodic.engine.readback import TokenReadback
     from synodic.engine.runner import ModelRunner
 
     runner = ModelRunner(graph.model, graph.ssm, graph.kv, graph.max_slots, graph.device, graph.cuda_graphs)
     gen = torch.Generator().manual_seed(b)
     vocab = graph.model.config.vocab_size
-    total = p.prompt_len + p.warmup + p.steps + 1
+    total = p.prompt_len + p.stagger + p.warmup + p.steps + 2
     toks = []
     for s in range(b):
         if graph.kv is not None:
@@ -48,35 +55,58 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
             graph.kv.blocks.grow(s, total)
         prompt = torch.randint(0, vocab, (p.prompt_len,), generator=gen).tolist()
         toks.append(int(runner.prefill(s, prompt).argmax()))
+    pos = [p.prompt_len] * b
+    if p.stagger > 1:  # uncaptured steps: no graphs for the partial batches
+        joiner = ModelRunner(graph.model, graph.ssm, graph.kv, graph.max_slots, graph.device, False)
+        for k in range(p.stagger):
+            rows = [s for s in range(b) if s % p.stagger <= k]
+            out = joiner.decode(rows, [pos[s] for s in rows], [toks[s] for s in rows], max(pos) + 1).argmax(-1)
+            graph.step_bytes(rows, [pos[s] + 1 for s in rows])  # cursor mirrors stay in step
+            for s, t in zip(rows, out.tolist()):
+                toks[s], pos[s] = t, pos[s] + 1
     slots = list(range(b))
+    readback = TokenReadback(b, graph.device)
 
     def sync():
         if graph.device.type == "cuda":
             torch.cuda.synchronize()
 
-    pos = p.prompt_len
-    elapsed = 0.0
-    acc: dict[str, float] = {}
-    for i in range(p.warmup + p.steps):
-        sync()
-        t0 = time.perf_counter()
-        logits = runner.decode(slots, [pos] * b, toks, pos + 1)
-        toks = logits.argmax(-1).tolist()  # the host sync a real engine pays too
-        t1 = time.perf_counter()
-        step_b = graph.step_bytes(slots, [pos + 1] * b)  # every step, so cursor mirrors stay in step
-        if i >= p.warmup:
-            elapsed += t1 - t0
-            for k, v in step_b.items():
-                acc[k] = acc.get(k, 0) + v / p.steps
-        pos += 1
-    step = elapsed / p.steps
+    def launch(tokens, ahead: int):
+        logits = runner.decode(slots, [q + ahead for q in pos], tokens, max(pos) + ahead + 1)
+        nxt = logits.argmax(-1)
+        return nxt, readback.start(nxt)
+
+    def finish(pending) -> dict:
+        toks[:] = pending.wait()
+        step_b = graph.step_bytes(slots, [q + 1 for q in pos])
+        pos[:] = [q + 1 for q in pos]
+        return step_b
+
+    def run_steps(n: int) -> dict[str, float]:
+        """n steps; returns their summed ledger entries."""
+        acc: dict[str, float] = {}
+        if n == 0:
+            return acc
+        step = launch(toks, 0)
+        for i in range(n):
+            nxt = launch(step[0], 1) if graph.overlap and i + 1 < n else None
+            for k, v in finish(step[1]).items():
+                acc[k] = acc.get(k, 0) + v
+            step = nxt if nxt is not None or i + 1 == n else launch(toks, 0)
+        return acc
+
+    run_steps(p.warmup)
+    sync()
+    t0 = time.perf_counter()
+    acc = {k: v / p.steps for k, v in run_steps(p.steps).items()}
+    step_s = (time.perf_counter() - t0) / p.steps
     if profile_path is not None:
-        _profile(graph, slots, pos, toks, b, profile_path)
+        _profile(graph, slots, pos[0], toks, b, profile_path)
     bytes_ = acc
     moved = sum(v for k, v in bytes_.items() if not k.startswith("kv_") or k in ("kv_device_read",))
     moved -= bytes_.get("kv_selected_rows", 0) + bytes_.get("kv_host_fetched_rows", 0)
-    return {"batch": b, "step_ms": 1e3 * step, "tokens_per_s": b / step, "bytes_per_step": moved,
-            "GB_per_s": moved / step / 1e9, **{f"bytes_{k}": v for k, v in bytes_.items()}}
+    return {"batch": b, "step_ms": 1e3 * step_s, "tokens_per_s": b / step_s, "bytes_per_step": moved,
+            "GB_per_s": moved / step_s / 1e9, **{f"bytes_{k}": v for k, v in bytes_.items()}}
 
 
 def _profile(graph, slots, pos, toks, b, path: Path) -> None:
@@ -115,7 +145,7 @@ def run(cfg, run_dir: Path) -> dict:
     con = Console()
     base = _task_overrides()
     rows = []
-    max_len = p.prompt_len + p.warmup + p.steps + 2
+    max_len = p.prompt_len + p.stagger + p.warmup + p.steps + 3
     for v in p.variants:
         vcfg = compose(base + v.split()) if v else cfg
         graph = build_graph(vcfg, max_len, max_slots=max(p.batch_sizes))

@@ -29,6 +29,7 @@ class ServingGraph:
     max_slots: int
     max_seq_len: int
     cuda_graphs: bool
+    overlap: bool = False  # overlapped decode steps (Engine), see check_overlap
     ssm: object = None
     kv: object = None
     spec: object = None
@@ -97,9 +98,20 @@ def build_graph(cfg, max_seq_len: int, max_slots: int | None = None, window: int
     g.kv = cfg.kv.build(ctx) if model.attention_layers else None
     g.spec = cfg.spec.build(ctx)
     check_cuda_graphs(g, cfg.kv, cfg.runtime.cuda_graphs)
+    g.overlap = check_overlap(g, cfg.kv, cfg.runtime.overlap)
     emb = model.embed_tokens.weight
     g.embed_row_bytes = emb.shape[1] * emb.element_size()
     return g
+
+
+def check_overlap(g: ServingGraph, kv_cfg, asked: bool | None) -> bool:
+    """Overlapped steps need a KV policy whose host side does not depend on the step in flight
+    (`overlap_safe`). true with one that is not: a one-line error; null: on where allowed."""
+    ok = g.kv is None or getattr(g.kv, "overlap_safe", False)
+    if asked and not ok:
+        raise ConfigError([f"runtime.overlap=true with kv={kv_cfg.kind}: expected runtime.overlap=false or null; "
+                           f"{type(g.kv).__name__} plans each step on the host from the previous step's results"])
+    return ok if asked is None else asked
 
 
 def check_cuda_graphs(g: ServingGraph, kv_cfg, asked: bool | None) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from synodic.config.compose import compose
+from synodic.config.errors import ConfigError
 from synodic.engine.engine import Engine
 from synodic.engine.request import Request, SamplingParams
 from synodic.graph import build_graph
@@ -88,3 +89,44 @@ def test_cli_decode_results_contract(tmp_path):
         assert k in led["bytes_per_step"]
     assert set(led["kv"]) >= {"selected_rows", "host_fetched_rows", "host_fetch_fraction"}
     assert str(tmp_path / "results.json") in p.stdout
+
+
+def _serve_reqs(overrides, params):
+    cfg = compose(["model.weights=random", "runtime.device=cpu", *overrides])
+    eng = Engine(build_graph(cfg, max_seq_len=64))
+    reqs = [Request(i, p, sp) for i, (p, sp) in enumerate(zip(PROMPTS, params))]
+    eng.generate(reqs)
+    return eng, reqs
+
+
+@pytest.mark.parametrize("overrides", [["model=tiny_mamba2"], ["model=tiny_gdn", "ssm=replay"],
+                                       ["runtime.max_slots=2", "kv.block_size=4", "kv.num_blocks=7"]])
+def test_overlapped_steps_match_synced_steps(overrides):
+    """Steps queued ahead of the read-back give the synced loop's tokens, finish reasons and bytes, also when a
+    row stops mid-chain (its extra step's token is dropped) and under slot / page pressure."""
+    plain = [SamplingParams(max_tokens=m) for m in (12, 7, 12, 3)]
+    ref_eng, ref = _serve_reqs(["runtime.overlap=false", *overrides], plain)
+    eng, out = _serve_reqs(["runtime.overlap=true", *overrides], plain)
+    assert [r.output_ids for r in out] == [r.output_ids for r in ref]
+    assert eng.overlapped_steps > 0 and ref_eng.overlapped_steps == 0
+    assert eng.ledger.summary() == ref_eng.ledger.summary()
+    # stop tokens seen at step 5 of request 0 and step 2 of request 2: those rows stop inside a chain
+    stops = [SamplingParams(max_tokens=12, stop_token_ids=(ref[0].output_ids[5],)), plain[1],
+             SamplingParams(max_tokens=12, stop_token_ids=(ref[2].output_ids[2],)), plain[3]]
+    _, ref_s = _serve_reqs(["runtime.overlap=false", *overrides], stops)
+    eng_s, out_s = _serve_reqs(["runtime.overlap=true", *overrides], stops)
+    assert [r.output_ids for r in out_s] == [r.output_ids for r in ref_s]
+    assert [r.finish_reason for r in out_s] == [r.finish_reason for r in ref_s]
+    assert ref_s[0].finish_reason == "stop" and len(ref_s[0].output_ids) <= 6
+    assert eng_s.ledger.tokens == sum(len(r.output_ids) - 1 for r in out_s)  # dropped tokens not counted
+    if "runtime.max_slots=2" not in overrides:
+        assert eng_s.scheduler.blocks is None or eng_s.scheduler.blocks.used() == 0
+
+
+def test_overlap_refused_where_the_kv_policy_plans_on_the_host():
+    cfg = compose(["model=tiny_dsa", "model.weights=random", "runtime.device=cpu", "kv=hisparse",
+                   "runtime.overlap=true"])
+    with pytest.raises(ConfigError, match="runtime.overlap=true with kv=hisparse"):
+        build_graph(cfg, max_seq_len=64)
+    cfg = compose(["model=tiny_dsa", "model.weights=random", "runtime.device=cpu", "kv=hisparse"])
+    assert build_graph(cfg, max_seq_len=64).overlap is False

@@ -14,4 +14,7 @@ class LocalRuntime(Component):
     max_slots: int = Field(64, ge=1, description="SSM state slots = max sequences decoding at once")
     cuda_graphs: bool | None = Field(
         None, description="capture decode steps in CUDA graphs; null: on when running on a GPU")
+    overlap: bool | None = Field(
+        None, description="queue each greedy decode step before the previous step's tokens are read back "
+        "(overlapped scheduling); null: on where the KV policy allows it (kv=resident or attention-free)")
     seed: int = Field(0, description="global torch seed")

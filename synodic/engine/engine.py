@@ -1,14 +1,31 @@
-"""The decode loop: admit → prefill → grow/preempt → one batched decode step → sample → finish."""
+"""The decode loop: admit → prefill → grow/preempt → one batched decode step → sample → finish.
+
+Overlapped steps (`graph.overlap`): while the batch stays the same (greedy rows, no admission due, pages for
+one more token, no row at its length limit), step N + 1 is queued with step N's sampled tokens still on the
+device, and step N's tokens are read back and processed while N + 1 runs, so the host's per-step work
+(read-back, bookkeeping, the next step's inputs and launch) leaves the GPU's critical path. A row that
+stops at step N has also run step N + 1; that token is dropped (its slot is freed after N, and nothing
+reuses the slot before N + 1 has been read back)."""
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from .ledger import ByteLedger
+from .readback import PendingTokens, TokenReadback
 from .request import Request
 from .runner import ModelRunner
 from .sampler import Sampler
 from .scheduler import Scheduler
+
+
+@dataclass
+class _Step:
+    batch: list[Request]
+    logits: torch.Tensor               # valid until the next step runs (a graph's output buffer)
+    tokens: torch.Tensor | None        # greedy tokens on the device (all rows greedy), else None
+    pending: PendingTokens | None
 
 
 class Engine:
@@ -19,6 +36,9 @@ class Engine:
         blocks = graph.kv.blocks if graph.kv is not None else None
         self.scheduler = Scheduler(graph.max_slots, blocks, max_running or graph.max_slots)
         self.sampler = Sampler()
+        self.readback = TokenReadback(graph.max_slots, graph.device)
+        self.overlap = graph.overlap
+        self.overlapped_steps = 0  # steps queued before the previous step's tokens were read back
         self.ledger = ByteLedger()
         self.decode_s = 0.0
         self.prefill_s = 0.0
@@ -72,17 +92,55 @@ class Engine:
             if drafter is not None and self._spec_step(batch, drafter, on_token, progress):
                 continue
             ts = time.perf_counter()
-            logits = self.runner.decode([r.slot for r in batch], [r.length - 1 for r in batch],
-                                        [r.output_ids[-1] for r in batch], max(r.length for r in batch))
-            toks = self.sampler.sample(logits, batch)
-            now = time.perf_counter()
-            self.decode_s += now - ts
-            self.ledger.add(len(batch), self.graph.step_bytes([r.slot for r in batch], [r.length for r in batch]))
-            for r, tok in zip(batch, toks):
-                self._append(r, tok, now, on_token)
-            if progress is not None:
-                progress(len(batch))
+            step = self._launch(batch, [r.output_ids[-1] for r in batch], 0)
+            while step is not None:
+                nxt = None
+                if self._can_chain(step):
+                    nxt = self._launch(batch, step.tokens, 1)
+                    self.overlapped_steps += 1
+                self._finish(step, on_token, progress)
+                step = nxt
+            self.decode_s += time.perf_counter() - ts
         return requests
+
+    def _launch(self, batch: list[Request], tokens, ahead: int) -> _Step:
+        """Queue one decode step; ahead = 1 when it follows a step whose tokens are not appended yet (the loop
+        keeps at most one such step in flight)."""
+        logits = self.runner.decode([r.slot for r in batch], [r.length - 1 + ahead for r in batch], tokens,
+                                    max(r.length for r in batch) + ahead)
+        if any(r.params.temperature > 0 for r in batch):
+            return _Step(batch, logits, None, None)
+        toks = logits.argmax(-1)
+        return _Step(batch, logits, toks, self.readback.start(toks))
+
+    def _can_chain(self, step: _Step) -> bool:
+        """May the same batch's next step be queued before `step`'s tokens are known? Pages are taken here."""
+        sched = self.scheduler
+        if not self.overlap or step.tokens is None:
+            return False
+        if sched.waiting and sched.free_slots and len(sched.running) < sched.max_running:
+            return False  # an admission is due: the batch changes
+        if any(r.done or len(r.output_ids) + 2 > r.params.max_tokens for r in step.batch):
+            return False  # a known finish: the next batch is smaller
+        if sched.blocks is not None:
+            for r in step.batch:  # the next step writes position r.length
+                if not sched.blocks.can_grow(r.slot, r.length + 1):
+                    return False
+                sched.blocks.grow(r.slot, r.length + 1)
+        return True
+
+    def _finish(self, step: _Step, on_token, progress) -> None:
+        """Read a step's tokens back, account its bytes (every row it ran) and append them."""
+        batch = step.batch
+        toks = step.pending.wait() if step.pending is not None else self.sampler.sample(step.logits, batch)
+        now = time.perf_counter()
+        live = sum(not r.done for r in batch)  # tokens kept; the bytes are every row's
+        self.ledger.add(live, self.graph.step_bytes([r.slot for r in batch], [r.length for r in batch]))
+        for r, tok in zip(batch, toks):
+            if not r.done:  # a row that stopped at the previous step also ran this one
+                self._append(r, tok, now, on_token)
+        if progress is not None:
+            progress(live)
 
     def _spec_step(self, batch, drafter, on_token, progress) -> None:
         """Verify [anchor, d_1..d_γ] per row; accept drafts while they equal the target's argmax, then

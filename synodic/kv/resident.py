@@ -10,6 +10,7 @@ from .blocks import BlockManager
 class ResidentKVPolicy:
     # Every step op reads fixed-address tensors, so a decode step with this policy can be captured.
     graph_safe = True
+    overlap_safe = True  # bind only stores buffers: nothing on the host waits for the step in flight
     def __init__(self, model, max_slots: int, device, cfg, max_seq_len: int):
         self.layers = model.attention_layers
         self.block_size = cfg.block_size

@@ -41,6 +41,9 @@ from .indexer import KeyIndexer, LearnedIndexer
 class TopKPolicy:
     uses_host = False
     graph_safe = True  # see the module docstring
+    # no overlapped steps: bind plans a step's residency on the host, and the ledger reads the fetch
+    # counters of the step just run, both from the previous step's results
+    overlap_safe = False
 
     def __init__(self, model, max_slots: int, device, cfg, max_seq_len: int, index_pages: int):
         self.layers = model.attention_layers
