@@ -71,8 +71,12 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
         if graph.device.type == "cuda":
             torch.cuda.synchronize()
 
+    # every step's KV view bucket covers the run's last position, so the graph captured in warm-up serves every
+    # timed step (a view crossing a power-of-two page count mid-run would time a capture)
+    view_len = max(pos) + p.warmup + p.steps + 2
+
     def launch(tokens, ahead: int):
-        logits = runner.decode(slots, [q + ahead for q in pos], tokens, max(pos) + ahead + 1)
+        logits = runner.decode(slots, [q + ahead for q in pos], tokens, view_len)
         nxt = logits.argmax(-1)
         return nxt, readback.start(nxt)
 
