@@ -30,7 +30,10 @@ class BlockManager:
             mine.append(new[-1])
         if new:
             start = len(mine) - len(new)
-            self.table[slot, start:len(mine)] = torch.tensor(new, dtype=torch.int32)
+            vals = torch.tensor(new, dtype=torch.int32)
+            if self.table.is_cuda:  # a pageable copy would wait for the step in flight (overlapped decoding)
+                vals = vals.pin_memory()
+            self.table[slot, start:len(mine)].copy_(vals, non_blocking=True)
 
     def release(self, slot: int) -> None:
         self.free.extend(reversed(self.owned.pop(slot, [])))
