@@ -34,11 +34,13 @@ def serve(cfg, requests=None, progress=True, on_token=None):
     with Progress(TextColumn("decode"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                   TimeElapsedColumn(), transient=True) as bar:
         task = bar.add_task("decode", total=total)
-        def tick(r, t):
-            bar.advance(task)
+        made = [0]
+
+        def tick(r, t):  # per token: a count only (the bar's own update costs ~3 µs, x batch per step)
+            made[0] += 1
             if on_token is not None:
                 on_token(r, t)
-        engine.generate(requests, on_token=tick)
+        engine.generate(requests, on_token=tick, progress=lambda _: bar.update(task, completed=made[0]))
     return graph, engine, requests
 
 
