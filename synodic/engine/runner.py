@@ -1,5 +1,7 @@
 """Runs the model: prefill one prompt, or one decode step over a batch, optionally replaying a CUDA
 graph per (batch bucket, KV view, KV policy's graph_key) from fixed-address buffers."""
+import time
+
 import numpy as np
 import torch
 
@@ -30,6 +32,7 @@ class ModelRunner:
         self.rows.fill_(n)    # padding → scratch row n
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
+        self.capture_s = 0.0  # wall time spent capturing graphs (warm-up work, kept out of decode rates)
 
     @torch.inference_mode()
     def prefill(self, slot: int, tokens: list[int]) -> torch.Tensor:
@@ -121,12 +124,16 @@ class ModelRunner:
         every KV resolve's no-lookup path (padding rows share one scratch slot). The step's inputs are put
         back afterwards; the backends stay bound to the same buffers, so nothing is bound again (a second
         bind would redo the policy's between-step work)."""
+        torch.cuda.synchronize()  # the step queued before this one is decode time, not capture time
+        t0 = time.perf_counter()
         saved = self.inputs[1:, :bucket].clone()
         self.pos[:bucket], self.slots[:bucket], self.rows[:bucket] = 0, -1, self.max_slots
         try:
             return self._record(bucket)
         finally:
             self.inputs[1:, :bucket] = saved
+            torch.cuda.synchronize()
+            self.capture_s += time.perf_counter() - t0
 
     def _record(self, bucket: int):
         stream = torch.cuda.Stream()
