@@ -10,6 +10,9 @@ cursor is a per-step constant tensor, i.e. moved once per step outside the layer
 v2 fused steps read all L ring entries, split ones the wp live ones; the byte count stays the needed bytes);
 GDN replay in both
 routes, and the v2 rows with the checkpoint stored [K, V] per head (``*_v2_kv``, ``gdn_replay.layout``).
+``--stagger`` adds the v2 rows with staggered cursors (``*_v2_stag``: slot s at cursor (s + i) mod L on step i,
+so 1/L of the rows flush on every step, as in steady-state serving, instead of all rows on one step of L);
+``--flush-sweep`` times the split (dual) rows over flush launch configs, tiles per program above all.
 Every time is the average decode step over full L-step cycles (so the flush is amortised):
 one CUDA graph holds L x R steps over R rotated slot sets (state touched per graph > 2x L2), time
 per graph replay / (L R). Bytes are counted exactly (unique bytes a step must move, averaged over
@@ -51,6 +54,10 @@ V2_SWEEP = [(32, 4, "serial"), (32, 2, "serial"), (64, 4, "serial"), (64, 2, "se
             (64, 1, "serial")]
 # GDN v2 (BLOCK_V, warps)
 G_V2_SWEEP = [(64, 2), (64, 1), (64, 4), (128, 2), (128, 4), (128, 1), (32, 1), (32, 2), (16, 1), (16, 2), (8, 1)]
+# flush launch of a split (dual) step: (BLOCK, warps, fold, tiles per program); the launchers' defaults use 16
+# tiles per program, sized for a step where every row flushes
+M_FLUSH_SWEEP = [(64, 4, "tf32x3", t) for t in (1, 2, 4, 8, 16)] + [(32, 2, "tf32x3", 1), (32, 4, "tf32x3", 2)]
+G_FLUSH_SWEEP = [(32, 1, "bf16x3", t) for t in (1, 2, 4, 8, 16)] + [(32, 2, "bf16x3", 1), (16, 1, "bf16x3", 1)]
 # GDN v2 at batch <= 8 (BLOCK_V, warps, flush fold): the flush's fold when latency, not registers, bounds the step
 G_V2_SMALL_SWEEP = [(16, 2, "serial"), (16, 2, "dot"), (16, 2, "tf32x3"), (16, 1, "dot"), (16, 4, "dot"),
                     (32, 2, "dot"), (8, 2, "dot"), (8, 1, "dot")]
@@ -63,6 +70,7 @@ class _Case:
     def _setup(self, variant, batch, rot, L, config, S0, alloc):
         self.variant, self.batch, self.rot, self.L, self.config = variant, batch, rot, L, config
         self.ring = None  # v2 ring_by_cursor (None: the launcher's default)
+        self.flush = None  # v2 flush_config of a split step (None: the launcher's default)
         if variant == "eager":
             self.state = S0
         else:
@@ -70,8 +78,10 @@ class _Case:
             self.c["ckpt"].copy_(S0)
             if "ckpt_lo" in self.c:
                 self.c["ckpt_lo"].copy_(S0.to(torch.bfloat16))
-        if "_v2" in variant:  # shared-cursor model: step i of every L-cycle reads cursor i
-            self.cursors = [torch.full((S0.shape[0],), i, dtype=torch.int32, device=S0.device) for i in range(L)]
+        if "_v2" in variant:  # shared-cursor model: step i of every L-cycle reads cursor i (slot s: s + i if staggered)
+            phase = (torch.arange(S0.shape[0], device=S0.device) if variant.endswith("_stag")
+                     else torch.zeros(S0.shape[0], dtype=torch.long, device=S0.device))
+            self.cursors = [((phase + i) % L).to(torch.int32) for i in range(L)]
             self.count = [0] * rot
 
     def _cursor_cache(self, r):
@@ -132,7 +142,7 @@ class MambaCase(_Case):
             return mamba2_replay_decode(**c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
                                         dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, advance=False,
                                         backend="triton", config=self.config, impl="v2", row_wp=row_wp,
-                                        ring_by_cursor=self.ring)
+                                        ring_by_cursor=self.ring, flush_config=self.flush)
         return mamba2_replay_decode(**self.c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
                                     dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, backend="triton",
                                     config=self.config)
@@ -174,7 +184,8 @@ class GDNCase(_Case):
         if "_v2" in self.variant:
             return gdn_replay_decode(**self._cursor_cache(r), q=s["q"], k=s["k"], v=s["v"],
                                      g=s["g"], beta=s["beta"], slot_ids=s["slot_ids"], L=self.L, advance=False,
-                                     backend="triton", config=self.config, impl="v2", ring_by_cursor=self.ring)
+                                     backend="triton", config=self.config, impl="v2", ring_by_cursor=self.ring,
+                                     flush_config=self.flush)
         return gdn_replay_decode(**self.c, q=s["q"], k=s["k"], v=s["v"], g=s["g"], beta=s["beta"],
                                  slot_ids=s["slot_ids"], L=self.L, route=self.route, backend="triton",
                                  config=self.config)
@@ -311,6 +322,9 @@ def main(argv=None):
     ap.add_argument("--sweep", default="", help="batches at which to time a few replay configs")
     ap.add_argument("--ring-sweep", default="", help="batches at which to time the v2 kernels' default configs "
                     "reading the whole ring vs only the entries below the cursor (ring_by_cursor False / True)")
+    ap.add_argument("--stagger", action="store_true", help="add the v2 rows with staggered cursors (*_v2_stag)")
+    ap.add_argument("--flush-sweep", default="", help="batches at which to time the split (dual) v2 rows over "
+                    "flush launch configs (tiles per program)")
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -321,14 +335,16 @@ def main(argv=None):
     batches = [int(b) for b in args.batches.split(",") if b]
     sweep_batches = [int(b) for b in args.sweep.split(",") if b]
     ring_batches = [int(b) for b in args.ring_sweep.split(",") if b]
+    flush_batches = [int(b) for b in args.flush_sweep.split(",") if b]
+    stag = (lambda vs: vs + [v + "_stag" for v in vs if v.endswith("_v2")]) if args.stagger else (lambda vs: vs)
     ops = []
     if "mamba2" in args.ops:
-        ops.append((MambaCase, ["eager", "replay_fp32", "replay_dual_bf16", "replay_fp32_v2", "replay_dual_bf16_v2",
-                                "replay_dual_bf16_v2_row"], V2_SWEEP))
+        ops.append((MambaCase, stag(["eager", "replay_fp32", "replay_dual_bf16", "replay_fp32_v2",
+                                     "replay_dual_bf16_v2", "replay_dual_bf16_v2_row"]), V2_SWEEP))
     if "gdn" in args.ops:
-        ops.append((GDNCase, ["eager", "replay_fp32_adjoint", "replay_fp32_state", "replay_dual_bf16_adjoint",
-                              "replay_fp32_adjoint_v2", "replay_dual_bf16_adjoint_v2", "replay_fp32_adjoint_v2_kv",
-                              "replay_dual_bf16_adjoint_v2_kv"], G_V2_SWEEP))
+        ops.append((GDNCase, stag(["eager", "replay_fp32_adjoint", "replay_fp32_state", "replay_dual_bf16_adjoint",
+                                   "replay_fp32_adjoint_v2", "replay_dual_bf16_adjoint_v2", "replay_fp32_adjoint_v2_kv",
+                                   "replay_dual_bf16_adjoint_v2_kv"]), G_V2_SWEEP))
     res = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                command="python -m synodic.kernels.bench_replay " + " ".join(argv if argv is not None
                                                                           else sys.argv[1:]),
@@ -338,6 +354,8 @@ def main(argv=None):
     if not args.no_check:
         for cls, variants, _ in ops:
             for v in variants[1:]:
+                if v.endswith("_stag"):  # the same kernels; their rings start empty at every phase: timing only
+                    continue
                 c = check(cls, v, L, device)
                 res["checks"].append(c)
                 print(f"check {c['op']} {v}: rel_rmse vs eager {c['rel_rmse']:.2e} -> {'OK' if c['ok'] else 'FAIL'}",
@@ -363,10 +381,12 @@ def main(argv=None):
                 res["rows"].append(row)
                 print(f"{cls.op} {v:26s} b={batch:4d}: {us:8.1f} µs  {row['gbps']:6.0f} GB/s "
                       f"({row['pct_hbm']:5.1f} %)  x{row['speedup'] or 0:.2f}", flush=True)
-                if batch in sweep_batches and v.endswith(("_v2", "_v2_kv")):
+                if batch in sweep_batches and v.endswith(("_v2", "_v2_kv", "_v2_stag")):
                     _sweep(res, case, eager_us, "config", G_V2_SMALL_SWEEP if cls is GDNCase and batch <= 8 else grid)
                 if batch in ring_batches and "_v2" in v:
                     _sweep(res, case, eager_us, "ring", (False, True))
+                if batch in flush_batches and "dual" in v and "_v2" in v and not v.endswith("_row"):
+                    _sweep(res, case, eager_us, "flush", G_FLUSH_SWEEP if cls is GDNCase else M_FLUSH_SWEEP)
                 del case
                 torch.cuda.empty_cache()
             with open(args.out + ".partial", "w") as f:  # survives a timeout
@@ -376,9 +396,9 @@ def main(argv=None):
 
 
 def _sweep(res, case, eager_us, attr, values):
-    """Time the case with case.<attr> ("config" or "ring") set to each value, then back to None (the launcher's
-    default); rows go to res["sweep"] under the key "config" / "ring_by_cursor"."""
-    key = {"config": "config", "ring": "ring_by_cursor"}[attr]
+    """Time the case with case.<attr> ("config", "ring" or "flush") set to each value, then back to None (the
+    launcher's default); rows go to res["sweep"] under the key "config" / "ring_by_cursor" / "flush_config"."""
+    key = {"config": "config", "ring": "ring_by_cursor", "flush": "flush_config"}[attr]
     for val in values:
         setattr(case, attr, val)
         t = time_cycle(case)
@@ -410,7 +430,8 @@ def _write(res, path):
         print("\n| op | variant | batch | (block, heads/prog, warps, maxnreg) | µs | speedup |")
         print("|---|---|---|---|---|---|")
         for s in res["sweep"]:
-            what = tuple(s["config"]) if "config" in s else f"ring_by_cursor={s['ring_by_cursor']}"
+            what = (tuple(s["config"]) if "config" in s else f"flush_config={tuple(s['flush_config'])}"
+                    if "flush_config" in s else f"ring_by_cursor={s['ring_by_cursor']}")
             print(f"| {s['op']} | {s['variant']} | {s['batch']} | {what} | {s['us']:.1f} | {s['speedup']:.2f} |")
     print()
     print(res["table_md"])
