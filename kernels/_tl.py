@@ -43,15 +43,6 @@ def _head_tile(D: tl.constexpr, BD: tl.constexpr, HPG: tl.constexpr):
 
 
 @triton.jit
-def _state_off(offs_v, offs_k, V, K, KV_MAJOR: tl.constexpr):
-    # [BV, BK] element offsets of a GDN state tile within one head: [V, K] row-major (K contiguous), or KV_MAJOR
-    # [K, V] (V contiguous: the tile's lanes then run along V and the K-axis reductions stay inside a thread)
-    if KV_MAJOR:
-        return offs_k[None, :] * V + offs_v[:, None]
-    return offs_v[:, None] * K + offs_k[None, :]
-
-
-@triton.jit
 def _limit_masks(tile, valid, D: tl.constexpr, BD: tl.constexpr, E: tl.constexpr, BE: tl.constexpr,
                  L: tl.constexpr, LP: tl.constexpr):
     # offsets and masks of a replay program from scalar limits (0 on a padding row: it reads and writes

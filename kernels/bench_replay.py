@@ -8,8 +8,7 @@ checkpoint, replay dual_bf16 (fp32 checkpoint + bf16 copy read between flushes),
 through the eager-shaped decode kernels ``impl="v2"`` (rows ``*_v2``, Mamba-2 and GDN adjoint: ``advance=False``, the
 cursor is a per-step constant tensor, i.e. moved once per step outside the layer as in the engine;
 v2 fused steps read all L ring entries, split ones the wp live ones; the byte count stays the needed bytes);
-GDN replay in both
-routes, and the v2 rows with the checkpoint stored [K, V] per head (``*_v2_kv``, ``gdn_replay.layout``).
+GDN replay in both routes.
 ``--stagger`` adds the v2 rows with staggered cursors (``*_v2_stag``: slot s at cursor (s + i) mod L on step i,
 so 1/L of the rows flush on every step, as in steady-state serving, instead of all rows on one step of L);
 ``--flush-sweep`` times the split (dual) rows over flush launch configs, tiles per program above all.
@@ -45,7 +44,7 @@ TARGETS = {("mamba2", "replay_fp32"): 1.75, ("mamba2", "replay_dual_bf16"): 2.5,
            ("mamba2", "replay_fp32_v2"): 1.75, ("mamba2", "replay_dual_bf16_v2"): 2.5,
            ("mamba2", "replay_dual_bf16_v2_row"): 2.5,
            ("gdn", "replay_fp32_adjoint"): 1.6, ("gdn", "replay_fp32_state"): 1.6,
-           ("gdn", "replay_fp32_adjoint_v2"): 1.6, ("gdn", "replay_fp32_adjoint_v2_kv"): 1.6}
+           ("gdn", "replay_fp32_adjoint_v2"): 1.6}
 # Launch configs swept for the engine's kernels (the v2 decode kernels; the v1 kernels' sweeps of
 # 2026-11-30 are recorded in their pick_config docstrings).
 # v2 (BLOCK_P, warps, flush fold)
@@ -164,7 +163,7 @@ class GDNCase(_Case):
         S0 = torch.randn(slots, HV, V, K, device=device, generator=gen) * 0.1
         self._setup(variant, batch, rot, L, config, S0,
                     lambda lo_dtype: gdn_replay_alloc(slots, HV, V, K, Hk, L, dtype=ACT, device=device,
-                                                      lo_dtype=lo_dtype, kv_major=variant.endswith("_kv")))
+                                                      lo_dtype=lo_dtype))
         self.route = "state" if variant.endswith("_state") else "adjoint"
         perm = torch.randperm(slots, device=device, generator=gen).to(torch.int32)
         self.sets = [dict(q=torch.randn(batch, Hk, K, device=device, generator=gen).to(ACT),
@@ -343,8 +342,7 @@ def main(argv=None):
                                      "replay_dual_bf16_v2", "replay_dual_bf16_v2_row"]), V2_SWEEP))
     if "gdn" in args.ops:
         ops.append((GDNCase, stag(["eager", "replay_fp32_adjoint", "replay_fp32_state", "replay_dual_bf16_adjoint",
-                                   "replay_fp32_adjoint_v2", "replay_dual_bf16_adjoint_v2", "replay_fp32_adjoint_v2_kv",
-                                   "replay_dual_bf16_adjoint_v2_kv"]), G_V2_SWEEP))
+                                   "replay_fp32_adjoint_v2", "replay_dual_bf16_adjoint_v2"]), G_V2_SWEEP))
     res = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                command="python -m synodic.kernels.bench_replay " + " ".join(argv if argv is not None
                                                                           else sys.argv[1:]),
@@ -381,7 +379,7 @@ def main(argv=None):
                 res["rows"].append(row)
                 print(f"{cls.op} {v:26s} b={batch:4d}: {us:8.1f} µs  {row['gbps']:6.0f} GB/s "
                       f"({row['pct_hbm']:5.1f} %)  x{row['speedup'] or 0:.2f}", flush=True)
-                if batch in sweep_batches and v.endswith(("_v2", "_v2_kv", "_v2_stag")):
+                if batch in sweep_batches and v.endswith(("_v2", "_v2_stag")):
                     _sweep(res, case, eager_us, "config", G_V2_SMALL_SWEEP if cls is GDNCase and batch <= 8 else grid)
                 if batch in ring_batches and "_v2" in v:
                     _sweep(res, case, eager_us, "ring", (False, True))

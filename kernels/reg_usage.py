@@ -70,13 +70,12 @@ def rows() -> list[dict]:
             u = compile_usage(m2, dict(M2_PTRS, lo_ptr="*bf16" if lo else "*fp32"), c, warps)
             out.append(dict(kernel="mamba2", checkpoint=f"dual_{lo}" if lo else "fp32", route=route,
                             tile=64, warps=warps, fold=m2_fold, **u))
-        for kv in (False, True):  # the checkpoint stored [V, K] or [K, V] per head (gdn_replay.layout)
-            for route, warps, tpp in ((0, 1, 1), (1, 1, 1), (2, 1, 16)):
-                c = dict(HV=32, Hk=16, V=128, K=128, L=16, LP=16, BV=32, BK=128, USE_L2=True, ROUND_RU=False,
-                         ROUND_RK=False, FOLD=FOLDS[gdn_fold], ROUTE=route, TPP=tpp, KV_MAJOR=kv, **flags)
-                u = compile_usage(gdn, dict(GDN_PTRS, lo_ptr="*bf16" if lo else "*fp32"), c, warps)
-                out.append(dict(kernel="gdn [K, V]" if kv else "gdn", checkpoint=f"dual_{lo}" if lo else "fp32",
-                                route=route, tile=32, warps=warps, fold=gdn_fold, **u))
+        for route, warps, tpp in ((0, 1, 1), (1, 1, 1), (2, 1, 16)):
+            c = dict(HV=32, Hk=16, V=128, K=128, L=16, LP=16, BV=32, BK=128, USE_L2=True, ROUND_RU=False,
+                     ROUND_RK=False, FOLD=FOLDS[gdn_fold], ROUTE=route, TPP=tpp, **flags)
+            u = compile_usage(gdn, dict(GDN_PTRS, lo_ptr="*bf16" if lo else "*fp32"), c, warps)
+            out.append(dict(kernel="gdn", checkpoint=f"dual_{lo}" if lo else "fp32", route=route,
+                            tile=32, warps=warps, fold=gdn_fold, **u))
     return out
 
 

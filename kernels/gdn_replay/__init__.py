@@ -2,8 +2,7 @@
 
 Per slot and GDN layer the caller owns (see ``gdn_replay_alloc``):
   ckpt      [slots, HV, V, K]  checkpoint S0, the eager state layout (fp32 reference; bf16, or fp8
-                               e4m3 + ``ckpt_scale`` [slots, HV, V] for single precision); stored [V, K]
-                               or [K, V] per head (``layout``; ckpt_lo the same)
+                               e4m3 + ``ckpt_scale`` [slots, HV, V] for single precision)
   ring_u    [slots, HV, L, V]  model dtype (corrected value u_t = beta (v_t - e^{g_t} S_{t-1} k_t))
   ring_k    [slots, Hk, L, K]  model dtype (L2-normalised k when use_qk_l2norm)
   ring_g    [slots, HV, L]     fp32 log-decay          write_pos [slots] int32
@@ -53,10 +52,8 @@ def _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo
     want = {"ring_u": (ring_u, (slots, HV, L, V)), "ring_k": (ring_k, (slots, Hk, L, K)),
             "ring_g": (ring_g, (slots, HV, L)), "write_pos": (write_pos, (slots,))}
     check_ring(want, write_pos, L, ("ring_g", ring_g))
-    # the layout ([V, K] or [K, V] per head) is checked once, by the Triton launchers (`layout.kv_major`); the
-    # torch references index any strides
-    check_state_pair(ckpt, ckpt_scale, "ckpt", ckpt.shape, layout_checked=True)
-    check_state_pair(ckpt_lo, ckpt_lo_scale, "ckpt_lo", ckpt.shape, layout_checked=True)
+    check_state_pair(ckpt, ckpt_scale, "ckpt", ckpt.shape)
+    check_state_pair(ckpt_lo, ckpt_lo_scale, "ckpt_lo", ckpt.shape)
 
 
 def _inner(t):
@@ -170,17 +167,10 @@ def gdn_replay_flush(ckpt, ring_u, ring_k, ring_g, write_pos, slot_ids, *, L: in
 
 
 def gdn_replay_alloc(slots: int, HV: int, V: int, K: int, Hk: int, L: int, *, dtype=torch.bfloat16,
-                     ckpt_dtype=torch.float32, lo_dtype=None, device=None, kv_major: bool = False) -> dict:
-    """Zero-initialised cache tensors (keys = the kernels' argument names). kv_major: the checkpoint (and its
-    copy) stored [K, V] per head, returned as [slots, HV, V, K] views (see `layout`)."""
+                     ckpt_dtype=torch.float32, lo_dtype=None, device=None) -> dict:
+    """Zero-initialised cache tensors (keys = the kernels' argument names)."""
     kw = dict(device=device)
-
-    def state(dt):
-        if kv_major:
-            return torch.zeros(slots, HV, K, V, dtype=dt, **kw).transpose(-1, -2)
-        return torch.zeros(slots, HV, V, K, dtype=dt, **kw)
-
-    c = dict(ckpt=state(ckpt_dtype),
+    c = dict(ckpt=torch.zeros(slots, HV, V, K, dtype=ckpt_dtype, **kw),
              ring_u=torch.zeros(slots, HV, L, V, dtype=dtype, **kw),
              ring_k=torch.zeros(slots, Hk, L, K, dtype=dtype, **kw),
              ring_g=torch.zeros(slots, HV, L, dtype=torch.float32, **kw),
@@ -188,7 +178,7 @@ def gdn_replay_alloc(slots: int, HV: int, V: int, K: int, Hk: int, L: int, *, dt
     if is_fp8(c["ckpt"]):
         c["ckpt_scale"] = torch.ones(slots, HV, V, dtype=torch.float32, **kw)
     if lo_dtype is not None:
-        c["ckpt_lo"] = state(lo_dtype)
+        c["ckpt_lo"] = torch.zeros(slots, HV, V, K, dtype=lo_dtype, **kw)
         if is_fp8(c["ckpt_lo"]):
             c["ckpt_lo_scale"] = torch.ones(slots, HV, V, dtype=torch.float32, **kw)
     return c

@@ -31,11 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _state_off, _tile_mask
+from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _tile_mask
 from ..mamba2_replay.common import is_fp8, ring_by_cursor_default
 from ..mamba2_replay.triton_impl import _serial_fold
 from ..mamba2_replay.triton_v2 import FOLDS, _fold_bf16x3, _store_tile, decode_config, resolve_flush_config
-from .layout import kv_major
 
 
 @triton.jit
@@ -49,7 +48,7 @@ def _gdn_replay_decode_v2_kernel(
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
     ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr, TPP: tl.constexpr = 1,
-    RING_BY_CURSOR: tl.constexpr = False, KV_MAJOR: tl.constexpr = False,
+    RING_BY_CURSOR: tl.constexpr = False,
 ):
     """ROUTE 0: every row (both routes, one kernel); 1: output-only rows only (a flushing row is left
     alone: no output, no append); 2: flushing rows only, TPP (value head, V-tile)s per program, grid
@@ -72,7 +71,7 @@ def _gdn_replay_decode_v2_kernel(
                                        sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h,
                                        scale, row, hv, tile % NUM_T, hv // REP, slot, valid, HV, Hk, V, K, L, LP,
                                        BV, BK, USE_L2, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU,
-                                       ROUND_RK, ROUND_OUT, FOLD, ROUTE, False, KV_MAJOR)
+                                       ROUND_RK, ROUND_OUT, FOLD, ROUTE, False)
     else:
         row, hv, vt, hk = _head_tile(V, BV, REP)
         slot, valid = _slot_of(sid_ptr, row)
@@ -84,8 +83,7 @@ def _gdn_replay_decode_v2_kernel(
                                q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
                                sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
                                row, hv, vt, hk, slot, valid, HV, Hk, V, K, L, LP, BV, BK, USE_L2, CK_FP8, HAS_LO,
-                               LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU, ROUND_RK, ROUND_OUT, FOLD, ROUTE, RING_BY_CURSOR,
-                               KV_MAJOR)
+                               LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU, ROUND_RK, ROUND_OUT, FOLD, ROUTE, RING_BY_CURSOR)
 
 
 @triton.jit
@@ -99,14 +97,13 @@ def _gdn_decode_v2_row(
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
     ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
-    KV_MAJOR: tl.constexpr,
 ):
     REP: tl.constexpr = HV // Hk
 
     # masks from scalar limits; the K axis is masked only when K is not a power of two
     offs_v, offs_k, offs_l, vm, km, rl = _limit_masks(vt, valid, V, BV, K, BK, L, LP)
     tile_mask = _tile_mask(vm, km, K, BK)
-    st_off = _state_off(offs_v, offs_k, V, K, KV_MAJOR)
+    st_off = offs_v[:, None] * K + offs_k[None, :]
     sh = slot * HV + hv                            # (slot, value head)
     skh = slot * Hk + hk                           # (slot, key head)
 
@@ -327,7 +324,6 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
                 ROUND_LO=interp and ckpt_lo is not None and ckpt_lo.dtype in low,
                 ROUND_RU=interp and ring_u.dtype == torch.bfloat16, ROUND_RK=interp and ring_k.dtype == torch.bfloat16,
                 ROUND_OUT=interp and o.dtype == torch.bfloat16)
-    meta["KV_MAJOR"] = kv_major(ckpt, ckpt_lo)
     grid = (HV * triton.cdiv(V, bv), b)
     if not split:
         _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw,

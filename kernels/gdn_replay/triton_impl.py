@@ -18,10 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._tl import _state_off
 from ..mamba2_replay.common import WP_TICKET, is_fp8, next_pow2
 from ..mamba2_replay.triton_impl import _serial_fold, _store_state
-from .layout import kv_major
 
 MODE_DECODE, MODE_VERIFY, MODE_FLUSH = 0, 1, 2
 
@@ -37,7 +35,7 @@ def _gdn_replay_kernel(
     T: tl.constexpr, TP: tl.constexpr, LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
     HPP: tl.constexpr, MODE: tl.constexpr, ROUTE_STATE: tl.constexpr, USE_L2: tl.constexpr,
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr, ADVANCE: tl.constexpr,
-    NPROG: tl.constexpr, TICKET: tl.constexpr, KV_MAJOR: tl.constexpr = False,
+    NPROG: tl.constexpr, TICKET: tl.constexpr,
 ):
     """Verify (MODE 1: a T-token window by forward substitution) and flush (MODE 2: fold
     ring[:wp]); decode has its own kernel below."""
@@ -113,7 +111,7 @@ def _gdn_replay_kernel(
         ring_h = slot64 * HV + hv
         ru_base = ru_ptr + ring_h * L * V
         rg_base = rg_ptr + ring_h * L
-        st_off = _state_off(offs_v, offs_k, V, K, KV_MAJOR)
+        st_off = offs_v[:, None] * K + offs_k[None, :]
         ck_base = ck_ptr + ring_h * V * K
         lo_base = lo_ptr + ring_h * V * K
         cks_base = cks_ptr + ring_h * V
@@ -186,7 +184,7 @@ def _gdn_replay_decode_kernel(
     T: tl.constexpr, TP: tl.constexpr, LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
     HPP: tl.constexpr, MODE: tl.constexpr, ROUTE_STATE: tl.constexpr, USE_L2: tl.constexpr,
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr, ADVANCE: tl.constexpr,
-    NPROG: tl.constexpr, TICKET: tl.constexpr, KV_MAJOR: tl.constexpr = False,
+    NPROG: tl.constexpr, TICKET: tl.constexpr,
 ):
     """Decode step (T = 1), ordered for latency like the Mamba-2 decode kernel: checkpoint tile
     first, cursor atomic and ring reads overlapping it; flush = serial replay (register-light)."""
@@ -205,7 +203,7 @@ def _gdn_replay_decode_kernel(
     km = offs_k < tl.where(valid, K, 0)
     offs_l = tl.arange(0, LP)
     tile_mask = vm[:, None] & km[None, :]
-    st_off = _state_off(offs_v, offs_k, V, K, KV_MAJOR)
+    st_off = offs_v[:, None] * K + offs_k[None, :]
     rk_base = rk_ptr + (slot64 * Hk + hk) * L * K
     for hh in tl.static_range(HPP):
         hv = hv0 + hh
@@ -353,5 +351,5 @@ def launch(mode, ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot
         HPP=hpp, MODE=mode, ROUTE_STATE=bool(route_state), USE_L2=bool(use_qk_l2norm),
         CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
         ADVANCE=bool(advance) and mode != MODE_VERIFY,
-        NPROG=nprog, TICKET=WP_TICKET, KV_MAJOR=kv_major(ckpt, ckpt_lo), num_warps=nw, **extra,
+        NPROG=nprog, TICKET=WP_TICKET, num_warps=nw, **extra,
     )

@@ -35,10 +35,9 @@ import os
 import triton
 import triton.language as tl
 
-from .._tl import _head_tile, _ring_mask, _round_bf16, _slot_of, _state_off
+from .._tl import _head_tile, _ring_mask, _round_bf16, _slot_of
 from ..mamba2_replay.common import is_fp8, next_pow2
 from ..mamba2_replay.verify_v2 import _parse_config
-from .layout import kv_major
 
 KCHUNK = 16  # K-chunk width KC of the state-tile split (64 bytes of fp32 per row per warp load)
 
@@ -105,7 +104,7 @@ def _gdn_replay_verify_v2_kernel(
     T: tl.constexpr, TP: tl.constexpr, LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
     RW: tl.constexpr, GRAM: tl.constexpr, USE_L2: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr,
     LO_FP8: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr, ROUND_OUT: tl.constexpr,
-    DOT: tl.constexpr, TD: tl.constexpr, KV_MAJOR: tl.constexpr = False,
+    DOT: tl.constexpr, TD: tl.constexpr,
 ):
     REP: tl.constexpr = HV // Hk
     KA: tl.constexpr = BK // KC
@@ -130,17 +129,14 @@ def _gdn_replay_verify_v2_kernel(
         tile_mask = vm[None, :, None] & (k3 < K)
     ru_mask = _ring_mask(rl, vm, V, BV)
     if DOT:  # plain [BV, BK] tile: the window's S0 k_s and S0 q_s are one tl.dot (needs GRAM)
-        st_off = _state_off(offs_v, offs_k, V, K, KV_MAJOR)
+        st_off = offs_v[:, None] * K + offs_k[None, :]
         if BK == K:
             tile_mask = vm[:, None]
         else:
             tile_mask = vm[:, None] & km[None, :]
         sc_v = offs_v[:, None]
     else:
-        if KV_MAJOR:
-            st_off = offs_v[None, :, None] + k3 * V                           # [KA, BV, KC]
-        else:
-            st_off = offs_v[None, :, None] * K + k3
+        st_off = offs_v[None, :, None] * K + k3                               # [KA, BV, KC]
         sc_v = offs_v[None, :, None]
     sh = slot * HV + hv                           # (slot, value head)
     rk_base = rk_ptr + (slot * Hk + hk) * L * K   # (slot, key head)
@@ -336,6 +332,6 @@ def launch_verify_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
         CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
         ROUND_RU=interp and ring_u.dtype == torch.bfloat16, ROUND_RK=round_rk,
         ROUND_OUT=interp and o.dtype == torch.bfloat16, DOT=bool(dot), TD=max(16, next_pow2(2 * T)),
-        KV_MAJOR=kv_major(ckpt, ckpt_lo), num_warps=nw, **extra,
+        num_warps=nw, **extra,
     )
     return o

@@ -66,9 +66,7 @@ def check_ring(want: dict, write_pos: torch.Tensor, L: int, decays: tuple[str, t
         raise ValueError(f"{decays[0]} must be float32")
 
 
-def check_state_pair(t: torch.Tensor | None, scale: torch.Tensor | None, name: str, state_shape,
-                     layout_checked: bool = False) -> None:
-    """Shape, dtype, fp8 scale and (unless the caller checks the layout itself) contiguity of a state tensor."""
+def check_state_pair(t: torch.Tensor | None, scale: torch.Tensor | None, name: str, state_shape) -> None:
     if t is None:
         return
     if tuple(t.shape) != tuple(state_shape):
@@ -78,7 +76,7 @@ def check_state_pair(t: torch.Tensor | None, scale: torch.Tensor | None, name: s
     if is_fp8(t):
         if scale is None or tuple(scale.shape) != tuple(state_shape[:-1]) or scale.dtype != torch.float32:
             raise ValueError(f"{name} is fp8: needs a float32 scale of shape {tuple(state_shape[:-1])}")
-    if not layout_checked and not t.is_contiguous():
+    if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
 
 

@@ -34,10 +34,9 @@ def step_inputs(gen, b, device, T=None, dtype=torch.float32, HV=HV, Hk=HK, V=V, 
     return [q.to(device, dtype), k.to(device, dtype), v.to(device, dtype), g.to(device), beta.to(device)]
 
 
-def fresh(device, L, gen, dtype=torch.float32, ckpt_dtype=torch.float32, lo_dtype=None, HV=HV, Hk=HK, V=V, K=K,
-          kv_major=False):
+def fresh(device, L, gen, dtype=torch.float32, ckpt_dtype=torch.float32, lo_dtype=None, HV=HV, Hk=HK, V=V, K=K):
     c = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, dtype=dtype, ckpt_dtype=ckpt_dtype, lo_dtype=lo_dtype,
-                         device=device, kv_major=kv_major)
+                         device=device)
     S = torch.randn(SLOTS, HV, V, K, generator=gen).to(device) * 0.3
     if ckpt_dtype == torch.float8_e4m3fn:
         q, sc = quantize_rows_fp8(S)
@@ -59,14 +58,12 @@ def rows_for(step, device):
     return torch.tensor(rows, dtype=torch.int32, device=device)
 
 
-@pytest.mark.parametrize("backend,route,kv_major", [("ref", "state", False), ("ref", "adjoint", False),
-                                                    ("triton", "state", False), ("triton", "adjoint", False),
-                                                    ("triton", "state", True), ("triton", "adjoint", True)])
-def test_decode_matches_eager_across_flushes(backend, route, kv_major, device):
-    """v1 decode kernel (advance=True: both routes, its serial flush); kv_major: a [K, V] checkpoint per head."""
+@pytest.mark.parametrize("backend,route", [("ref", "state"), ("ref", "adjoint"), ("triton", "state"),
+                                           ("triton", "adjoint")])
+def test_decode_matches_eager_across_flushes(backend, route, device):
     L = 4
     gen = torch.Generator().manual_seed(0)
-    c, S_eager = fresh(device, L, gen, kv_major=kv_major)
+    c, S_eager = fresh(device, L, gen)
     c_ref = {k: v.clone() for k, v in c.items()}
     steps = 2 * L + 1
     for step in range(steps):
@@ -91,14 +88,13 @@ def test_decode_matches_eager_across_flushes(backend, route, kv_major, device):
     assert c["write_pos"].tolist() == [steps % L, 0, steps % L, (steps - 2) % L]
 
 
-@pytest.mark.parametrize("backend,kv_major", [("ref", False), ("triton", False), ("triton", True)])
-def test_verify_commit_flush_vs_sequential(backend, kv_major, device):
+@pytest.mark.parametrize("backend", ["ref", "triton"])
+def test_verify_commit_flush_vs_sequential(backend, device):
     """T=3 windows: forward substitution of the window's corrections vs sequential eager, variable
-    acceptance, repeated rejection, early flushes, ring wrap-around, decode at wp = L; kv_major: the
-    checkpoint stored [K, V] per head (v1 / v2 decode, v2 verify and the flush kernel)."""
+    acceptance, repeated rejection, early flushes, ring wrap-around, decode at wp = L."""
     L, T = 6, 3
     gen = torch.Generator().manual_seed(1)
-    c, S_eager = fresh(device, L, gen, kv_major=kv_major)
+    c, S_eager = fresh(device, L, gen)
     sid = torch.tensor([1, -1, 3, 0], dtype=torch.int32, device=device)
     live = sid >= 0
     accept_plan = [[3, 0, 1, 2], [1, 0, 3, 3], [1, 0, 2, 3], [2, 0, 3, 1], [1, 0, 1, 3]]

@@ -12,16 +12,16 @@ from kernel_errors import rel_max as rel
 from kernel_errors import rel_rmse as rrmse
 from replay_fixtures import MODES, check_checkpoints, fill_state, poison, rows_for
 from synodic.kernels.gdn_decode.ref import gdn_decode_ref
-from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_decode, gdn_replay_flush, replay_advance
+from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_decode, replay_advance
 from synodic.kernels.gdn_replay.decode_v2 import launch_decode_v2
 
 SLOTS = 4
 L = 4
 
 
-def fresh(gen, HV, Hk, V, K, mode, dtype=torch.float32, kv_major=False):
+def fresh(gen, HV, Hk, V, K, mode, dtype=torch.float32):
     ck, lo = MODES[mode]
-    c = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, dtype=dtype, ckpt_dtype=ck, lo_dtype=lo, kv_major=kv_major)
+    c = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, dtype=dtype, ckpt_dtype=ck, lo_dtype=lo)
     S = fill_state(c, gen, (SLOTS, HV, V, K), mode, 0.3)
     poison(c, ("ring_u", "ring_k", "ring_g"))
     return c, S.clone()
@@ -71,18 +71,11 @@ CASES = [  # (HV, Hk, V, K, mode, config (BLOCK_V, warps[, fold]) or None = pick
 ]
 
 
-# the checkpoint stored [K, V] per head (gdn_replay_alloc(kv_major=True)): every route and fold of the cases above
-KV_MAJOR_CASES = [CASES[i] for i in (0, 1, 2, 5, 7, 8, 11)]
-
-
-@pytest.mark.parametrize("HV,Hk,V,K,mode,config,split,ring_by_cursor,kv_major",
-                         [c + (None,) * (8 - len(c)) + (False,) for c in CASES]
-                         + [c + (None,) * (8 - len(c)) + (True,) for c in KV_MAJOR_CASES])
-def test_v2_decode_matches_ref_across_flushes(HV, Hk, V, K, mode, config, split, ring_by_cursor, kv_major, device):
+@pytest.mark.parametrize("HV,Hk,V,K,mode,config,split,ring_by_cursor", [c + (None,) * (8 - len(c)) for c in CASES])
+def test_v2_decode_matches_ref_across_flushes(HV, Hk, V, K, mode, config, split, ring_by_cursor, device):
     gen = torch.Generator().manual_seed(20 + HV + len(mode))
-    c, _ = fresh(gen, HV, Hk, V, K, mode, kv_major=kv_major)
+    c, _ = fresh(gen, HV, Hk, V, K, mode)
     c = {k: v.to(device) for k, v in c.items()}
-    assert (c["ckpt"].stride(-2) == 1) == kv_major  # the layout survived the copy to the device
     c_ref = {k: v.clone() for k, v in c.items()}
     worst = 0.0
     steps = 2 * L + 1
@@ -166,21 +159,3 @@ def test_v2_argument_errors(device):
         gdn_replay_decode(**{k: v.to(device) for k, v in c.items()}, **{k: v.to(device) for k, v in kw.items()},
                           slot_ids=sid.to(device), L=L, impl="v2", advance=False, backend="triton",
                           config=(4, 2, "bf16x3"))
-
-
-def test_checkpoint_layout_errors(device):
-    HV, Hk, V, K = 2, 1, 5, 7
-    gen = torch.Generator().manual_seed(6)
-    c, _ = fresh(gen, HV, Hk, V, K, "dual_bf16")
-    c = {k: v.to(device) for k, v in c.items()}
-    kw = {k: v.to(device) for k, v in inputs(gen, 1, HV, Hk, V, K).items()}
-    sid = torch.tensor([0], dtype=torch.int32, device=device)
-    odd = torch.zeros(HV, SLOTS, V, K, device=device).transpose(0, 1)  # slots not outermost
-    with pytest.raises(ValueError, match="ckpt: expected a contiguous"):
-        gdn_replay_decode(**{**c, "ckpt": odd}, **kw, slot_ids=sid, L=L, impl="v2", advance=False, backend="triton")
-    kv = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, lo_dtype=torch.bfloat16, kv_major=True, device=device)
-    with pytest.raises(ValueError, match="ckpt_lo: expected the checkpoint's layout"):
-        gdn_replay_decode(**{**c, "ckpt_lo": kv["ckpt_lo"]}, **kw, slot_ids=sid, L=L, impl="v2", advance=False,
-                          backend="triton")
-    with pytest.raises(ValueError, match="ckpt: expected a contiguous"):  # v1 kernel / flush launcher too
-        gdn_replay_flush(**{**c, "ckpt": odd}, slot_ids=sid, L=L, backend="triton")

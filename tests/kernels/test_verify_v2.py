@@ -147,10 +147,10 @@ GDN_CASES = [  # (HV, Hk, V, K, T, mode, model dtype, config (BLOCK_V, warps, gr
 ]
 
 
-def gdn_problem(HV, Hk, V, K, T, mode, dtype, seed, kv_major=False):
+def gdn_problem(HV, Hk, V, K, T, mode, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     ck, lo = MODES[mode]
-    c = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, dtype=dtype, ckpt_dtype=ck, lo_dtype=lo, kv_major=kv_major)
+    c = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, dtype=dtype, ckpt_dtype=ck, lo_dtype=lo)
     fill_state(c, gen, (SLOTS, HV, V, K), mode, 0.3)
     poison_ring(c, [("ring_u", -0.5, 0.5), ("ring_k", -0.5, 0.5), ("ring_g", -0.5, 0.0)], T, gen)
     b = len(SLOT_IDS)
@@ -160,11 +160,9 @@ def gdn_problem(HV, Hk, V, K, T, mode, dtype, seed, kv_major=False):
     return c, kw
 
 
-@pytest.mark.parametrize("HV,Hk,V,K,T,mode,dtype,config,qk,direct,kv_major",
-                         [c + (False,) for c in GDN_CASES] + [c + (True,) for c in GDN_CASES[-2:]])
-def test_gdn_verify_v2_matches_ref(HV, Hk, V, K, T, mode, dtype, config, qk, direct, kv_major, device):
-    """kv_major: the checkpoint stored [K, V] per head (the tile and the dot-operand paths)."""
-    c, kw = gdn_problem(HV, Hk, V, K, T, mode, dtype, seed=HV * 100 + K + T, kv_major=kv_major)
+@pytest.mark.parametrize("HV,Hk,V,K,T,mode,dtype,config,qk,direct", GDN_CASES)
+def test_gdn_verify_v2_matches_ref(HV, Hk, V, K, T, mode, dtype, config, qk, direct, device):
+    c, kw = gdn_problem(HV, Hk, V, K, T, mode, dtype, seed=HV * 100 + K + T)
     c = {k: v.to(device) for k, v in c.items()}
     kw = {k: v.to(device) for k, v in kw.items()}
     use_l2, scale = qk
