@@ -25,3 +25,13 @@ def test_cuda_graphs_and_replay_match(preset):
     ref = _serve([f"model={preset}", "runtime.cuda_graphs=false"])
     assert _serve([f"model={preset}", "runtime.cuda_graphs=true"]) == ref
     assert _serve([f"model={preset}", "runtime.cuda_graphs=true", "ssm=replay"]) == ref
+
+
+@pytest.mark.parametrize("overrides", [["model=tiny_gdn", "ssm=replay"],
+                                       ["model=tiny_mamba2", "kv.block_size=4", "runtime.max_slots=2",
+                                        "kv.num_blocks=40"]])
+def test_overlapped_steps_match_synced_on_gpu(overrides):
+    """Pinned staging, device token feedback, asynchronous read-back and page-table copies with CUDA graphs:
+    the same tokens as one host sync per step (small pages: rows take new pages inside overlapped chains)."""
+    ref = _serve(["runtime.overlap=false", *overrides])
+    assert _serve(["runtime.overlap=true", *overrides]) == ref
