@@ -124,7 +124,9 @@ class ModelRunner:
         every KV resolve's no-lookup path (padding rows share one scratch slot). The step's inputs are put
         back afterwards; the backends stay bound to the same buffers, so nothing is bound again (a second
         bind would redo the policy's between-step work)."""
-        torch.cuda.synchronize()  # the step queued before this one is decode time, not capture time
+        cuda = self.device.type == "cuda"  # (tests emulate captures on the CPU)
+        if cuda:
+            torch.cuda.synchronize()  # the step queued before this one is decode time, not capture time
         t0 = time.perf_counter()
         saved = self.inputs[1:, :bucket].clone()
         self.pos[:bucket], self.slots[:bucket], self.rows[:bucket] = 0, -1, self.max_slots
@@ -132,7 +134,8 @@ class ModelRunner:
             return self._record(bucket)
         finally:
             self.inputs[1:, :bucket] = saved
-            torch.cuda.synchronize()
+            if cuda:
+                torch.cuda.synchronize()
             self.capture_s += time.perf_counter() - t0
 
     def _record(self, bucket: int):
