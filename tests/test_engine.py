@@ -109,6 +109,8 @@ def test_overlapped_steps_match_synced_steps(overrides):
     eng, out = _serve_reqs(["runtime.overlap=true", *overrides], plain)
     assert [r.output_ids for r in out] == [r.output_ids for r in ref]
     assert eng.overlapped_steps > 0 and ref_eng.overlapped_steps == 0
+    if "runtime.max_slots=2" not in overrides:  # no admission after the first: one chain through every finish
+        assert eng.synced_steps == 1 and ref_eng.synced_steps == ref_eng.ledger.steps
     assert eng.ledger.summary() == ref_eng.ledger.summary()
     # stop tokens seen at step 5 of request 0 and step 2 of request 2: those rows stop inside a chain
     stops = [SamplingParams(max_tokens=12, stop_token_ids=(ref[0].output_ids[5],)), plain[1],
@@ -119,6 +121,8 @@ def test_overlapped_steps_match_synced_steps(overrides):
     assert [r.finish_reason for r in out_s] == [r.finish_reason for r in ref_s]
     assert ref_s[0].finish_reason == "stop" and len(ref_s[0].output_ids) <= 6
     assert eng_s.ledger.tokens == sum(len(r.output_ids) - 1 for r in out_s)  # dropped tokens not counted
+    if "runtime.max_slots=2" not in overrides:
+        assert eng_s.synced_steps == 1
     if "runtime.max_slots=2" not in overrides:
         assert eng_s.scheduler.blocks is None or eng_s.scheduler.blocks.used() == 0
 

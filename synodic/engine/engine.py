@@ -1,11 +1,11 @@
 """The decode loop: admit → prefill → grow/preempt → one batched decode step → sample → finish.
 
-Overlapped steps (`graph.overlap`): while the batch stays the same (greedy rows, no admission due, pages for
-one more token, no row at its length limit), step N + 1 is queued with step N's sampled tokens still on the
-device, and step N's tokens are read back and processed while N + 1 runs, so the host's per-step work
-(read-back, bookkeeping, the next step's inputs and launch) leaves the GPU's critical path. A row that
-stops at step N has also run step N + 1; that token is dropped (its slot is freed after N, and nothing
-reuses the slot before N + 1 has been read back)."""
+Overlapped steps (`graph.overlap`): while no admission is due (greedy rows, pages for one more token), step
+N + 1 is queued with step N's sampled tokens still on the device (gathered for the rows that continue: rows
+at their length limit leave), and step N's tokens are read back and processed while N + 1 runs, so the
+host's per-step work (read-back, bookkeeping, the next step's inputs and launch) leaves the GPU's critical
+path. A row that stops at step N has also run step N + 1; that token is dropped (its slot is freed after N,
+and nothing reuses the slot before N + 1 has been read back: admissions wait for the chain to end)."""
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +39,7 @@ class Engine:
         self.readback = TokenReadback(graph.max_slots, graph.device)
         self.overlap = graph.overlap
         self.overlapped_steps = 0  # steps queued before the previous step's tokens were read back
+        self.synced_steps = 0      # steps queued from tokens on the host (a chain's first step)
         self.ledger = ByteLedger()
         self.decode_s = 0.0
         self.prefill_s = 0.0
@@ -93,10 +94,12 @@ class Engine:
                 continue
             ts, cap = time.perf_counter(), self.runner.capture_s
             step = self._launch(batch, [r.output_ids[-1] for r in batch], 0)
+            self.synced_steps += 1
             while step is not None:
                 nxt = None
-                if self._can_chain(step):
-                    nxt = self._launch(batch, step.tokens, 1)
+                keep = self._chain_rows(step)
+                if keep is not None:
+                    nxt = self._launch([step.batch[i] for i in keep], self._gather(step.tokens, keep), 1)
                     self.overlapped_steps += 1
                 self._finish(step, on_token, progress)
                 step = nxt
@@ -113,21 +116,34 @@ class Engine:
         toks = logits.argmax(-1)
         return _Step(batch, logits, toks, self.readback.start(toks))
 
-    def _can_chain(self, step: _Step) -> bool:
-        """May the same batch's next step be queued before `step`'s tokens are known? Pages are taken here."""
+    def _chain_rows(self, step: _Step) -> list[int] | None:
+        """Rows of `step` (indices) whose next step may be queued before `step`'s tokens are known: not finished,
+        not at their length limit with `step`'s token; None when no step can be queued (an admission is due, no
+        row continues, or pages run short). Pages for the next step are taken here."""
         sched = self.scheduler
         if not self.overlap or step.tokens is None:
-            return False
+            return None
         if sched.waiting and sched.free_slots and len(sched.running) < sched.max_running:
-            return False  # an admission is due: the batch changes
-        if any(r.done or len(r.output_ids) + 2 > r.params.max_tokens for r in step.batch):
-            return False  # a known finish: the next batch is smaller
+            return None  # an admission is due: prefill needs the host
+        keep = [i for i, r in enumerate(step.batch) if not r.done and len(r.output_ids) + 2 <= r.params.max_tokens]
+        if not keep:
+            return None
         if sched.blocks is not None:
-            for r in step.batch:  # the next step writes position r.length
+            for i in keep:  # the next step writes position r.length
+                r = step.batch[i]
                 if not sched.blocks.can_grow(r.slot, r.length + 1):
-                    return False
+                    return None
                 sched.blocks.grow(r.slot, r.length + 1)
-        return True
+        return keep
+
+    def _gather(self, tokens: torch.Tensor, keep: list[int]) -> torch.Tensor:
+        """tokens[keep] on the device, the index copied without waiting for the stream."""
+        if len(keep) == tokens.shape[0]:
+            return tokens
+        idx = torch.tensor(keep, dtype=torch.long)
+        if tokens.is_cuda:
+            idx = idx.pin_memory().to(tokens.device, non_blocking=True)
+        return tokens.index_select(0, idx)
 
     def _finish(self, step: _Step, on_token, progress) -> None:
         """Read a step's tokens back, account its bytes (every row it ran) and append them."""
