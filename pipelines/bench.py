@@ -41,8 +41,8 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
     the byte ledger is taken every step in both."""
     import torch
 
-    from synodic.engine.readback import TokenReadback
     from synodic.engine.runner import ModelRunner
+    from synodic.transfer import PendingTokens
 
     runner = ModelRunner(graph.model, graph.ssm, graph.kv, graph.max_slots, graph.device, graph.cuda_graphs)
     gen = torch.Generator().manual_seed(b)
@@ -65,7 +65,6 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
             for s, t in zip(rows, out.tolist()):
                 toks[s], pos[s] = t, pos[s] + 1
     slots = list(range(b))
-    readback = TokenReadback(b, graph.device)
 
     def sync():
         if graph.device.type == "cuda":
@@ -78,7 +77,7 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
     def launch(tokens, ahead: int):
         logits = runner.decode(slots, [q + ahead for q in pos], tokens, view_len)
         nxt = logits.argmax(-1)
-        return nxt, readback.start(nxt)
+        return nxt, PendingTokens(nxt)
 
     def finish(pending) -> dict:
         toks[:] = pending.wait()

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from synodic.transfer import PendingTokens, pinned
+
 from .ledger import ByteLedger
-from .readback import PendingTokens, TokenReadback
 from .request import Request
 from .runner import ModelRunner
 from .sampler import Sampler
@@ -36,7 +37,6 @@ class Engine:
         blocks = graph.kv.blocks if graph.kv is not None else None
         self.scheduler = Scheduler(graph.max_slots, blocks, max_running or graph.max_slots)
         self.sampler = Sampler()
-        self.readback = TokenReadback(graph.max_slots, graph.device)
         self.overlap = graph.overlap
         self.overlapped_steps = 0  # steps queued before the previous step's tokens were read back
         self.synced_steps = 0      # steps queued from tokens on the host (a chain's first step)
@@ -114,7 +114,7 @@ class Engine:
         if any(r.params.temperature > 0 for r in batch):
             return _Step(batch, logits, None, None)
         toks = logits.argmax(-1)
-        return _Step(batch, logits, toks, self.readback.start(toks))
+        return _Step(batch, logits, toks, PendingTokens(toks))
 
     def _chain_rows(self, step: _Step) -> list[int] | None:
         """Rows of `step` (indices) whose next step may be queued before `step`'s tokens are known: not finished,
@@ -140,9 +140,7 @@ class Engine:
         """tokens[keep] on the device, the index copied without waiting for the stream."""
         if len(keep) == tokens.shape[0]:
             return tokens
-        idx = torch.tensor(keep, dtype=torch.long)
-        if tokens.is_cuda:
-            idx = idx.pin_memory().to(tokens.device, non_blocking=True)
+        idx = pinned(torch.tensor(keep, dtype=torch.long), tokens.device).to(tokens.device, non_blocking=True)
         return tokens.index_select(0, idx)
 
     def _finish(self, step: _Step, on_token, progress) -> None:

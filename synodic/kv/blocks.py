@@ -1,6 +1,8 @@
 """Host-side page allocator for the paged KV pool; mirrors its decisions into the device block table."""
 import torch
 
+from synodic.transfer import pinned
+
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, max_slots: int, max_blocks_per_seq: int, device):
@@ -30,10 +32,8 @@ class BlockManager:
             mine.append(new[-1])
         if new:
             start = len(mine) - len(new)
-            vals = torch.tensor(new, dtype=torch.int32)
-            if self.table.is_cuda:  # a pageable copy would wait for the step in flight (overlapped decoding)
-                vals = vals.pin_memory()
-            self.table[slot, start:len(mine)].copy_(vals, non_blocking=True)
+            vals = pinned(torch.tensor(new, dtype=torch.int32), self.table.device)
+            self.table[slot, start:len(mine)].copy_(vals, non_blocking=True)  # no wait for a step in flight
 
     def release(self, slot: int) -> None:
         self.free.extend(reversed(self.owned.pop(slot, [])))
