@@ -48,6 +48,14 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
     gen = torch.Generator().manual_seed(b)
     vocab = graph.model.config.vocab_size
     total = p.prompt_len + p.stagger + p.warmup + p.steps + 2
+    if graph.kv is not None:  # every row holds its pages for the whole run: check before any prefill
+        blocks = graph.kv.blocks
+        need = b * blocks.blocks_for(total)
+        if need > blocks.num_blocks:
+            from synodic.config.errors import ConfigError
+            raise ConfigError([f"kv.num_blocks={blocks.num_blocks}: batch {b} x {total} tokens (prompt_len + "
+                               f"stagger + warmup + steps + 2) needs {need} pages of {blocks.block_size}; expected "
+                               f"kv.num_blocks >= {need} or fewer pipeline.steps"])
     toks = []
     for s in range(b):
         if graph.kv is not None:

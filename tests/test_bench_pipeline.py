@@ -25,3 +25,16 @@ def test_overlapped_and_staggered_bench_steps_match_synced():
     # rows joined after 0, 1, 2 steps: cursors spread (ring 16: 1 + 5 + 3 - s steps taken)
     assert list(g2.ssm.host_wp[:3]) == [9, 8, 7]
     assert list(g2.ssm.write_pos[:3]) == [9, 8, 7]
+
+
+def test_pool_too_small_for_the_run_is_a_config_error_before_prefill():
+    import pytest
+
+    from synodic.config.errors import ConfigError
+    cfg = compose(["model=tiny_gdn", "model.weights=random", "runtime.device=cpu", "runtime.max_slots=4",
+                   "kv.num_blocks=4"])
+    p = BenchPipeline(batch_sizes=[3], prompt_len=5, steps=30, warmup=1, stagger=0)
+    graph = build_graph(cfg, 64, max_slots=4)
+    with pytest.raises(ConfigError, match="kv.num_blocks=4"):
+        time_point(graph, 3, p)
+    assert graph.kv.blocks.used() == 0  # nothing taken
