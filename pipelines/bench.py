@@ -56,13 +56,15 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
             raise ConfigError([f"kv.num_blocks={blocks.num_blocks}: batch {b} x {total} tokens (prompt_len + "
                                f"stagger + warmup + steps + 2) needs {need} pages of {blocks.block_size}; expected "
                                f"kv.num_blocks >= {need} or fewer pipeline.steps"])
-    toks = []
-    for s in range(b):
-        if graph.kv is not None:
+    prompts = [torch.randint(0, vocab, (p.prompt_len,), generator=gen).tolist() for _ in range(b)]
+    if graph.kv is not None:
+        for s in range(b):
             graph.kv.blocks.release(s)
             graph.kv.blocks.grow(s, total)
-        prompt = torch.randint(0, vocab, (p.prompt_len,), generator=gen).tolist()
-        toks.append(int(runner.prefill(s, prompt).argmax()))
+    per = max(1, graph.cfg.runtime.prefill_tokens // p.prompt_len) if runner.batched_prefill else 1
+    toks = []
+    for s in range(0, b, per):  # batched prefill, as the engine's
+        toks += runner.prefill_batch(list(range(s, min(b, s + per))), prompts[s:s + per]).argmax(-1).tolist()
     pos = [p.prompt_len] * b
     if p.stagger > 1:  # uncaptured steps: no graphs for the partial batches
         joiner = ModelRunner(graph.model, graph.ssm, graph.kv, graph.max_slots, graph.device, False)

@@ -55,7 +55,7 @@ def metrics(engine, requests) -> dict:
             "ttft_ms": sum(ttft) / len(ttft) if ttft else None,
             "tpot_ms": sum(tpot) / len(tpot) if tpot else None,
             "wall_s": wall, "decode_s": engine.decode_s, "prefill_s": engine.prefill_s,
-            "capture_s": engine.runner.capture_s,
+            "capture_s": engine.runner.capture_s, "prefill_forwards": engine.prefill_forwards,
             "output_tokens": sum(len(r.output_ids) for r in requests),
             "preemptions": sum(r.preemptions for r in requests),
             "finish_reasons": {k: sum(r.finish_reason == k for r in requests)

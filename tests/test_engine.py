@@ -134,3 +134,32 @@ def test_overlap_refused_where_the_kv_policy_plans_on_the_host():
         build_graph(cfg, max_seq_len=64)
     cfg = compose(["model=tiny_dsa", "model.weights=random", "runtime.device=cpu", "kv=hisparse"])
     assert build_graph(cfg, max_seq_len=64).overlap is False
+
+
+@pytest.mark.parametrize("overrides", [["model=tiny_gdn"], ["model=tiny_mamba2", "ssm=replay"],
+                                       ["model=tiny_gdn", "kv.block_size=4", "kv.num_blocks=14"]])
+def test_batched_prefill_matches_one_request_per_forward(overrides):
+    # equal-length prompts share a forward (up to runtime.prefill_tokens tokens); outputs must not change,
+    # including under page pressure (preempted requests re-prefill their context, again in groups)
+    prompts = [[5, 9, 200, 31, 7], [100, 3, 8, 8, 1], [42] * 9, [7, 7, 7, 7, 7], [9] * 9, [1, 2]]
+    solo, a = _serve([*overrides, "runtime.prefill_tokens=1"], prompts)
+    grouped, b = _serve([*overrides, "runtime.prefill_tokens=12"], prompts)
+    assert [r.output_ids for r in b] == [r.output_ids for r in a]
+    assert [r.finish_reason for r in b] == [r.finish_reason for r in a]
+    assert solo.prefill_forwards == len(prompts) + sum(r.preemptions for r in a)
+    # lengths 5 (x3, 2 per forward of 12 tokens), 9 (x2, 1 per forward), 2: 2 + 2 + 1 forwards at admission
+    assert grouped.prefill_forwards < solo.prefill_forwards
+    if "kv.num_blocks=14" not in overrides:
+        assert grouped.prefill_forwards == 5
+
+
+def test_prefill_batch_rejects_unequal_lengths_and_sparse_prefill_batches():
+    cfg = compose(["model=tiny_gdn", "model.weights=random", "runtime.device=cpu"])
+    eng = Engine(build_graph(cfg, max_seq_len=64))
+    with pytest.raises(ValueError, match="all of one length"):
+        eng.runner.prefill_batch([0, 1], [[1, 2], [3]])
+    cfg = compose(["model=tiny_gdn", "model.weights=random", "runtime.device=cpu", "kv=hisparse", "kv.top_k=4"])
+    eng = Engine(build_graph(cfg, max_seq_len=64))
+    assert not eng.runner.batched_prefill and eng._prefill_groups([1, 2]) == [[1], [2]]
+    with pytest.raises(ValueError, match="one sequence per forward"):
+        eng.runner.prefill_batch([0, 1], [[1, 2], [3, 4]])

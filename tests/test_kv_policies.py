@@ -238,7 +238,7 @@ def test_dsa_preset_has_mla_rows_and_stays_exact():
         toks, L, seq = [3, 1, 4, 1, 5, 9, 2, 6] * 4, 32, []
         with torch.inference_mode():
             pol.blocks.grow(0, L + 1)
-            t = int(model(torch.tensor([toks]), PrefillContext(ssm=None, kv=pol, slot=0))[0, -1].argmax())
+            t = int(model(torch.tensor([toks]), PrefillContext(ssm=None, kv=pol, slots=[0]))[0, -1].argmax())
             for _ in range(12):
                 assert pol.blocks.can_grow(0, L + 1)
                 pol.blocks.grow(0, L + 1)

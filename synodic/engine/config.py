@@ -17,4 +17,8 @@ class LocalRuntime(Component):
     overlap: bool | None = Field(
         None, description="queue each greedy decode step before the previous step's tokens are read back "
         "(overlapped scheduling); null: on where the KV policy allows it (kv=resident or attention-free)")
+    prefill_tokens: int = Field(
+        4096, ge=1, description="prompt tokens per prefill forward: admitted requests of equal context length "
+        "are prefilled together up to this many tokens (a longer one runs alone); KV policies with sparse "
+        "prefill (hisparse, adaptive) prefill one request at a time")
     seed: int = Field(0, description="global torch seed")

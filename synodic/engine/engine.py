@@ -43,6 +43,8 @@ class Engine:
         self.ledger = ByteLedger()
         self.decode_s = 0.0
         self.prefill_s = 0.0
+        self.prefill_tokens = graph.cfg.runtime.prefill_tokens
+        self.prefill_forwards = 0  # model forwards spent on prefill (several prompts share one)
 
     def _append(self, r: Request, tok: int, now: float, on_token) -> None:
         r.output_ids.append(tok)
@@ -75,13 +77,15 @@ class Engine:
         self.accepted: list[int] = []
         while sched.has_work():
             admitted = sched.admit()
-            for r in admitted:
+            for group in self._prefill_groups(admitted):
                 ts = time.perf_counter()
-                logits = self.runner.prefill(r.slot, r.context)
-                tok = self.sampler.sample(logits[None], [r])[0]
+                logits = self.runner.prefill_batch([r.slot for r in group], [r.context for r in group])
+                toks = self.sampler.sample(logits, group)
                 now = time.perf_counter()
                 self.prefill_s += now - ts
-                self._append(r, tok, now, on_token)
+                self.prefill_forwards += 1
+                for r, tok in zip(group, toks):
+                    self._append(r, tok, now, on_token)
             sched.grow()
             batch = [r for r in sched.running if not r.done]
             if not batch:
@@ -105,6 +109,20 @@ class Engine:
                 step = nxt
             self.decode_s += time.perf_counter() - ts - (self.runner.capture_s - cap)  # captures are warm-up
         return requests
+
+    def _prefill_groups(self, admitted: list[Request]) -> list[list[Request]]:
+        """Admitted requests in prefill forwards: equal context lengths together, up to runtime.prefill_tokens
+        prompt tokens a forward (one request a forward where the KV policy prefills sparsely)."""
+        if not self.runner.batched_prefill:
+            return [[r] for r in admitted]
+        by_len: dict[int, list[Request]] = {}
+        for r in admitted:
+            by_len.setdefault(r.length, []).append(r)
+        groups = []
+        for n, rs in by_len.items():
+            per = max(1, self.prefill_tokens // n)
+            groups += [rs[i:i + per] for i in range(0, len(rs), per)]
+        return groups
 
     def _launch(self, batch: list[Request], tokens, ahead: int) -> _Step:
         """Queue one decode step; ahead = 1 when it follows a step whose tokens are not appended yet (the loop

@@ -32,9 +32,24 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, slot: int, tokens: list[int]) -> torch.Tensor:
         """Runs the whole context through the model, seeding `slot`; returns the last logits [V]."""
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[None]
-        ctx = PrefillContext(ssm=self.ssm, kv=self.kv, slot=slot, start=0)
-        return self.model(ids, ctx)[0, -1]
+        return self.prefill_batch([slot], [tokens])[0]
+
+    @property
+    def batched_prefill(self) -> bool:
+        """Whether one forward may prefill several prompts (not with a KV policy's sparse prefill)."""
+        return self.kv is None or getattr(self.kv, "prefill_attend", None) is None
+
+    def prefill_batch(self, slots: list[int], contexts: list[list[int]]) -> torch.Tensor:
+        """Prompts of equal length in one forward, row i seeding slots[i]; returns the last logits [n, V]."""
+        if len({len(c) for c in contexts}) != 1 or len(slots) != len(contexts):
+            raise ValueError(f"prefill_batch: expected one context per slot, all of one length; got {len(slots)} "
+                             f"slots, lengths {sorted({len(c) for c in contexts})}")
+        if len(slots) > 1 and not self.batched_prefill:
+            raise ValueError(f"prefill_batch: kv={self.kv.cfg.kind} prefills one sequence per forward, got "
+                             f"{len(slots)}")
+        ids = torch.tensor(contexts, dtype=torch.long, device=self.device)
+        ctx = PrefillContext(ssm=self.ssm, kv=self.kv, slots=list(slots), start=0)
+        return self.model(ids, ctx)[:, -1]
 
     def _bucket(self, b: int) -> int:
         if not self.use_graphs:

@@ -101,7 +101,8 @@ class Attention(nn.Module):
                 kw = {"index": self.indexer(hidden, pos).at(0)} if learned else {}
                 return self.o_proj(sparse(self.attn_index, ctx.slot, start, q[0], k[0], v[0], **kw)[None].flatten(-2))
             if ctx is not None:
-                ctx.kv.write_prefill(self.attn_index, ctx.slot, start, k[0], v[0])
+                for r, slot in enumerate(ctx.slots):
+                    ctx.kv.write_prefill(self.attn_index, slot, start, k[r], v[r])
             rep = self.nq // self.nkv
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.repeat_interleave(rep, 2).transpose(1, 2),

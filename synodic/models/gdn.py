@@ -65,6 +65,7 @@ class GatedDeltaNetMixer(nn.Module):
             kn = l2norm(k).repeat_interleave(rep, dim=2)
             o, state = gdn_chunked(qn, kn, v, g, beta, self.chunk)
             if ctx is not None:
-                ctx.ssm.seed(self.ssm_index, ctx.slot, state[0], conv_state[0])
+                for r, slot in enumerate(ctx.slots):
+                    ctx.ssm.seed(self.ssm_index, slot, state[r], conv_state[r])
         o = o.to(hidden.dtype).flatten(-2)
         return self.out_proj(self.norm(o, z))

@@ -20,12 +20,21 @@ def indexer_last(named_params):
 
 @dataclass
 class PrefillContext:
-    """One sequence's prompt (batch 1) seeding slot `slot`; positions start at `start`."""
+    """Prompts of equal length, row i seeding slot slots[i]; positions start at `start`. The model returns
+    only the last position's logits."""
     ssm: object
     kv: object
-    slot: int
+    slots: list[int]
     start: int = 0
     mode: str = "prefill"
+
+    @property
+    def slot(self) -> int:
+        """The one slot of a single-sequence prefill (sparse prefill of the top-k KV policies)."""
+        if len(self.slots) != 1:
+            raise ValueError(f"PrefillContext.slots: sparse prefill takes one sequence per forward, got "
+                             f"{len(self.slots)}")
+        return self.slots[0]
 
 
 @dataclass
@@ -109,8 +118,9 @@ class HybridLM(nn.Module):
         return self
 
     def forward(self, input_ids: torch.Tensor, ctx=None) -> torch.Tensor:
-        """input_ids [b,T] → logits [b,T,V]. With a PrefillContext/DecodeContext the SSM and attention
-        layers read and write the run's state backend and KV policy."""
+        """input_ids [b,T] → logits [b,T,V] ([b,1,V] with a PrefillContext: only the last position's). With a
+        Prefill/Decode/VerifyContext the SSM and attention layers read and write the run's state backend and KV
+        policy."""
         x = self.embed_tokens(input_ids)
         delta = None  # the last mixer's output, added to the residual stream by the next norm's kernel
         for blk in self.blocks:
@@ -119,6 +129,8 @@ class HybridLM(nn.Module):
             else:
                 x, h = blk.norm.add(x, delta)
             delta = blk.mixer(h, ctx)
+        if ctx is not None and ctx.mode == "prefill":  # a prompt needs its last logits only (V x T of them)
+            x, delta = x[:, -1:], None if delta is None else delta[:, -1:]
         if delta is None:
             return self.lm_head(self.norm_f(x))
         return self.lm_head(self.norm_f.add(x, delta)[1])

@@ -74,5 +74,6 @@ class Mamba2Mixer(nn.Module):
             y, state = mamba2_chunked(x, dtp, A, B, C, self.chunk)
             y = (y + x.float() * self.D.float()[:, None]).to(hidden.dtype).flatten(-2)
             if ctx is not None:
-                ctx.ssm.seed(self.ssm_index, ctx.slot, state[0], conv_state[0])
+                for r, slot in enumerate(ctx.slots):
+                    ctx.ssm.seed(self.ssm_index, slot, state[r], conv_state[r])
         return self.out_proj(self.norm(y, z))
