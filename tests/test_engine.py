@@ -156,6 +156,8 @@ def test_batched_prefill_matches_one_request_per_forward(overrides):
 def test_prefill_batch_rejects_unequal_lengths_and_sparse_prefill_batches():
     cfg = compose(["model=tiny_gdn", "model.weights=random", "runtime.device=cpu"])
     eng = Engine(build_graph(cfg, max_seq_len=64))
+    out = eng.runner.prefill_batch([0, 1], [[1, 2], [3, 4]])
+    assert out.shape[0] == 2 and out.is_inference()  # no autograd graph kept across the layers
     with pytest.raises(ValueError, match="all of one length"):
         eng.runner.prefill_batch([0, 1], [[1, 2], [3]])
     cfg = compose(["model=tiny_gdn", "model.weights=random", "runtime.device=cpu", "kv=hisparse", "kv.top_k=4"])

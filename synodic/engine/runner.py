@@ -29,7 +29,6 @@ class ModelRunner:
         self.pool = None
         self.capture_s = 0.0  # wall time spent capturing graphs (warm-up work, kept out of decode rates)
 
-    @torch.inference_mode()
     def prefill(self, slot: int, tokens: list[int]) -> torch.Tensor:
         """Runs the whole context through the model, seeding `slot`; returns the last logits [V]."""
         return self.prefill_batch([slot], [tokens])[0]
@@ -39,6 +38,7 @@ class ModelRunner:
         """Whether one forward may prefill several prompts (not with a KV policy's sparse prefill)."""
         return self.kv is None or getattr(self.kv, "prefill_attend", None) is None
 
+    @torch.inference_mode()
     def prefill_batch(self, slots: list[int], contexts: list[list[int]]) -> torch.Tensor:
         """Prompts of equal length in one forward, row i seeding slots[i]; returns the last logits [n, V]."""
         if len({len(c) for c in contexts}) != 1 or len(slots) != len(contexts):

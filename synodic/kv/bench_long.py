@@ -250,20 +250,21 @@ def serve_one(graph, kind: str, kv_cfg, prompts: list[list[int]], output_len: in
                 f"{len(eng.scheduler.waiting)})")
         return out
     eng.scheduler.admit = admit_logged
-    prefill = eng.runner.prefill
+    prefill = eng.runner.prefill_batch
     pre_times: list[tuple[int, float]] = []
 
-    def prefill_timed(slot, tokens):
+    def prefill_timed(slots, contexts):
         if log.now() > hard_deadline:
             raise DeadlineExceeded(f"hard deadline {hard_deadline:.0f}s reached during prefill")
         ts = time.perf_counter()
-        out = prefill(slot, tokens)
+        out = prefill(slots, contexts)
         _sync(dev)
         dt = time.perf_counter() - ts
-        pre_times.append((len(tokens), dt))
-        log(f"{label}: prefill slot {slot}: {len(tokens)} tokens in {dt:.2f}s ({len(tokens) / dt:,.0f} tok/s)")
+        n = sum(len(c) for c in contexts)
+        pre_times.append((n, dt))
+        log(f"{label}: prefill slots {slots}: {n} tokens in {dt:.2f}s ({n / dt:,.0f} tok/s)")
         return out
-    eng.runner.prefill = prefill_timed
+    eng.runner.prefill_batch = prefill_timed
     state = {"steps": 0, "tokens": 0, "last": time.perf_counter()}
     total = sum(r.params.max_tokens for r in reqs)
 
