@@ -28,14 +28,16 @@ class DecodePathScorer:
             raise ValueError(f"batch {b} exceeds the graph's {self.graph.max_slots} slots")
         rows = x.tolist()
         slots = list(range(b))
-        out = []
         blocks = self.graph.kv.blocks if self.graph.kv is not None else None
-        for s in slots:
-            if blocks is not None:
+        if blocks is not None:
+            for s in slots:
                 blocks.release(s)
                 blocks.grow(s, T)
-            out.append(self.runner.prefill(s, rows[s][:1])[None])
-        first = torch.stack(out)  # [b, 1, V]
+        firsts = [r[:1] for r in rows]
+        if self.runner.batched_prefill:
+            first = self.runner.prefill_batch(slots, firsts)[:, None]  # [b, 1, V]
+        else:
+            first = torch.stack([self.runner.prefill(s, firsts[s])[None] for s in slots])
         steps = []
         positions = range(1, T)
         if self.progress:  # a 2048-token window is 2047 decode steps: show them
