@@ -24,6 +24,19 @@ def reference_config(cfg):
     return validate(raw)
 
 
+def scale_decay(model, scale: float) -> None:
+    """Every SSM layer's decay rate times `scale` (A_log += log scale; Mamba-2 and GDN both decay by
+    exp(-exp(A_log) * dt-like gate)): scale < 1 lengthens the state memory."""
+    import math
+
+    import torch
+    if scale == 1.0:
+        return
+    with torch.no_grad():  # in place: bumps the parameter version, so cached A = -exp(A_log) is rebuilt
+        for m in model.ssm_layers:
+            m.A_log.add_(math.log(scale))
+
+
 def _scorer(cfg, seq_len: int):
     """(callable x → logits, graph): the model's forward, or the decode path (pipeline.path=decode)."""
     from synodic.graph import build_graph
@@ -31,8 +44,10 @@ def _scorer(cfg, seq_len: int):
     if p.path == "decode":
         from synodic.engine.teacher import DecodePathScorer
         g = build_graph(cfg, seq_len + 1, max_slots=p.batch_size)
+        scale_decay(g.model, p.decay_scale)
         return DecodePathScorer(g, progress=True), g
     g = build_graph(cfg, seq_len + 1, max_slots=1)
+    scale_decay(g.model, p.decay_scale)
     return g.model.eval(), g
 
 
@@ -80,12 +95,14 @@ def run(cfg, run_dir: Path) -> dict:
         c = compare(model, ref, stream.to(graph.device), p.seq_len, p.batch_size, graph.device)
         m.update(bits_per_byte_reference=rt / math.log(2) / n_bytes, kl_mean=c["kl_mean"],
                  kl_p95=c["kl_p95"], kl_max=c["kl_max"], dlogprob_p95=c["dlogprob_p95"],
-                 top1_agreement=c["top1_agreement"], compared_positions=c["positions"])
+                 top1_agreement=c["top1_agreement"], compared_positions=c["positions"],
+                 kl_mean_by_quarter=c["kl_mean_by_quarter"])
         out["reference"] = {g: rcfg.model_dump(mode="json")[g] for g in p.reference}
         rows += [("reference bits per byte", f"{m['bits_per_byte_reference']:.4f}"),
                  ("KL mean / p95 (nats)", f"{c['kl_mean']:.3e} / {c['kl_p95']:.3e}"),
                  ("p95 |Δ log-prob|", f"{c['dlogprob_p95']:.3e}"),
                  ("top-1 agreement", f"{c['top1_agreement']:.4f}"),
+                 ("KL mean by window quarter", " / ".join(f"{k:.2e}" for k in c["kl_mean_by_quarter"])),
                  ("positions compared", f"{c['positions']:,} (windows of {p.seq_len})")]
     if p.quant_grid:
         from synodic.config import ConfigError

@@ -62,6 +62,28 @@ def test_compare_metrics(heldout):
     with pytest.raises(ValueError):
         compare(model, model, stream[:100], seq_len=2048)
 
+    def drifting(ids):  # noise growing along the window: the quarters must show it
+        ramp = torch.linspace(0, 1, ids.shape[1])[None, :, None]
+        return model(ids) + ramp * torch.randn(*ids.shape, tok.vocab_size, generator=torch.Generator().manual_seed(0))
+    c = compare(drifting, model, stream, seq_len=2048)
+    q = c["kl_mean_by_quarter"]
+    assert len(q) == 4 and q[0] < q[1] < q[2] < q[3] and sum(q) / 4 == pytest.approx(c["kl_mean"])
+
+
+def test_decay_scale_lengthens_memory_in_scored_and_reference_models():
+    from synodic.pipelines.eval import scale_decay
+    d = shipped_dir("tiny_mamba2")
+    model = load_checkpoint(d).eval()
+    m = model.ssm_layers[0]
+    with torch.no_grad():
+        before = m.A().clone()  # cached per parameter version: the in-place shift must invalidate it
+        scale_decay(model, 0.01)
+        assert torch.allclose(m.A(), before * 0.01, rtol=1e-5)
+    from synodic.config import ConfigError
+    from synodic.config.compose import compose
+    with pytest.raises(ConfigError, match="pipeline.decay_scale=0"):
+        compose(["pipeline=eval", "pipeline.decay_scale=0"])
+
 
 def test_eval_pipeline_with_reference(tmp_path):
     from synodic.pipelines import eval as ev

@@ -26,6 +26,9 @@ class EvalPipeline(Component):
                                   "model: KL, top-1, perplexity, per-layer weight error; table + plots")
     quant_mode: str | None = Field(None, description="quant.mode for every quant_grid entry (e.g. w4a4); "
                                    "null: each format's weight-only mode")
+    decay_scale: float = Field(1.0, gt=0, le=1, description="multiplies every SSM layer's decay rate "
+                               "(A = -exp(A_log)) in the scored and the reference model alike: a longer state "
+                               "memory than the weights have, to study how precision errors accumulate")
     reference: dict[str, Any] | None = Field(None, description="groups replaced to make the reference "
                                              "config, e.g. {quant: {kind: none}} or {model: {dtype: "
                                              "float32}}; null: no comparison")

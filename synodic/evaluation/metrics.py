@@ -97,14 +97,17 @@ def compare(scorer, reference, stream: torch.Tensor, seq_len: int = 2048, batch_
         x, y = batch[:, :-1], batch[:, 1:]
         lp_ref = F.log_softmax(reference(x).float(), -1)
         lp = F.log_softmax(scorer(x).float(), -1)
-        kls.append((lp_ref.exp() * (lp_ref - lp)).sum(-1).flatten().cpu())
+        kls.append((lp_ref.exp() * (lp_ref - lp)).sum(-1).cpu())  # [windows, seq_len]
         tgt = y[..., None]
         dlp.append((lp.gather(-1, tgt) - lp_ref.gather(-1, tgt)).abs().flatten().cpu())
         agree.append((lp.argmax(-1) == lp_ref.argmax(-1)).flatten().cpu())
     if not kls:
         raise ValueError(f"stream of {len(stream)} tokens holds no window of seq_len={seq_len}")
-    kl, d, a = torch.cat(kls).double(), torch.cat(dlp).double(), torch.cat(agree)
+    by_pos = torch.cat(kls).double()
+    quarters = [float(q.mean()) for q in by_pos.chunk(4, dim=1)]  # does the error grow along the window?
+    kl, d, a = by_pos.flatten(), torch.cat(dlp).double(), torch.cat(agree)
     return {"kl_mean": float(kl.mean()), "kl_p95": _q(kl, 0.95), "kl_max": float(kl.max()),
+            "kl_mean_by_quarter": quarters,
             "dlogprob_p95": _q(d, 0.95), "top1_agreement": float(a.float().mean()),
             "positions": int(kl.numel()), "seq_len": seq_len}
 
