@@ -11,7 +11,7 @@ v2 fused steps read all L ring entries, split ones the wp live ones; the byte co
 GDN replay in both routes.
 ``--stagger`` adds the v2 rows with staggered cursors (``*_v2_stag``: slot s at cursor (s + i) mod L on step i,
 so 1/L of the rows flush on every step, as in steady-state serving, instead of all rows on one step of L);
-``--flush-sweep`` times the split (dual) rows over flush launch configs (tiles or rows per program).
+``--flush-sweep`` times the split (dual) rows over flush launch configs (block, warps, fold, tiles per program).
 Every time is the average decode step over full L-step cycles (so the flush is amortised):
 one CUDA graph holds L x R steps over R rotated slot sets (state touched per graph > 2x L2), time
 per graph replay / (L R). Bytes are counted exactly (unique bytes a step must move, averaged over
@@ -53,13 +53,10 @@ V2_SWEEP = [(32, 4, "serial"), (32, 2, "serial"), (64, 4, "serial"), (64, 2, "se
             (64, 1, "serial")]
 # GDN v2 (BLOCK_V, warps)
 G_V2_SWEEP = [(64, 2), (64, 1), (64, 4), (128, 2), (128, 4), (128, 1), (32, 1), (32, 2), (16, 1), (16, 2), (8, 1)]
-# flush launch of a split (dual) step: (BLOCK, warps, fold, tiles per program[, rows per program]); the launchers'
-# defaults put 8 (Mamba-2) / 16 (GDN) tiles of one row in a program, sized for a step where every row flushes;
-# rows per program spread a flushing row's tiles over programs, balanced whatever share of rows flushes
-M_FLUSH_SWEEP = ([(64, 4, "tf32x3", t) for t in (1, 2, 4, 8, 16)]
-                 + [(64, 4, "tf32x3", 1, r) for r in (2, 4, 8, 16)] + [(64, 4, "tf32x3", 2, 4)])
-G_FLUSH_SWEEP = ([(32, 1, "bf16x3", t) for t in (1, 2, 4, 8, 16)]
-                 + [(32, 1, "bf16x3", 1, r) for r in (2, 4, 8, 16)] + [(32, 1, "bf16x3", 2, 8)])
+# flush launch of a split (dual) step: (BLOCK, warps, fold, tiles per program); the launchers' defaults: 8 tiles
+# per program (Mamba-2), 4 (GDN: 16 put the flush on a few long programs when cursors are staggered)
+M_FLUSH_SWEEP = [(64, 4, "tf32x3", t) for t in (1, 2, 4, 8, 16)] + [(32, 2, "tf32x3", 1), (32, 4, "tf32x3", 2)]
+G_FLUSH_SWEEP = [(32, 1, "bf16x3", t) for t in (1, 2, 4, 8, 16)] + [(32, 2, "bf16x3", 1), (16, 1, "bf16x3", 1)]
 # GDN v2 at batch <= 8 (BLOCK_V, warps, flush fold): the flush's fold when latency, not registers, bounds the step
 G_V2_SMALL_SWEEP = [(16, 2, "serial"), (16, 2, "dot"), (16, 2, "tf32x3"), (16, 1, "dot"), (16, 4, "dot"),
                     (32, 2, "dot"), (8, 2, "dot"), (8, 1, "dot")]

@@ -42,38 +42,36 @@ def _gdn_replay_decode_v2_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     ru_ptr, rk_ptr, rg_ptr, wp_ptr,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, sid_ptr,
-    sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale, n_rows,
+    sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
     HV: tl.constexpr, Hk: tl.constexpr, V: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
     LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, USE_L2: tl.constexpr,
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
     ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr, TPP: tl.constexpr = 1,
-    RPP: tl.constexpr = 1, RING_BY_CURSOR: tl.constexpr = False,
+    RING_BY_CURSOR: tl.constexpr = False,
 ):
     """ROUTE 0: every row (both routes, one kernel); 1: output-only rows only (a flushing row is left
-    alone: no output, no append); 2: flushing rows only, TPP (value head, V-tile)s of each of RPP rows per program,
-    grid (cdiv(HV * V-tiles, TPP), cdiv(n_rows, RPP)): each row's cursor is read first and a non-flushing row is
-    skipped (as in ``mamba2_replay.triton_v2``). RING_BY_CURSOR (routes 0, 1): the cursor is read right after the
+    alone: no output, no append); 2: flushing rows only, TPP (value head, V-tile)s per program, grid
+    (cdiv(HV * V-tiles, TPP), batch): the cursor is read first and a program of a non-flushing row exits
+    (as in ``mamba2_replay.triton_v2``). RING_BY_CURSOR (routes 0, 1): the cursor is read right after the
     checkpoint tile is issued and ring entries at or past it are never read (a plain step reads wp entries,
     not L); route 1 then also skips a flushing row before its tile."""
     REP: tl.constexpr = HV // Hk
     if ROUTE == 2:
         NUM_T: tl.constexpr = (V + BV - 1) // BV
-        for j in range(RPP):
-            row = tl.program_id(1).to(tl.int64) * RPP + j
-            if row < n_rows:
-                slot, valid = _slot_of(sid_ptr, row)
-                if valid & (tl.load(wp_ptr + slot, mask=valid, other=0) >= L - 1):
-                    for i in range(TPP):
-                        tile = tl.program_id(0) * TPP + i
-                        if tile < HV * NUM_T:
-                            hv = tile // NUM_T
-                            _gdn_decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
-                                               q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
-                                               sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b,
-                                               so_h, scale, row, hv, tile % NUM_T, hv // REP, slot, valid, HV, Hk, V,
-                                               K, L, LP, BV, BK, USE_L2, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO,
-                                               ROUND_RU, ROUND_RK, ROUND_OUT, FOLD, ROUTE, False)
+        row = tl.program_id(1).to(tl.int64)
+        slot, valid = _slot_of(sid_ptr, row)
+        if valid & (tl.load(wp_ptr + slot, mask=valid, other=0) >= L - 1):
+            for i in range(TPP):
+                tile = tl.program_id(0) * TPP + i
+                if tile < HV * NUM_T:
+                    hv = tile // NUM_T
+                    _gdn_decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
+                                       q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
+                                       sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h,
+                                       scale, row, hv, tile % NUM_T, hv // REP, slot, valid, HV, Hk, V, K, L, LP,
+                                       BV, BK, USE_L2, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU,
+                                       ROUND_RK, ROUND_OUT, FOLD, ROUTE, False)
     else:
         row, hv, vt, hk = _head_tile(V, BV, REP)
         slot, valid = _slot_of(sid_ptr, row)
@@ -309,7 +307,8 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     # 4 tiles per program: with staggered cursors (1/L of the rows flush each step) 16 put the flush on a few long
     # programs: 146.7 vs 201.1 µs staggered, 130.8 vs 128.4 aligned (H200, batch 256, dual_bf16,
     # bench_replay --stagger --flush-sweep 2026-11-30 18:52 UTC)
-    fbv, fnw, ffold, tpp, rpp = resolve_flush_config(flush_config, bv, nw, fold, 4)
+    # (rows per program instead, tried in the same sweep, never beat tiles per program: removed)
+    fbv, fnw, ffold, tpp = resolve_flush_config(flush_config, bv, nw, fold, 4)
     if "bf16x3" in (fold, ffold if split else None) and ring_k.dtype != torch.bfloat16:
         raise ValueError(f"config: fold 'bf16x3' needs a bf16 k ring (exact in bf16), got {ring_k.dtype}")
     extra = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
@@ -321,7 +320,7 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
             ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, o, slot_ids,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), o.stride(0), o.stride(1),
-            float(K ** -0.5 if scale is None else scale), b)
+            float(K ** -0.5 if scale is None else scale))
     meta = dict(HV=HV, Hk=Hk, V=V, K=K, L=L, LP=max(16, triton.next_power_of_2(L)),
                 BK=triton.next_power_of_2(K), USE_L2=bool(use_qk_l2norm),
                 CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
@@ -337,6 +336,6 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     # the two launches touch disjoint rows (by cursor), so their order is free
     _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
                                        RING_BY_CURSOR=bool(ring_by_cursor), **extra)
-    _gdn_replay_decode_v2_kernel[(triton.cdiv(HV * triton.cdiv(V, fbv), tpp), triton.cdiv(b, rpp))](
-        *args, **meta, BV=fbv, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, RPP=rpp, num_warps=fnw)
+    _gdn_replay_decode_v2_kernel[(triton.cdiv(HV * triton.cdiv(V, fbv), tpp), b)](
+        *args, **meta, BV=fbv, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
     return o

@@ -128,12 +128,12 @@ def _mamba2_replay_decode_v2_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr, rwp_ptr,
-    sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g, n_rows,
+    sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
     H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
-    ROUTE: tl.constexpr, TPP: tl.constexpr = 1, RPP: tl.constexpr = 1, CURSOR_FIRST: tl.constexpr = False,
+    ROUTE: tl.constexpr, TPP: tl.constexpr = 1, CURSOR_FIRST: tl.constexpr = False,
     RING_BY_CURSOR: tl.constexpr = False,
     ROW_CURSOR: tl.constexpr = False,
 ):
@@ -141,30 +141,25 @@ def _mamba2_replay_decode_v2_kernel(
     alone: no output, no append; CURSOR_FIRST: its program reads the cursor before anything and exits, else it
     issues its tile loads first and discards them; ROW_CURSOR: that cursor comes from rwp_ptr[row], the caller's
     write_pos[slot_ids] gathered once per step, so its load runs beside the slot id's instead of after it);
-    2: flushing rows only, TPP (head, P-tile)s of each of RPP rows per program, grid
-    (cdiv(H * P-tiles, TPP), cdiv(n_rows, RPP)): each row's cursor is read first and a non-flushing row is skipped
+    2: flushing rows only, TPP (head, P-tile)s per program, grid
+    (cdiv(H * P-tiles, TPP), batch): the cursor is read first and a program of a non-flushing row exits
     (few, short programs on a plain step; one per tile cost ~40 µs at batch 256 when the flush kernel's
-    registers allow 3 programs per SM). Tiles per program put a flushing row's whole fold in few programs;
-    rows per program spread it, which keeps the programs balanced when only some rows flush (staggered
-    cursors)."""
+    registers allow 3 programs per SM)."""
     HPG: tl.constexpr = H // G
     if ROUTE == 2:
         NUM_T: tl.constexpr = (P + BP - 1) // BP
-        for j in range(RPP):
-            row = tl.program_id(1).to(tl.int64) * RPP + j
-            if row < n_rows:
-                slot, valid = _slot_of(sid_ptr, row)
-                if valid & (tl.load(wp_ptr + slot, mask=valid, other=0) >= L - 1):
-                    for i in range(TPP):
-                        tile = tl.program_id(0) * TPP + i
-                        if tile < H * NUM_T:
-                            h = tile // NUM_T
-                            _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
-                                           x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
-                                           sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
-                                           row, h, tile % NUM_T, h // HPG, slot, valid, H, G, P, N, L, LP, BP, BN,
-                                           HAS_Z, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE,
-                                           0, False, False)
+        row = tl.program_id(1).to(tl.int64)
+        slot, valid = _slot_of(sid_ptr, row)
+        if valid & (tl.load(wp_ptr + slot, mask=valid, other=0) >= L - 1):
+            for i in range(TPP):
+                tile = tl.program_id(0) * TPP + i
+                if tile < H * NUM_T:
+                    h = tile // NUM_T
+                    _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
+                                   x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
+                                   sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
+                                   row, h, tile % NUM_T, h // HPG, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z,
+                                   CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE, 0, False, False)
     else:
         row, h, pt, g = _head_tile(P, BP, HPG)
         slot, valid = _slot_of(sid_ptr, row)
@@ -382,19 +377,17 @@ def decode_config(config, block_warps: tuple[int, int], fold_for) -> tuple[int, 
     return block, nw, fold, (c[3] if len(c) > 3 else None)
 
 
-def resolve_flush_config(config, block: int, warps: int, fold: str, tpp: int = 16
-                         ) -> tuple[int, int, str, int, int]:
-    """(BLOCK, num_warps, fold, tiles per program, rows per program) of the flush launch of a split step
-    (shared with the GDN kernel): config over (block, warps, fold, tpp, 1)."""
+def resolve_flush_config(config, block: int, warps: int, fold: str, tpp: int = 16) -> tuple[int, int, str, int]:
+    """(BLOCK, num_warps, fold, tiles per program) of the flush launch of a split step (shared with the GDN
+    kernel): config over (block, warps, fold, tpp)."""
     c = tuple(config or ())
-    if c and not 2 <= len(c) <= 5:
-        raise ValueError(f"flush_config: expected (BLOCK, num_warps[, fold[, tiles per program[, rows per "
-                         f"program]]]), got {config!r}")
-    out = c + (block, warps, fold, tpp, 1)[len(c):]
+    if c and not 2 <= len(c) <= 4:
+        raise ValueError(f"flush_config: expected (BLOCK, num_warps[, fold[, tiles per program]]), got {config!r}")
+    out = c + (block, warps, fold, tpp)[len(c):]
     if out[2] not in FOLDS:
         raise ValueError(f"flush_config: fold {out[2]!r}, expected one of {sorted(FOLDS)}")
-    if not all(isinstance(n, int) and n >= 1 for n in out[3:]):
-        raise ValueError(f"flush_config: tiles / rows per program {out[3:]}, expected integers >= 1")
+    if not (isinstance(out[3], int) and out[3] >= 1):
+        raise ValueError(f"flush_config: tiles per program {out[3]!r}, expected an integer >= 1")
     return out
 
 
@@ -426,7 +419,7 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     # default flush launch: twice the warps (the flush holds S and the ring fold; dual [64, N] on 2 warps spills)
     # 8 tiles per program: with the per-row cursor the flush step 761 vs 798 µs at 16, plain 177.0 vs 178.4 µs
     # (H200, batch 256, dual_bf16, bench_replay_flush --flush-sweep 2026-11-30 09:22 UTC)
-    fbp, fnw, ffold, tpp, rpp = resolve_flush_config(flush_config, bp, 2 * nw, fold, 8)
+    fbp, fnw, ffold, tpp = resolve_flush_config(flush_config, bp, 2 * nw, fold, 8)
     if "bf16x3" in (fold, ffold if split else None) and ring_B.dtype != torch.bfloat16:
         raise ValueError(f"config: fold 'bf16x3' needs a bf16 B ring (exact in bf16), got {ring_B.dtype}")
     if row_wp is not None and not (row_wp.dtype == torch.int32 and tuple(row_wp.shape) == (b,)):
@@ -440,7 +433,7 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
             ring_x, ring_dt, ring_B, write_pos,
             x, dt, A, B, C, D, dt_bias, zz, y, slot_ids, row_wp if row_wp is not None else slot_ids,
             x.stride(0), x.stride(1), zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
-            dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1), b)
+            dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1))
     meta = dict(H=H, G=G, P=P, N=N, L=L, LP=max(16, triton.next_power_of_2(L)),
                 BN=triton.next_power_of_2(N),
                 HAS_Z=z is not None, CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
@@ -457,6 +450,6 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
                                           CURSOR_FIRST=cursor_first or row_wp is not None,
                                           ROW_CURSOR=row_wp is not None, RING_BY_CURSOR=bool(ring_by_cursor), **regs)
-    _mamba2_replay_decode_v2_kernel[(triton.cdiv(H * triton.cdiv(P, fbp), tpp), triton.cdiv(b, rpp))](
-        *args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, RPP=rpp, num_warps=fnw)
+    _mamba2_replay_decode_v2_kernel[(triton.cdiv(H * triton.cdiv(P, fbp), tpp), b)](
+        *args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
     return y

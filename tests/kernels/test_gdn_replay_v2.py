@@ -68,9 +68,6 @@ CASES = [  # (HV, Hk, V, K, mode, config (BLOCK_V, warps[, fold]) or None = pick
     (6, 3, 5, 7, "dual_bf16", (4, 2, "dot"), True),
     (3, 1, 5, 7, "dual_fp8", (4, 2), (8, 1, "tf32x3", 1)),       # one partial flush tile
     (6, 3, 5, 7, "fp32", (4, 2), (2, 1, "serial", 5)),           # 18 flush tiles, 5 per program: last partial
-    # rows per program (3 or 4 rows: the last row group partial), alone and with tiles per program
-    (6, 3, 5, 7, "dual_bf16", (4, 2, "dot"), (4, 1, "dot", 1, 2)),
-    (6, 3, 5, 7, "fp32", (4, 2), (2, 1, "serial", 5, 3)),
 ]
 
 

@@ -84,8 +84,6 @@ CASES = [  # (H, G, P, N, mode, config (BLOCK_P, warps[, fold]) or None = the ea
     (3, 1, 20, 16, "dual_bf16", (16, 2, "tf32x3"), True),
     (3, 1, 5, 7, "dual_fp8", (4, 4), (8, 2, "dot", 1)),           # one partial flush tile
     (6, 3, 12, 16, "fp32", (8, 4), (4, 2, "serial", 4)),          # 18 flush tiles, 4 per program: last partial
-    (3, 1, 20, 16, "dual_bf16", (16, 2, "tf32x3"), (16, 2, "tf32x3", 1, 2)),  # 2 rows per program
-    (6, 3, 12, 16, "fp32", (8, 4), (4, 2, "serial", 4, 3)),       # tiles and rows per program, both partial
     (6, 3, 5, 16, "single_fp8", None, True),
     (6, 3, 8, 16, "dual_bf16", None, "row_cursor"),
     (3, 1, 5, 7, "fp32", (4, 4, "serial"), "ring"),            # the ring read only below the cursor
@@ -158,8 +156,7 @@ def test_v2_matches_eager_fp32(device):
 @pytest.mark.parametrize("fold,split", [("serial", False), ("dot", False), ("tf32x3", False), ("tf32x3", True),
                                         ("tf32x3", "cursor_first"), ("tf32x3", "row_cursor"), ("bf16x3", False),
                                         ("bf16x3", "ring"), ("tf32x3", "row_cursor_ring"),
-                                        ("tf32x3", (16, 4, "bf16x3", 2)), ("tf32x3", (16, 4, "bf16x3", 1)),
-                                        ("tf32x3", (16, 4, "bf16x3", 1, 2))])
+                                        ("tf32x3", (16, 4, "bf16x3", 2)), ("tf32x3", (16, 4, "bf16x3", 1))])
 def test_v2_full_ring_and_cursor_at_L(fold, split, device):
     """Cursor at L (a verify committed a full window): the step flushes all L entries + this token;
     at L-1 it flushes too; bf16 ring / activations."""
@@ -206,10 +203,10 @@ def test_v2_needs_advance_false(device):
                              advance=False, backend="triton", split=True, flush_config=(8, 2, "fma"))
     with pytest.raises(ValueError, match=r"flush_config: expected \(BLOCK, num_warps"):
         mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
-                             advance=False, backend="triton", split=True, flush_config=(8, 2, "dot", 4, 1, 1))
-    with pytest.raises(ValueError, match="flush_config: tiles / rows per program"):
+                             advance=False, backend="triton", split=True, flush_config=(8, 2, "dot", 4, 1))
+    with pytest.raises(ValueError, match="flush_config: tiles per program"):
         mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
-                             advance=False, backend="triton", split=True, flush_config=(8, 2, "dot", 4, 0))
+                             advance=False, backend="triton", split=True, flush_config=(8, 2, "dot", 0))
     with pytest.raises(ValueError, match="row_wp: expected int32"):
         launch_decode_v2(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], x, dt, A, B, C, D, bias,
                          sid, None, torch.empty_like(x), L=L, split=True, row_wp=sid.long())
