@@ -35,6 +35,7 @@ import torch
 HBM_GBPS = 4245.0  # MEASURING.md, H200 device-to-device copy (read + write counted)
 L2_BYTES = 60 * 2**20
 ROTATE_BYTES = 2 * L2_BYTES
+SETS_STATE_BYTES = 32 * 2**30  # --sets cap (eager + replay cases are alive one at a time)
 MAMBA = dict(H=128, P=64, N=128, G=8)
 GDN = dict(HV=32, Hk=16, K=128, V=128)
 L_DEFAULT = 16
@@ -306,10 +307,13 @@ def _git_commit():
         return None
 
 
-def _rot(cls, batch):
-    per = (MAMBA["H"] * MAMBA["P"] * MAMBA["N"] if cls is MambaCase
-           else GDN["HV"] * GDN["V"] * GDN["K"]) * 4
-    return max(1, math.ceil(ROTATE_BYTES / (batch * per)))
+def _rot(cls, batch, sets=0):
+    """Slot sets one graph cycles through: enough that the fp32 states touched exceed 2x L2, or `sets` (a model
+    with that many SSM layers: each layer's ring is then cold in L2 when its next step comes, as in the engine),
+    capped so the sets' fp32 states stay within SETS_STATE_BYTES."""
+    per = batch * (MAMBA["H"] * MAMBA["P"] * MAMBA["N"] if cls is MambaCase
+                   else GDN["HV"] * GDN["V"] * GDN["K"]) * 4
+    return max(1, math.ceil(ROTATE_BYTES / per), min(sets, SETS_STATE_BYTES // per))
 
 
 def main(argv=None):
@@ -324,6 +328,8 @@ def main(argv=None):
     ap.add_argument("--stagger", action="store_true", help="add the v2 rows with staggered cursors (*_v2_stag)")
     ap.add_argument("--flush-sweep", default="", help="batches at which to time the split (dual) v2 rows over "
                     "flush launch configs (tiles per program)")
+    ap.add_argument("--sets", type=int, default=0, help="cycle through at least this many slot sets (a model's SSM "
+                    "layer count: rings cold in L2 as in the engine; default: the 2x-L2 rule only)")
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -365,7 +371,7 @@ def main(argv=None):
     gen = torch.Generator(device=device).manual_seed(1)
     for cls, variants, grid in ops:
         for batch in batches:
-            rot = _rot(cls, batch)
+            rot = _rot(cls, batch, args.sets)
             eager_us = None
             for v in variants:
                 case = cls(v, batch, rot, L, device, gen)
