@@ -491,7 +491,7 @@ KERNELS = ("dot", "gemv32", "dotp", "gemvh")  # config KERNEL: tl.dot (any M) | 
 
 
 CONFIG_KEYS = {"KERNEL", "BLOCK_N", "BLOCK_K", "BLOCK_M", "SPLIT_K", "SEM", "num_warps", "num_stages", "FP8_CVT",
-               "TWO_MUL"}
+               "TWO_MUL", "PREFETCH"}
 
 
 def _auto_split(progs: int, K: int, bk: int, sms: int, per_sm: int, min_iters: int) -> int:
@@ -632,6 +632,8 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     cvt = bool(cfg.get("FP8_CVT", False)) and fmt.startswith("mxfp8")
     if cvt and kern != "dot":
         raise ValueError(f"config FP8_CVT=True: only KERNEL='dot' takes it, got KERNEL={kern!r}")
+    if cfg.get("PREFETCH", 0) and kern != "gemvh":
+        raise ValueError(f"config PREFETCH={cfg['PREFETCH']!r}: only KERNEL='gemvh' takes it, got KERNEL={kern!r}")
     if kern == "gemvh" and cfg.get("BLOCK_M", 1) not in (1, 2):
         raise ValueError(f"config BLOCK_M={cfg['BLOCK_M']!r}: KERNEL='gemvh' takes 1 or 2 rows per program")
     if kern == "dotp" and ("TWO_MUL" in cfg or "BLOCK_M" in cfg and cfg["BLOCK_M"] < 16):
@@ -675,7 +677,7 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
             y, part, dummy if cnt is None else cnt, M, N, K, k_per, k_per // (8 if FMT_IDS[fmt] <= 1 else 4),
             x2d.stride(0), words.stride(0), scale.stride(0), SPLIT=split, SEM=sem, BLOCK_M=bm, ASM=not interp,
             EVEN=N % bn == 0 and K % bk == 0 and M % bm == 0, OMUL=gemvh_omul(FMT_IDS[fmt]),
-            **{k: v for k, v in common.items() if k != "FP8_CVT"})
+            PREFETCH=1 if cfg.get("PREFETCH", 0) else 0, **{k: v for k, v in common.items() if k != "FP8_CVT"})
     elif kern == "gemv32":
         cnt = _counters(x2d.device, triton.cdiv(N, bn)) if sem else None
         sem = cnt is not None

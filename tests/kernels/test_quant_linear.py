@@ -476,6 +476,8 @@ def test_config_keys_checked(device):
         quant_linear(x, quantize(w, "mxfp4"), backend="triton", config=dict(KERNEL="gemvh", K_FIRST=True))
     with pytest.raises(ValueError, match="BLOCK_M"):
         quant_linear(x, quantize(w, "mxfp4"), backend="triton", config=dict(KERNEL="gemvh", BLOCK_M=4))
+    with pytest.raises(ValueError, match="PREFETCH"):
+        quant_linear(x, quantize(w, "mxfp4"), backend="triton", config=dict(KERNEL="dotp", PREFETCH=1))
 
 
 def test_default_one_row_kernel_follows_activation_dtype():
@@ -513,6 +515,13 @@ GH_CASES += [  # several activation rows: one weight decode for 2 rows (M = 3: t
     ("mxfp8_e4m3", 24, 96, F16, None, True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=2, SEM=False), 4),
     ("mxfp4", 21, 128, BF16, None, False, dict(BLOCK_N=16, BLOCK_K=64), 6),
     ("mxfp8_e5m2", 19, 128, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=64, BLOCK_M=1), 5),
+]
+GH_CASES += [  # PREFETCH: the next K tile loaded before this one is decoded; several tiles per split, a partial
+    # last tile (K not a tile multiple), one split over all of K, the EVEN path, two rows
+    ("mxfp4", 37, 352, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2, PREFETCH=1)),
+    ("nvfp4", 41, 256, BF16, "mxfp4", False, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=1, PREFETCH=1)),
+    ("mxfp4", 32, 256, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=1, PREFETCH=1)),
+    ("mxfp8_e4m3", 24, 224, BF16, None, True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=2, PREFETCH=1), 2),
 ]
 
 
