@@ -57,7 +57,7 @@ DOTP_MN = [dict(KERNEL="dotp", BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=
 GEMVH_M1 = [dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=2, **kw)
             for bn, bk, nw, kw in ((64, 512, 4, {}), (16, 1024, 2, {}), (64, 256, 4, {}), (16, 1024, 4, {}),
                                    (64, 512, 4, dict(SPLIT_K=4)), (64, 512, 4, dict(SPLIT_K=8)), (32, 512, 4, {}),
-                                   (128, 256, 8, {}), (64, 1024, 8, {}))]
+                                   (128, 256, 8, {}), (64, 1024, 8, {}), (32, 512, 4, dict(PREFETCH=1)))]
 # gemvh for two rows (one weight decode for both; 4 rows per program, 168-255 registers, lost to dotp at M = 4 on
 # the H200, 2026-11-30 12:52 UTC, and were removed)
 GEMVH_MN = [dict(KERNEL="gemvh", BLOCK_N=32, BLOCK_K=512, BLOCK_M=2, num_warps=4, num_stages=2),

@@ -509,6 +509,11 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       on 4 warps for 4-bit (MXFP4 14.1-14.4 us, 2.1-2.3x; NVFP4 18.8-19.2 us, ~1.7x), [64 x 256] for MXFP8
       (19.3-20.6 us, ~1.6x); K split to ~8 programs per SM for 4-bit and <= 7 for MXFP8 (the sweeps' best
       splits: 16 / 4 and 8 / 4 for 4096x14336 / 14336x4096; twice as many were 5-15 % slower);
+      M = 1, NVFP4: [32 x 512] on 4 warps with PREFETCH, K split to ~4 programs per SM (grid of tiles x splits x
+      PREFETCH, 2026-11-30 21:24 UTC, BENCHMARKS.md): 16.5 / 15.3 us where the MXFP4 default's tile took
+      17.5 / 17.3 us (4096x14336 / 14336x4096); NVFP4's E4M3 scales per 16 codes are twice MXFP4's, and a longer
+      K loop with the next tile in flight hides them. MXFP4 gained nothing from it (14.7 / 14.4 vs 14.4 / 14.4 us)
+      and MXFP8 lost (18.6-20.2 us without, 20.4-22.6 with): both keep the one-wave launch;
       M = 2, bf16 / fp16 activations, "gemvh" with both rows in one program ([32 x 512] / MXFP8 [32 x 256]; sweep
       of 12:52 UTC): MXFP4 20.6-20.7 us (1.46-1.51x), NVFP4 23.1-24.3 us (1.29-1.31x), MXFP8 27.9-32.1 us (0.94-
       1.12x), where "dotp" took 30-32 / 41-45 / 34-38 us; 4 rows per program (168-255 registers) were slower than
@@ -520,6 +525,10 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       MXFP8 0.84x / 0.71x, where "dot" (`_dot_config`) gave 0.62x / 0.57x, 0.44x / 0.41x, 0.74x / 0.65x in the same
       run, ~4 programs per SM."""
     packed = FMT_IDS[fmt] <= 1
+    if M == 1 and fmt == "nvfp4" and not fp32_act:
+        split = _auto_split(triton.cdiv(N, 32), K, 512, sms, 4, 1)
+        return dict(KERNEL="gemvh", BLOCK_N=32, BLOCK_K=512, BLOCK_M=1, SPLIT_K=split, SEM=True, num_warps=4,
+                    num_stages=2, PREFETCH=1)
     if M <= 2 and not fp32_act:
         bn, bk = (64 // M, 512) if packed else (64 // M, 256)
         split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 8 if packed else 7, 1)
@@ -578,8 +587,8 @@ def resolve_config(M: int, N: int, K: int, fmt: str, config: dict | None, sms: i
         if cfg["KERNEL"] in ("dot", "dotp"):
             progs = triton.cdiv(N, cfg["BLOCK_N"]) * triton.cdiv(M, cfg.get("BLOCK_M", _bm(M)))
             cfg["SPLIT_K"] = _auto_split(progs, K, cfg["BLOCK_K"], sms, 4, 4)
-        else:  # gemvh: the default's programs per SM (see default_config)
-            per_sm = 16 if cfg["KERNEL"] == "gemv32" else 8 if FMT_IDS[fmt] <= 1 else 7
+        else:  # gemvh: the default's programs per SM (see default_config; fewer, longer ones with PREFETCH)
+            per_sm = 16 if cfg["KERNEL"] == "gemv32" else 4 if cfg.get("PREFETCH") else 8 if FMT_IDS[fmt] <= 1 else 7
             cfg["SPLIT_K"] = _auto_split(triton.cdiv(N, cfg["BLOCK_N"]), K, cfg["BLOCK_K"], sms, per_sm, 1)
     return cfg
 

@@ -490,6 +490,16 @@ def test_default_one_row_kernel_follows_activation_dtype():
     assert resolve_config(1, 4096, 14336, "mxfp8_e4m3", None)["BLOCK_K"] == 256
     assert resolve_config(1, 4096, 14336, "mxfp4", None, fp32_act=True)["KERNEL"] == "gemv32"
     assert resolve_config(8, 4096, 14336, "mxfp4", None)["KERNEL"] == "dotp"
+    assert resolve_config(1, 14336, 4096, "nvfp4", None)["PREFETCH"] == 1  # NVFP4: longer K loops, next tile in flight
+    assert "PREFETCH" not in resolve_config(2, 14336, 4096, "nvfp4", None)
+
+
+@pytest.mark.parametrize("N,K", [(45, 1056), (64, 512)])
+def test_nvfp4_default_one_row(N, K, device):
+    """NVFP4's M = 1 default (gemvh with PREFETCH) over several K tiles, a partial last one, and the EVEN path."""
+    w, x, s, b = make(N, K, 1, BF16, device, seed=N + K)
+    q = quantize(w, "nvfp4")
+    check_fp16_close(quant_linear(x, q, s, b, backend="triton"), x, q, s, b, None)
 
 
 def check_fp16_close(y, x, q, s, b, act):
