@@ -464,7 +464,7 @@ def _short(cfg) -> str:
     keys = [("KERNEL", ""), ("BLOCK_M", "m"), ("BLOCK_N", "n"), ("BLOCK_K", "k"), ("SPLIT_K", "s"), ("num_warps", "w"),
             ("num_stages", "st")]
     out = "/".join(f"{t}{cfg[k]}" for k, t in keys if k in cfg)
-    for flag in ("SEM", "TWO_MUL", "FP8_CVT"):
+    for flag in ("SEM", "TWO_MUL", "FP8_CVT", "PREFETCH"):
         if flag in cfg:
             out += f" {flag}={int(bool(cfg[flag]))}"
     return out
