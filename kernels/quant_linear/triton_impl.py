@@ -513,7 +513,9 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       PREFETCH, 2026-11-30 21:24 UTC, BENCHMARKS.md): 16.5 / 15.3 us where the MXFP4 default's tile took
       17.5 / 17.3 us (4096x14336 / 14336x4096); NVFP4's E4M3 scales per 16 codes are twice MXFP4's, and a longer
       K loop with the next tile in flight hides them. MXFP4 gained nothing from it (14.7 / 14.4 vs 14.4 / 14.4 us)
-      and MXFP8 lost (18.6-20.2 us without, 20.4-22.6 with): both keep the one-wave launch;
+      and MXFP8 lost (18.6-20.2 us without, 20.4-22.6 with);
+      M = 1, MXFP8 (the same grid): [16 x 512] on 2 warps, K split to ~8 programs per SM (split 4 / 1): 18.9 / 18.0
+      us where the earlier [64 x 256] default took 18.9 / 20.1 us;
       M = 2, bf16 / fp16 activations, "gemvh" with both rows in one program ([32 x 512] / MXFP8 [32 x 256]; sweep
       of 12:52 UTC): MXFP4 20.6-20.7 us (1.46-1.51x), NVFP4 23.1-24.3 us (1.29-1.31x), MXFP8 27.9-32.1 us (0.94-
       1.12x), where "dotp" took 30-32 / 41-45 / 34-38 us; 4 rows per program (168-255 registers) were slower than
@@ -529,6 +531,10 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
         split = _auto_split(triton.cdiv(N, 32), K, 512, sms, 4, 1)
         return dict(KERNEL="gemvh", BLOCK_N=32, BLOCK_K=512, BLOCK_M=1, SPLIT_K=split, SEM=True, num_warps=4,
                     num_stages=2, PREFETCH=1)
+    if M == 1 and not packed and not fp32_act:
+        split = _auto_split(triton.cdiv(N, 16), K, 512, sms, 8, 1)
+        return dict(KERNEL="gemvh", BLOCK_N=16, BLOCK_K=512, BLOCK_M=1, SPLIT_K=split, SEM=True, num_warps=2,
+                    num_stages=2)
     if M <= 2 and not fp32_act:
         bn, bk = (64 // M, 512) if packed else (64 // M, 256)
         split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 8 if packed else 7, 1)
@@ -583,7 +589,8 @@ def resolve_config(M: int, N: int, K: int, fmt: str, config: dict | None, sms: i
         base = dict(KERNEL=kern, BLOCK_N=64, BLOCK_K=128 if FMT_IDS[fmt] <= 1 else 64, SEM=True, num_warps=4,
                     num_stages=4)
     cfg = dict(base, **config)
-    if "SPLIT_K" not in config:
+    # a config that changes the tile gets its split chosen here; otherwise the default's own split stands
+    if "SPLIT_K" not in config and set(config) & {"KERNEL", "BLOCK_N", "BLOCK_K", "BLOCK_M", "PREFETCH"}:
         if cfg["KERNEL"] in ("dot", "dotp"):
             progs = triton.cdiv(N, cfg["BLOCK_N"]) * triton.cdiv(M, cfg.get("BLOCK_M", _bm(M)))
             cfg["SPLIT_K"] = _auto_split(progs, K, cfg["BLOCK_K"], sms, 4, 4)

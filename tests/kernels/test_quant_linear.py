@@ -487,7 +487,8 @@ def test_default_one_row_kernel_follows_activation_dtype():
     assert resolve_config(1, 4096, 14336, "mxfp4", None)["KERNEL"] == "gemvh"
     assert resolve_config(2, 4096, 14336, "nvfp4", None)["BLOCK_M"] == 2
     assert resolve_config(3, 4096, 14336, "mxfp4", None)["KERNEL"] == "dotp"
-    assert resolve_config(1, 4096, 14336, "mxfp8_e4m3", None)["BLOCK_K"] == 256
+    assert resolve_config(1, 4096, 14336, "mxfp8_e4m3", None)["BLOCK_K"] == 512
+    assert resolve_config(2, 4096, 14336, "mxfp8_e4m3", None)["BLOCK_K"] == 256
     assert resolve_config(1, 4096, 14336, "mxfp4", None, fp32_act=True)["KERNEL"] == "gemv32"
     assert resolve_config(8, 4096, 14336, "mxfp4", None)["KERNEL"] == "dotp"
     assert resolve_config(1, 14336, 4096, "nvfp4", None)["PREFETCH"] == 1  # NVFP4: longer K loops, next tile in flight
