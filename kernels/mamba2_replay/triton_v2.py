@@ -356,8 +356,12 @@ def pick_fold(ckpt_lo, BP: int, ring_B=None) -> str:
       split step's flush launch (64, 4 warps, 16 tiles per program; bench_replay_flush 09:12 UTC): 937 µs vs
       1131 with tf32x3 (800 µs with the per-row cursor, `row_wp`). A timing probe without any fold gave 722 µs:
       tf32x3's fold cost ~385 µs, its result added to S in another register layout; bf16x3 accumulates into the
-      decayed checkpoint and skips splitting B (exact in bf16)."""
-    if BP != 64:
+      decayed checkpoint and skips splitting B (exact in bf16).
+    The fused fp32 step (no copy) folds serially: with 24 slot sets (a model's rings cold in L2; bench_replay
+    --sets) and staggered cursors, serial vs bf16x3 took 306.8 / 309.8 / 308.2 vs 309.1 / 319.6 / 321.8 µs,
+    interleaved, and tied with aligned cursors (306.0 / 309.5 / 305.7 vs 309.8 / 302.7 / 311.8; H200, batch 256,
+    2026-11-30 21:58 UTC). The one-set 3 % for bf16x3 above came with the ring L2-hot."""
+    if BP != 64 or ckpt_lo is None:
         return "serial"
     if ring_B is not None and ring_B.dtype == torch.bfloat16:
         return "bf16x3"
