@@ -1,0 +1,159 @@
+"""How much consecutive decode steps' top-k selections overlap, and what an LRU hot buffer would fetch.
+
+    python -m synodic.kv.locality --out locality.json [--tokens 2048] [--steps 64] [--top-k 256]
+
+Why: a hot buffer (hisparse's B slots per request and layer, adaptive's larger working set) saves host fetches
+only when step t selects rows that steps t-1, t-2, ... also selected. The issue's reference point (hisparse with
+B = 2k fetching ~10-15 % of selected rows) assumes a trained model's locality. `bench_long` runs random-weight
+`dsa_mla_7b`, where hisparse fetches 75 % = 1 - B / context: no locality at all. This tool measures the property
+on CPU-sized models, teacher-forced over the shipped held-out text:
+
+- `learned`: the layer's DSA lightning indexer (`LightningIndexer.scores`), as `kv.indexer=learned` selects;
+- `attention`: the layer's own attention probabilities summed over heads (what a perfect indexer would rank by).
+
+For the last `steps` positions t of the window it takes each attention layer's top-k of positions [0, t] and
+reports, per model x scorer x layer, the mean overlap |S_t ∩ S_(t-1)| / k and the share of selected rows an LRU
+buffer of B = `buffer` x k rows (seeded with the first step's selection, the newest token always present) would
+have to fetch. Random-weight and trained models side by side separate the workload's locality from the policy's.
+Writes JSON and prints a markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import OrderedDict
+
+import torch
+
+# (label, preset, weights): trained checkpoints where the project ships them, random inits of the same shapes
+MODELS = [("tiny_mamba2 trained", "tiny_mamba2", "auto"), ("tiny_gdn trained", "tiny_gdn", "auto"),
+          ("tiny_mamba2 random", "tiny_mamba2", "random"), ("tiny_dsa random", "tiny_dsa", "random")]
+
+
+def layer_inputs(model, ids: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Teacher-forced forward of ids [T]: every attention layer's input hidden state [T, hidden], by layer index."""
+    from synodic.models.attention import Attention
+    got: dict[int, torch.Tensor] = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, args, i=i: got.__setitem__(i, args[0][0].detach()))
+             for i, m in enumerate(a for a in model.modules() if isinstance(a, Attention))]
+    try:
+        with torch.inference_mode():
+            model(ids[None])
+    finally:
+        for h in hooks:
+            h.remove()
+    return got
+
+
+def attention_scores(attn, h: torch.Tensor, t0: int) -> torch.Tensor:
+    """Rows t0..T-1: the layer's causal attention probabilities summed over query heads, [T - t0, T]."""
+    T = h.shape[0]
+    pos = torch.arange(T)
+    q, k, _ = attn._qkv(h[None], pos)
+    q, k = q[0].float(), k[0].float()                                   # [T, nq, hd], [T, nkv, hd]
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    logits = torch.einsum("thd,shd->hts", q[t0:], k) / math.sqrt(q.shape[-1])
+    logits = logits.masked_fill(pos[None, t0:, None] < pos[None, None, :], float("-inf"))
+    return logits.softmax(-1).sum(0)
+
+
+def learned_scores(attn, h: torch.Tensor, t0: int) -> torch.Tensor:
+    """Rows t0..T-1: the layer's lightning-indexer scores over all positions (future ones masked to -inf)."""
+    T = h.shape[0]
+    pos = torch.arange(T)
+    out = attn.indexer(h, pos)
+    s = type(attn.indexer).scores(out.q[t0:], out.w[t0:], out.k)
+    return s.masked_fill(pos[t0:, None] < pos[None, :], float("-inf"))
+
+
+def replay_buffer(sels: list[list[int]], capacity: int) -> tuple[float, float]:
+    """(mean overlap of consecutive selections / k, share of selected rows an LRU buffer of `capacity` rows would
+    fetch), over steps 1.. of `sels` (step 0 seeds the buffer, as a prefill's last selection does)."""
+    lru: OrderedDict[int, None] = OrderedDict((p, None) for p in sels[0][-capacity:])
+    overlap, fetched, selected = [], 0, 0
+    for prev, cur in zip(sels, sels[1:]):
+        overlap.append(len(set(prev) & set(cur)) / len(cur))
+        newest = max(cur)  # the step's own token sits in the reserved slot: never fetched
+        for p in cur:
+            if p in lru:
+                lru.move_to_end(p)
+            else:
+                if p != newest:
+                    fetched += 1
+                lru[p] = None
+                if len(lru) > capacity:
+                    lru.popitem(last=False)
+        selected += len(cur)
+    return sum(overlap) / len(overlap), fetched / selected
+
+
+def measure(model, ids: torch.Tensor, steps: int, top_k: int, buffer: float) -> list[dict]:
+    """Per attention layer and scorer: overlap and LRU fetch share over the last `steps` + 1 positions of ids."""
+    from synodic.models.attention import Attention
+    attns = [a for a in model.modules() if isinstance(a, Attention)]
+    hs = layer_inputs(model, ids)
+    t0 = ids.shape[0] - steps - 1
+    rows = []
+    for i, attn in enumerate(attns):
+        scorers = {"attention": attention_scores}
+        if attn.indexer is not None:
+            scorers["learned"] = learned_scores
+        for name, fn in scorers.items():
+            with torch.inference_mode():
+                s = fn(attn, hs[i], t0)
+            sels = [s[j].topk(min(top_k, t0 + j + 1)).indices.tolist() for j in range(s.shape[0])]
+            ov, fetch = replay_buffer(sels, int(buffer * top_k))
+            rows.append({"layer": i, "scorer": name, "overlap": ov, "lru_fetch": fetch,
+                         "random_fetch": 1 - min(1.0, buffer * top_k / ids.shape[0])})
+    return rows
+
+
+def heldout_ids(n: int) -> torch.Tensor:
+    from synodic.data.corpus import load_heldout
+    from synodic.data.tokenizer import load_tokenizer
+    ids = load_tokenizer().encode(load_heldout()[: 40 * n])
+    if len(ids) < n:
+        raise ValueError(f"tokens={n}: the held-out text has only {len(ids)} tokens in its first {40 * n} chars")
+    return torch.tensor(ids[:n])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="locality.json")
+    ap.add_argument("--tokens", type=int, default=2048, help="window length (the tiny models trained at 2048)")
+    ap.add_argument("--steps", type=int, default=64, help="decode steps measured at the end of the window")
+    ap.add_argument("--top-k", type=int, default=256, help="rows selected per step (bench_long: 2048 of 16384)")
+    ap.add_argument("--buffer", type=float, default=2.0, help="LRU buffer in multiples of top-k (hisparse: 2)")
+    args = ap.parse_args(argv)
+    for key, v, ok in (("tokens", args.tokens, args.tokens >= 16), ("steps", args.steps, 1 <= args.steps < args.tokens),
+                       ("top-k", args.top_k, 1 <= args.top_k < args.tokens), ("buffer", args.buffer, args.buffer >= 1)):
+        if not ok:
+            raise SystemExit(f"locality: --{key}={v} is out of range (tokens >= 16, 1 <= steps < tokens, "
+                             "1 <= top-k < tokens, buffer >= 1)")
+    from synodic.graph import load_model
+    from synodic.models.choice import ModelChoice
+    ids = heldout_ids(args.tokens)
+    res = {"tokens": args.tokens, "steps": args.steps, "top_k": args.top_k, "buffer": args.buffer, "rows": []}
+    for label, kind, weights in MODELS:
+        model, _ = load_model(ModelChoice(kind=kind, weights=weights), torch.device("cpu"), torch.float32)
+        for r in measure(model, ids, args.steps, args.top_k, args.buffer):
+            res["rows"].append({"model": label, **r})
+            print(f"{label:20s} layer {r['layer']} {r['scorer']:9s} overlap {r['overlap']:.3f}  "
+                  f"LRU fetch {100 * r['lru_fetch']:5.1f} %", flush=True)
+    lines = [f"Top-k locality, {args.tokens}-token held-out window, last {args.steps} steps, k = {args.top_k}, "
+             f"LRU buffer {args.buffer:g}k", "",
+             "| model | layer | scorer | consecutive overlap | LRU fetch share | no locality (1 - B/T) |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['layer']} | {r['scorer']} | {r['overlap']:.3f} | {100 * r['lru_fetch']:.1f} % | "
+              f"{100 * r['random_fetch']:.1f} % |" for r in res["rows"]]
+    res["table_md"] = "\n".join(lines)
+    print("\n" + res["table_md"])
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
