@@ -507,8 +507,9 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
     of 2026-11-30 (bench_quant --shapes 4096x14336,14336x4096), against the bf16 torch linear in the same run:
       M = 1, bf16 / fp16 activations, the fp16x2 GEMV "gemvh" (sweeps of 12:30 and 12:35 UTC): [64 x 512] tiles
       on 4 warps for 4-bit (MXFP4 14.1-14.4 us, 2.1-2.3x; NVFP4 18.8-19.2 us, ~1.7x), [64 x 256] for MXFP8
-      (19.3-20.6 us, ~1.6x); K split to ~8 programs per SM for 4-bit and <= 7 for MXFP8 (the sweeps' best
-      splits: 16 / 4 and 8 / 4 for 4096x14336 / 14336x4096; twice as many were 5-15 % slower);
+      (19.3-20.6 us, ~1.6x; NVFP4 and MXFP8 replaced since, below); K split to ~8 programs per SM for 4-bit and
+      <= 7 for MXFP8 (the sweeps' best splits: 16 / 4 and 8 / 4 for 4096x14336 / 14336x4096; twice as many were
+      5-15 % slower);
       M = 1, NVFP4: [32 x 512] on 4 warps with PREFETCH, K split to ~4 programs per SM (grid of tiles x splits x
       PREFETCH, 2026-11-30 21:24 UTC, BENCHMARKS.md): 16.5 / 15.3 us where the MXFP4 default's tile took
       17.5 / 17.3 us (4096x14336 / 14336x4096); NVFP4's E4M3 scales per 16 codes are twice MXFP4's, and a longer
