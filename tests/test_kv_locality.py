@@ -14,15 +14,19 @@ def test_replay_buffer_counts_overlap_and_misses():
     assert ov == pytest.approx((0.5 + 0.5 + 0.0) / 3)
 
 
-def test_trained_attention_has_locality_random_indexer_none(tmp_path):
+def test_trained_attention_and_distilled_indexers_have_locality_random_indexers_none(tmp_path):
     import json
     out = tmp_path / "loc.json"
-    assert main(["--out", str(out), "--tokens", "256", "--steps", "16", "--top-k", "32"]) == 0
+    assert main(["--out", str(out), "--tokens", "256", "--steps", "16", "--top-k", "32", "--distill-steps", "80"]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert all(0 <= r["overlap"] <= 1 and 0 <= r["lru_fetch"] <= 1 for r in rows)
-    trained = [r["lru_fetch"] for r in rows if "trained" in r["model"]]
-    learned = [r["lru_fetch"] for r in rows if r["scorer"] == "learned"]
-    assert trained and learned and max(trained) < 0.6 < min(learned)
+    fetch = {}
+    for r in rows:
+        fetch.setdefault((r["model"], r["scorer"]), []).append(r["lru_fetch"])
+    trained = [f for (m, sc), v in fetch.items() if "trained" in m and sc in ("attention", "distilled") for f in v]
+    untrained = [f for (m, sc), v in fetch.items() if sc in ("learned", "fresh") for f in v]
+    assert len(trained) == 6 and len(untrained) == 7  # 3 trained attention layers x 2; 4 random + 3 fresh indexers
+    assert max(trained) < 0.6 < min(untrained)
 
 
 def test_bad_args_name_the_key(tmp_path):

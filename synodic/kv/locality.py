@@ -9,7 +9,11 @@ B = 2k fetching ~10-15 % of selected rows) assumes a trained model's locality. `
 on CPU-sized models, teacher-forced over the shipped held-out text:
 
 - `learned`: the layer's DSA lightning indexer (`LightningIndexer.scores`), as `kv.indexer=learned` selects;
-- `attention`: the layer's own attention probabilities summed over heads (what a perfect indexer would rank by).
+- `attention`: the layer's own attention probabilities summed over heads (what a perfect indexer would rank by);
+- `distilled` (`--distill-steps N`, trained models): a fresh lightning indexer per attention layer trained for N
+  Adam steps as DSA's warm-up trains it — KL from the layer's head-summed attention distribution to the softmax of
+  the index scores, the model frozen — on held-out windows that come after the measured one; `fresh` is the same
+  seeded indexer untrained (a random indexer on a trained model).
 
 For the last `steps` positions t of the window it takes each attention layer's top-k of positions [0, t] and
 reports, per model x scorer x layer, the mean overlap |S_t ∩ S_(t-1)| / k and the share of selected rows an LRU
@@ -67,6 +71,42 @@ def learned_scores(attn, h: torch.Tensor, t0: int) -> torch.Tensor:
     return s.masked_fill(pos[t0:, None] < pos[None, :], float("-inf"))
 
 
+def distill_indexers(model, ids: torch.Tensor, steps: int, window: int = 512, lr: float = 3e-3, seed: int = 0,
+                     n_heads: int = 4, head_dim: int = 32, rope_dim: int = 16) -> list:
+    """One LightningIndexer per attention layer of `model`, trained on consecutive `window`-token slices of ids by
+    KL(attention || softmax(index scores)) over causal rows (DSA's dense warm-up; the model stays frozen)."""
+    from synodic.models.attention import Attention
+    from synodic.models.indexer import LightningIndexer
+    attns = [a for a in model.modules() if isinstance(a, Attention)]
+    cfg = model.config.model_copy(update=dict(index_n_heads=n_heads, index_head_dim=head_dim, index_rope_dim=rope_dim))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        idx = [LightningIndexer(cfg) for _ in attns]
+    opt = torch.optim.Adam([p for m in idx for p in m.parameters()], lr=lr)
+    windows = ids[: ids.shape[0] // window * window].view(-1, window)
+    if windows.shape[0] == 0:
+        raise ValueError(f"distill: {ids.shape[0]} tokens give no {window}-token training window")
+    pos = torch.arange(window)
+    causal = pos[:, None] >= pos[None, :]
+    targets = []
+    for w in windows:  # the frozen model's layer inputs and attention targets, once per window
+        hs = layer_inputs(model, w)
+        with torch.inference_mode():
+            targets.append([(hs[i], attention_scores(a, hs[i], 0) / a.nq) for i, a in enumerate(attns)])
+    for step in range(steps):
+        loss = 0.0
+        for i, m in enumerate(idx):
+            h, p = targets[step % len(targets)][i]
+            out = m(h.clone(), pos)
+            s = type(m).scores(out.q, out.w, out.k).masked_fill(~causal, float("-inf"))
+            logq = s.log_softmax(-1).masked_fill(~causal, 0.0)
+            loss = loss + (p.clone() * (p.clone().clamp_min(1e-12).log() - logq)).sum(-1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return idx
+
+
 def replay_buffer(sels: list[list[int]], capacity: int) -> tuple[float, float]:
     """(mean overlap of consecutive selections / k, share of selected rows an LRU buffer of `capacity` rows would
     fetch), over steps 1.. of `sels` (step 0 seeds the buffer, as a prefill's last selection does)."""
@@ -88,8 +128,10 @@ def replay_buffer(sels: list[list[int]], capacity: int) -> tuple[float, float]:
     return sum(overlap) / len(overlap), fetched / selected
 
 
-def measure(model, ids: torch.Tensor, steps: int, top_k: int, buffer: float) -> list[dict]:
-    """Per attention layer and scorer: overlap and LRU fetch share over the last `steps` + 1 positions of ids."""
+def measure(model, ids: torch.Tensor, steps: int, top_k: int, buffer: float, distilled: list | None = None,
+            fresh: list | None = None) -> list[dict]:
+    """Per attention layer and scorer: overlap and LRU fetch share over the last `steps` + 1 positions of ids
+    (`distilled` / `fresh`: one trained / untrained LightningIndexer per attention layer)."""
     from synodic.models.attention import Attention
     attns = [a for a in model.modules() if isinstance(a, Attention)]
     hs = layer_inputs(model, ids)
@@ -99,6 +141,10 @@ def measure(model, ids: torch.Tensor, steps: int, top_k: int, buffer: float) -> 
         scorers = {"attention": attention_scores}
         if attn.indexer is not None:
             scorers["learned"] = learned_scores
+        if distilled:
+            scorers["distilled"] = lambda a, h, t, m=distilled[i]: learned_scores(_WithIndexer(m), h, t)
+        if fresh:
+            scorers["fresh"] = lambda a, h, t, m=fresh[i]: learned_scores(_WithIndexer(m), h, t)
         for name, fn in scorers.items():
             with torch.inference_mode():
                 s = fn(attn, hs[i], t0)
@@ -107,6 +153,12 @@ def measure(model, ids: torch.Tensor, steps: int, top_k: int, buffer: float) -> 
             rows.append({"layer": i, "scorer": name, "overlap": ov, "lru_fetch": fetch,
                          "random_fetch": 1 - min(1.0, buffer * top_k / ids.shape[0])})
     return rows
+
+
+class _WithIndexer:
+    """What learned_scores reads of an attention layer: its indexer."""
+    def __init__(self, indexer):
+        self.indexer = indexer
 
 
 def heldout_ids(n: int) -> torch.Tensor:
@@ -125,19 +177,29 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=64, help="decode steps measured at the end of the window")
     ap.add_argument("--top-k", type=int, default=256, help="rows selected per step (bench_long: 2048 of 16384)")
     ap.add_argument("--buffer", type=float, default=2.0, help="LRU buffer in multiples of top-k (hisparse: 2)")
+    ap.add_argument("--distill-steps", type=int, default=0, help="also train a lightning indexer per attention layer "
+                    "of the trained models for this many steps (KL to attention) and score with it ('distilled')")
     args = ap.parse_args(argv)
     for key, v, ok in (("tokens", args.tokens, args.tokens >= 16), ("steps", args.steps, 1 <= args.steps < args.tokens),
-                       ("top-k", args.top_k, 1 <= args.top_k < args.tokens), ("buffer", args.buffer, args.buffer >= 1)):
+                       ("top-k", args.top_k, 1 <= args.top_k < args.tokens), ("buffer", args.buffer, args.buffer >= 1),
+                       ("distill-steps", args.distill_steps, args.distill_steps >= 0)):
         if not ok:
             raise SystemExit(f"locality: --{key}={v} is out of range (tokens >= 16, 1 <= steps < tokens, "
-                             "1 <= top-k < tokens, buffer >= 1)")
+                             "1 <= top-k < tokens, buffer >= 1, distill-steps >= 0)")
     from synodic.graph import load_model
     from synodic.models.choice import ModelChoice
-    ids = heldout_ids(args.tokens)
-    res = {"tokens": args.tokens, "steps": args.steps, "top_k": args.top_k, "buffer": args.buffer, "rows": []}
+    train_tokens = 8 * 512 if args.distill_steps else 0  # training windows follow the measured one
+    all_ids = heldout_ids(args.tokens + train_tokens)
+    ids, train_ids = all_ids[:args.tokens], all_ids[args.tokens:]
+    res = {"tokens": args.tokens, "steps": args.steps, "top_k": args.top_k, "buffer": args.buffer,
+           "distill_steps": args.distill_steps, "rows": []}
     for label, kind, weights in MODELS:
         model, _ = load_model(ModelChoice(kind=kind, weights=weights), torch.device("cpu"), torch.float32)
-        for r in measure(model, ids, args.steps, args.top_k, args.buffer):
+        distilled = fresh = None
+        if args.distill_steps and weights == "auto":  # the same seeded init, trained and not
+            distilled = distill_indexers(model, train_ids, args.distill_steps)
+            fresh = distill_indexers(model, train_ids, 0)
+        for r in measure(model, ids, args.steps, args.top_k, args.buffer, distilled, fresh):
             res["rows"].append({"model": label, **r})
             print(f"{label:20s} layer {r['layer']} {r['scorer']:9s} overlap {r['overlap']:.3f}  "
                   f"LRU fetch {100 * r['lru_fetch']:5.1f} %", flush=True)
