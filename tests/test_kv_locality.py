@@ -32,3 +32,28 @@ def test_trained_attention_and_distilled_indexers_have_locality_random_indexers_
 def test_bad_args_name_the_key(tmp_path):
     with pytest.raises(SystemExit, match="--top-k=300"):
         main(["--out", str(tmp_path / "x.json"), "--tokens", "256", "--top-k", "300"])
+
+
+def test_saved_distilled_checkpoint_serves_with_its_indexers(tmp_path):
+    """--save-distilled writes tiny_mamba2 + indexers; model.weights=DIR with kv=hisparse selects with them."""
+    from synodic.config.compose import compose
+    from synodic.engine.engine import Engine
+    from synodic.engine.request import Request, SamplingParams
+    from synodic.graph import build_graph
+    ck = tmp_path / "ck"
+    assert main(["--out", str(tmp_path / "l.json"), "--tokens", "64", "--steps", "8", "--top-k", "8",
+                 "--distill-steps", "2", "--save-distilled", str(ck)]) == 0
+    assert (ck / "model.safetensors").is_file() and (ck / "tokenizer.json").is_file()
+    cfg = compose(["model=tiny_mamba2", f"model.weights={ck}", "runtime.device=cpu", "kv=hisparse", "kv.top_k=4",
+                   "kv.block_size=2", "kv.hot_buffer=6", "kv.num_blocks=64", "kv.host_num_blocks=256",
+                   "kv.index_num_blocks=256"])
+    g = build_graph(cfg, max_seq_len=64)
+    assert g.kv.learned_index and g.model.config.index_n_heads == 4
+    reqs = [Request(i, p, SamplingParams(max_tokens=8)) for i, p in enumerate([[5, 9, 200, 31, 7] * 3, [42] * 11])]
+    Engine(g).generate(reqs)
+    assert all(r.finish_reason == "length" and len(r.output_ids) == 8 for r in reqs)
+
+
+def test_save_needs_distill_steps(tmp_path):
+    with pytest.raises(SystemExit, match="--save-distilled"):
+        main(["--out", str(tmp_path / "x.json"), "--save-distilled", str(tmp_path / "ck")])

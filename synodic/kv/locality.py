@@ -19,7 +19,9 @@ For the last `steps` positions t of the window it takes each attention layer's t
 reports, per model x scorer x layer, the mean overlap |S_t ∩ S_(t-1)| / k and the share of selected rows an LRU
 buffer of B = `buffer` x k rows (seeded with the first step's selection, the newest token always present) would
 have to fetch. Random-weight and trained models side by side separate the workload's locality from the policy's.
-Writes JSON and prints a markdown table.
+Writes JSON and prints a markdown table. `--save-distilled DIR` (with `--distill-steps`) also writes the trained
+tiny_mamba2 with its distilled indexers as a checkpoint: `model.kind=tiny_mamba2 model.weights=DIR kv=hisparse`
+(or adaptive) then serves it, selecting with those indexers — a workload with a trained indexer's locality.
 """
 from __future__ import annotations
 
@@ -107,6 +109,26 @@ def distill_indexers(model, ids: torch.Tensor, steps: int, window: int = 512, lr
     return idx
 
 
+def save_distilled(model, indexers: list, out_dir: str, tokenizer_from=None):
+    """`model` with `indexers` attached to its attention layers, as a checkpoint (config.json names the indexer
+    shape, so `HybridLM` rebuilds the modules; the tokenizer is copied from `tokenizer_from` when given)."""
+    import shutil
+    from pathlib import Path
+
+    from synodic.models.attention import Attention
+    from synodic.models.weights import save_checkpoint
+    ix = indexers[0]
+    model.config = model.config.model_copy(update=dict(index_n_heads=ix.n_heads, index_head_dim=ix.head_dim,
+                                                       index_rope_dim=ix.rot))
+    model.config = type(model.config).model_validate(model.config.model_dump())  # re-run the config's checks
+    for attn, m in zip((a for a in model.modules() if isinstance(a, Attention)), indexers):
+        attn.indexer = m
+    out = save_checkpoint(model, out_dir)
+    if tokenizer_from is not None and (Path(tokenizer_from) / "tokenizer.json").is_file():
+        shutil.copy(Path(tokenizer_from) / "tokenizer.json", out / "tokenizer.json")
+    return out
+
+
 def replay_buffer(sels: list[list[int]], capacity: int) -> tuple[float, float]:
     """(mean overlap of consecutive selections / k, share of selected rows an LRU buffer of `capacity` rows would
     fetch), over steps 1.. of `sels` (step 0 seeds the buffer, as a prefill's last selection does)."""
@@ -179,7 +201,11 @@ def main(argv=None) -> int:
     ap.add_argument("--buffer", type=float, default=2.0, help="LRU buffer in multiples of top-k (hisparse: 2)")
     ap.add_argument("--distill-steps", type=int, default=0, help="also train a lightning indexer per attention layer "
                     "of the trained models for this many steps (KL to attention) and score with it ('distilled')")
+    ap.add_argument("--save-distilled", default=None, metavar="DIR", help="with --distill-steps: write tiny_mamba2 "
+                    "(trained) with its distilled indexers as a checkpoint (model.weights=DIR)")
     args = ap.parse_args(argv)
+    if args.save_distilled and not args.distill_steps:
+        raise SystemExit(f"locality: --save-distilled={args.save_distilled} needs --distill-steps > 0")
     for key, v, ok in (("tokens", args.tokens, args.tokens >= 16), ("steps", args.steps, 1 <= args.steps < args.tokens),
                        ("top-k", args.top_k, 1 <= args.top_k < args.tokens), ("buffer", args.buffer, args.buffer >= 1),
                        ("distill-steps", args.distill_steps, args.distill_steps >= 0)):
@@ -194,7 +220,7 @@ def main(argv=None) -> int:
     res = {"tokens": args.tokens, "steps": args.steps, "top_k": args.top_k, "buffer": args.buffer,
            "distill_steps": args.distill_steps, "rows": []}
     for label, kind, weights in MODELS:
-        model, _ = load_model(ModelChoice(kind=kind, weights=weights), torch.device("cpu"), torch.float32)
+        model, ckpt = load_model(ModelChoice(kind=kind, weights=weights), torch.device("cpu"), torch.float32)
         distilled = fresh = None
         if args.distill_steps and weights == "auto":  # the same seeded init, trained and not
             distilled = distill_indexers(model, train_ids, args.distill_steps)
@@ -203,6 +229,9 @@ def main(argv=None) -> int:
             res["rows"].append({"model": label, **r})
             print(f"{label:20s} layer {r['layer']} {r['scorer']:9s} overlap {r['overlap']:.3f}  "
                   f"LRU fetch {100 * r['lru_fetch']:5.1f} %", flush=True)
+        if args.save_distilled and kind == "tiny_mamba2" and distilled:
+            res["saved"] = str(save_distilled(model, distilled, args.save_distilled, ckpt))
+            print(f"saved {label} with distilled indexers: {res['saved']}", flush=True)
     lines = [f"Top-k locality, {args.tokens}-token held-out window, last {args.steps} steps, k = {args.top_k}, "
              f"LRU buffer {args.buffer:g}k", "",
              "| model | layer | scorer | consecutive overlap | LRU fetch share | no locality (1 - B/T) |",
