@@ -127,3 +127,27 @@ def test_compare_outputs_judges_the_policies_that_ran():
     diff = compare_outputs({"resident": [[1, 2]], "hisparse": [[1, 3]], "adaptive": [[1, 2]]})
     assert not diff["all"] and diff["mismatches"]["resident=hisparse"]["first_token"] == 1
     assert not compare_outputs({"adaptive": [[1]]})["all"]  # nothing to compare
+
+
+def test_distilled_checkpoint_with_heldout_prompts(tmp_path):
+    """--weights DIR (a kv.locality --save-distilled checkpoint) and --prompts heldout: the trained model selects
+    with its distilled indexers over real text; every request runs to its length."""
+    from synodic.kv.locality import main as locality
+    ck = tmp_path / "ck"
+    assert locality(["--out", str(tmp_path / "l.json"), "--tokens", "64", "--steps", "8", "--top-k", "8",
+                     "--distill-steps", "2", "--save-distilled", str(ck)]) == 0
+    res = bl.main(["--smoke", "--device", "cpu", "--out", str(tmp_path / "b.json"), "--model", "tiny_mamba2",
+                   "--weights", str(ck), "--prompts", "heldout", "--loads", "low", "--policies", "hisparse",
+                   "--no-warmup"])
+    assert res["shape"]["indexer"] == "learned" and res["shape"]["layers"] == 2
+    (row,) = res["rows"]
+    assert row["finish_reasons"] == {"length": row["requests"]} and 0 <= row["fetch_fraction"] <= 1
+
+
+def test_heldout_prompts_are_consecutive_text():
+    from synodic.engine.text import load_codec
+    codec = load_codec(None)
+    p = bl.heldout_prompts(codec, 3, 50)
+    assert [len(x) for x in p] == [50, 50, 50] and p[0] != p[1]
+    with pytest.raises(SystemExit, match="--prompt-len"):
+        bl.heldout_prompts(codec, 2, 10**8)

@@ -492,6 +492,11 @@ def parse(argv):
     ap.add_argument("--out", default="bench_long.json", help="JSON path (the .md table and .png plot go next to it)")
     ap.add_argument("--smoke", action="store_true", help="tiny_dsa on the CPU, tiny sizes (automatic without CUDA)")
     ap.add_argument("--model")
+    ap.add_argument("--weights", default="random", help="model.weights: random (default), auto, or a checkpoint "
+                    "directory (e.g. one written by `python -m synodic.kv.locality --save-distilled DIR`)")
+    ap.add_argument("--prompts", choices=("random", "heldout"), default="random",
+                    help="random token ids (default), or consecutive slices of the shipped held-out text tokenized "
+                    "with the model's tokenizer (a trained model's selections need real text to show locality)")
     ap.add_argument("--device", choices=("cpu", "cuda"))
     ap.add_argument("--prompt-len", type=int)
     ap.add_argument("--output-len", type=int)
@@ -537,6 +542,20 @@ def parse(argv):
     return a
 
 
+def heldout_prompts(codec, n: int, length: int) -> list[list[int]]:
+    """n prompts of `length` tokens: consecutive slices of the shipped held-out text, tokenized with `codec`."""
+    from synodic.data.corpus import load_heldout
+    text = load_heldout()
+    ids: list[int] = []
+    chunk = 64 * n * length  # characters per read; a token is a few characters
+    for start in range(0, len(text), chunk):
+        ids += codec.encode(text[start:start + chunk])
+        if len(ids) >= n * length:
+            return [ids[i * length:(i + 1) * length] for i in range(n)]
+    raise SystemExit(f"bench_long: --prompts heldout: the held-out text has {len(ids)} tokens, "
+                     f"{n} x --prompt-len {length} needed")
+
+
 def main(argv=None) -> dict:
     t0 = time.perf_counter()
     a = parse(argv)
@@ -560,7 +579,7 @@ def _main(a, argv, t0: float) -> dict:
 
     n_max = max(getattr(a, f"requests_{ld}") for ld in LOADS)
     max_seq = a.prompt_len + a.output_len + 1
-    cfg = compose([f"model={a.model}", "model.weights=random", f"runtime.device={a.device}",
+    cfg = compose([f"model={a.model}", f"model.weights={a.weights}", f"runtime.device={a.device}",
                    f"runtime.max_slots={n_max}", "kv=resident", f"kv.top_k={a.top_k}", "kv.num_blocks=1",
                    f"kv.block_size={a.block_size}", f"kv.indexer={a.indexer}",
                    f"kv.learned_key_dtype={a.learned_key_dtype}", f"runtime.seed={a.seed}"])
@@ -638,7 +657,7 @@ def _main(a, argv, t0: float) -> dict:
 
     # -- model, once
     ts = time.perf_counter()
-    log(f"building {a.model} (random weights) on {dev} ...")
+    log(f"building {a.model} ({a.weights} weights) on {dev} ...")
     graph = build_graph(cfg, max_seq, n_max)
     _sync(dev)
     weights = sum(p.numel() * p.element_size() for p in graph.model.parameters())
@@ -649,7 +668,8 @@ def _main(a, argv, t0: float) -> dict:
         f"{res['model']['build_s']:.1f}s")
     wl = SyntheticWorkload(kind="long", num_requests=n_max, prompt_len=a.prompt_len, output_len=a.output_len,
                            concurrency=n_max, seed=a.seed)
-    prompts = [r.prompt_ids for r in build_requests(wl, graph.codec, arch.vocab_size)]
+    prompts = ([r.prompt_ids for r in build_requests(wl, graph.codec, arch.vocab_size)] if a.prompts == "random"
+               else heldout_prompts(graph.codec, n_max, a.prompt_len))
 
     # -- warm-up: compile every kernel path on short prompts (resident queueing, hot-buffer misses, adaptive
     #    demotion: two requests whose pool fits both only in hot-buffer mode), so no run pays for compiles
