@@ -360,7 +360,8 @@ def pick_fold(ckpt_lo, BP: int, ring_B=None) -> str:
     The fused fp32 step (no copy) folds serially: with 24 slot sets (a model's rings cold in L2; bench_replay
     --sets) and staggered cursors, serial vs bf16x3 took 306.8 / 309.8 / 308.2 vs 309.1 / 319.6 / 321.8 µs,
     interleaved, and tied with aligned cursors (306.0 / 309.5 / 305.7 vs 309.8 / 302.7 / 311.8; H200, batch 256,
-    2026-11-30 21:52 UTC). The one-set 3 % for bf16x3 above came with the ring L2-hot."""
+    2026-11-30 21:52 UTC; on a later lease, 22:13 UTC, the two tied at 340-366 µs). The one-set 3 % for bf16x3
+    above came with the ring L2-hot."""
     if BP != 64 or ckpt_lo is None:
         return "serial"
     if ring_B is not None and ring_B.dtype == torch.bfloat16:

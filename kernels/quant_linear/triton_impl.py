@@ -502,6 +502,11 @@ def _auto_split(progs: int, K: int, bk: int, sms: int, per_sm: int, min_iters: i
     return split
 
 
+# gemvh at M = 1 per format (see default_config): (BLOCK_N, BLOCK_K, num_warps, programs per SM, PREFETCH)
+_GEMVH_M1 = {"mxfp4": (64, 512, 4, 8, 0), "nvfp4": (32, 512, 4, 4, 1),
+             "mxfp8_e4m3": (16, 512, 2, 8, 0), "mxfp8_e5m2": (16, 512, 2, 8, 0)}
+
+
 def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: bool = False) -> dict:
     """Launch config (no timing at run time: decode steps stay capturable in CUDA graphs), from the H200 sweeps
     of 2026-11-30 (bench_quant --shapes 4096x14336,14336x4096), against the bf16 torch linear in the same run:
@@ -528,18 +533,15 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       MXFP8 0.84x / 0.71x, where "dot" (`_dot_config`) gave 0.62x / 0.57x, 0.44x / 0.41x, 0.74x / 0.65x in the same
       run, ~4 programs per SM."""
     packed = FMT_IDS[fmt] <= 1
-    if M == 1 and fmt == "nvfp4" and not fp32_act:
-        split = _auto_split(triton.cdiv(N, 32), K, 512, sms, 4, 1)
-        return dict(KERNEL="gemvh", BLOCK_N=32, BLOCK_K=512, BLOCK_M=1, SPLIT_K=split, SEM=True, num_warps=4,
-                    num_stages=2, PREFETCH=1)
-    if M == 1 and not packed and not fp32_act:
-        split = _auto_split(triton.cdiv(N, 16), K, 512, sms, 8, 1)
-        return dict(KERNEL="gemvh", BLOCK_N=16, BLOCK_K=512, BLOCK_M=1, SPLIT_K=split, SEM=True, num_warps=2,
-                    num_stages=2)
-    if M <= 2 and not fp32_act:
-        bn, bk = (64 // M, 512) if packed else (64 // M, 256)
+    if M == 1 and not fp32_act:
+        bn, bk, nw, per_sm, prefetch = _GEMVH_M1[fmt]
+        cfg = dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, BLOCK_M=1, SPLIT_K=_auto_split(triton.cdiv(N, bn), K, bk,
+                   sms, per_sm, 1), SEM=True, num_warps=nw, num_stages=2)
+        return dict(cfg, PREFETCH=1) if prefetch else cfg
+    if M == 2 and not fp32_act:
+        bn, bk = (32, 512) if packed else (32, 256)
         split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 8 if packed else 7, 1)
-        return dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, BLOCK_M=M, SPLIT_K=split, SEM=True, num_warps=4,
+        return dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, BLOCK_M=2, SPLIT_K=split, SEM=True, num_warps=4,
                     num_stages=2)
     if M == 1:
         bn, bk = (16, 512) if packed else (32, 128)

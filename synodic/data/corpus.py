@@ -121,6 +121,18 @@ def load_heldout(path: str | Path = HELDOUT_PATH) -> str:
     return Path(path).read_text(encoding="utf-8")
 
 
+def heldout_tokens(encode, n: int) -> list[int]:
+    """The first n tokens of the held-out text under `encode` (text -> ids), tokenizing only what they need."""
+    text = load_heldout()
+    ids: list[int] = []
+    chunk = max(4096, 16 * n)  # characters per read: a token is a few characters
+    for start in range(0, len(text), chunk):
+        ids += encode(text[start:start + chunk])
+        if len(ids) >= n:
+            return ids[:n]
+    raise ValueError(f"the held-out text has {len(ids)} tokens, {n} needed")
+
+
 # ---------------------------------------------------------------------------------------- packing
 def pack(token_docs, eot_id: int) -> torch.Tensor:
     """Token lists of documents → one int32 stream, each document followed by EOT."""

@@ -544,16 +544,12 @@ def parse(argv):
 
 def heldout_prompts(codec, n: int, length: int) -> list[list[int]]:
     """n prompts of `length` tokens: consecutive slices of the shipped held-out text, tokenized with `codec`."""
-    from synodic.data.corpus import load_heldout
-    text = load_heldout()
-    ids: list[int] = []
-    chunk = 64 * n * length  # characters per read; a token is a few characters
-    for start in range(0, len(text), chunk):
-        ids += codec.encode(text[start:start + chunk])
-        if len(ids) >= n * length:
-            return [ids[i * length:(i + 1) * length] for i in range(n)]
-    raise SystemExit(f"bench_long: --prompts heldout: the held-out text has {len(ids)} tokens, "
-                     f"{n} x --prompt-len {length} needed")
+    from synodic.data.corpus import heldout_tokens
+    try:
+        ids = heldout_tokens(codec.encode, n * length)
+    except ValueError as e:
+        raise SystemExit(f"bench_long: --prompts heldout with {n} x --prompt-len {length}: {e}") from None
+    return [ids[i * length:(i + 1) * length] for i in range(n)]
 
 
 def main(argv=None) -> dict:

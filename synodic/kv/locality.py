@@ -44,7 +44,7 @@ def layer_inputs(model, ids: torch.Tensor) -> dict[int, torch.Tensor]:
     hooks = [m.register_forward_pre_hook(lambda mod, args, i=i: got.__setitem__(i, args[0][0].detach()))
              for i, m in enumerate(a for a in model.modules() if isinstance(a, Attention))]
     try:
-        with torch.inference_mode():
+        with torch.no_grad():
             model(ids[None])
     finally:
         for h in hooks:
@@ -64,12 +64,12 @@ def attention_scores(attn, h: torch.Tensor, t0: int) -> torch.Tensor:
     return logits.softmax(-1).sum(0)
 
 
-def learned_scores(attn, h: torch.Tensor, t0: int) -> torch.Tensor:
-    """Rows t0..T-1: the layer's lightning-indexer scores over all positions (future ones masked to -inf)."""
+def indexer_scores(indexer, h: torch.Tensor, t0: int) -> torch.Tensor:
+    """Rows t0..T-1: a lightning indexer's scores over all positions (future ones masked to -inf)."""
     T = h.shape[0]
     pos = torch.arange(T)
-    out = attn.indexer(h, pos)
-    s = type(attn.indexer).scores(out.q[t0:], out.w[t0:], out.k)
+    out = indexer(h, pos)
+    s = type(indexer).scores(out.q[t0:], out.w[t0:], out.k)
     return s.masked_fill(pos[t0:, None] < pos[None, :], float("-inf"))
 
 
@@ -93,16 +93,16 @@ def distill_indexers(model, ids: torch.Tensor, steps: int, window: int = 512, lr
     targets = []
     for w in windows:  # the frozen model's layer inputs and attention targets, once per window
         hs = layer_inputs(model, w)
-        with torch.inference_mode():
+        with torch.no_grad():
             targets.append([(hs[i], attention_scores(a, hs[i], 0) / a.nq) for i, a in enumerate(attns)])
     for step in range(steps):
         loss = 0.0
         for i, m in enumerate(idx):
             h, p = targets[step % len(targets)][i]
-            out = m(h.clone(), pos)
+            out = m(h, pos)
             s = type(m).scores(out.q, out.w, out.k).masked_fill(~causal, float("-inf"))
             logq = s.log_softmax(-1).masked_fill(~causal, 0.0)
-            loss = loss + (p.clone() * (p.clone().clamp_min(1e-12).log() - logq)).sum(-1).mean()
+            loss = loss - (p * logq).sum(-1).mean()  # the KL up to p's entropy, a constant: the same gradient
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -118,9 +118,8 @@ def save_distilled(model, indexers: list, out_dir: str, tokenizer_from=None):
     from synodic.models.attention import Attention
     from synodic.models.weights import save_checkpoint
     ix = indexers[0]
-    model.config = model.config.model_copy(update=dict(index_n_heads=ix.n_heads, index_head_dim=ix.head_dim,
-                                                       index_rope_dim=ix.rot))
-    model.config = type(model.config).model_validate(model.config.model_dump())  # re-run the config's checks
+    model.config = type(model.config).model_validate({**model.config.model_dump(), "index_n_heads": ix.n_heads,
+                                                      "index_head_dim": ix.head_dim, "index_rope_dim": ix.rot})
     for attn, m in zip((a for a in model.modules() if isinstance(a, Attention)), indexers):
         attn.indexer = m
     out = save_checkpoint(model, out_dir)
@@ -160,16 +159,13 @@ def measure(model, ids: torch.Tensor, steps: int, top_k: int, buffer: float, dis
     t0 = ids.shape[0] - steps - 1
     rows = []
     for i, attn in enumerate(attns):
-        scorers = {"attention": attention_scores}
-        if attn.indexer is not None:
-            scorers["learned"] = learned_scores
-        if distilled:
-            scorers["distilled"] = lambda a, h, t, m=distilled[i]: learned_scores(_WithIndexer(m), h, t)
-        if fresh:
-            scorers["fresh"] = lambda a, h, t, m=fresh[i]: learned_scores(_WithIndexer(m), h, t)
+        indexers = {"learned": attn.indexer, "distilled": distilled and distilled[i], "fresh": fresh and fresh[i]}
+        scorers = {"attention": lambda h, a=attn: attention_scores(a, h, t0)}
+        scorers.update({name: (lambda h, m=m: indexer_scores(m, h, t0))
+                        for name, m in indexers.items() if m is not None})
         for name, fn in scorers.items():
-            with torch.inference_mode():
-                s = fn(attn, hs[i], t0)
+            with torch.no_grad():
+                s = fn(hs[i])
             sels = [s[j].topk(min(top_k, t0 + j + 1)).indices.tolist() for j in range(s.shape[0])]
             ov, fetch = replay_buffer(sels, int(buffer * top_k))
             rows.append({"layer": i, "scorer": name, "overlap": ov, "lru_fetch": fetch,
@@ -177,19 +173,10 @@ def measure(model, ids: torch.Tensor, steps: int, top_k: int, buffer: float, dis
     return rows
 
 
-class _WithIndexer:
-    """What learned_scores reads of an attention layer: its indexer."""
-    def __init__(self, indexer):
-        self.indexer = indexer
-
-
 def heldout_ids(n: int) -> torch.Tensor:
-    from synodic.data.corpus import load_heldout
+    from synodic.data.corpus import heldout_tokens
     from synodic.data.tokenizer import load_tokenizer
-    ids = load_tokenizer().encode(load_heldout()[: 40 * n])
-    if len(ids) < n:
-        raise ValueError(f"tokens={n}: the held-out text has only {len(ids)} tokens in its first {40 * n} chars")
-    return torch.tensor(ids[:n])
+    return torch.tensor(heldout_tokens(load_tokenizer().encode, n))
 
 
 def main(argv=None) -> int:
