@@ -99,8 +99,23 @@ def _serve_reqs(overrides, params):
     return eng, reqs
 
 
+# memory held as each step is queued: an overlapped chain releases a finished row's pages one step later
+OCCUPANCY = ("kv_device_bytes", "kv_device_bytes_per_request", "kv_host_bytes")
+
+
+def _traffic(summary: dict) -> dict:
+    return {**summary, "bytes_per_step": {k: v for k, v in summary["bytes_per_step"].items() if k not in OCCUPANCY}}
+
+
+# tiny_dsa's attention layers under the top-k policies: hot-buffer misses (hisparse) and demotions (adaptive)
+TIERED = ["model=tiny_dsa", "kv.top_k=4", "kv.block_size=2", "kv.hot_buffer=6", "kv.host_num_blocks=256",
+          "kv.index_num_blocks=256"]
+
+
 @pytest.mark.parametrize("overrides", [["model=tiny_mamba2"], ["model=tiny_gdn", "ssm=replay"],
-                                       ["runtime.max_slots=2", "kv.block_size=4", "kv.num_blocks=7"]])
+                                       ["runtime.max_slots=2", "kv.block_size=4", "kv.num_blocks=7"],
+                                       ["kv=hisparse", *TIERED, "kv.num_blocks=64"],
+                                       ["kv=adaptive", *TIERED, "kv.num_blocks=18", "kv.tail_pages=1"]])
 def test_overlapped_steps_match_synced_steps(overrides):
     """Steps queued ahead of the read-back give the synced loop's tokens, finish reasons and bytes, also when a
     row stops mid-chain (its extra step's token is dropped) and under slot / page pressure."""
@@ -109,9 +124,17 @@ def test_overlapped_steps_match_synced_steps(overrides):
     eng, out = _serve_reqs(["runtime.overlap=true", *overrides], plain)
     assert [r.output_ids for r in out] == [r.output_ids for r in ref]
     assert eng.overlapped_steps > 0 and ref_eng.overlapped_steps == 0
-    if "runtime.max_slots=2" not in overrides:  # no admission after the first: one chain through every finish
+    # no admission after the first: one chain through every finish (adaptive: the chain also ends where a row
+    # leaves or growth would demote)
+    one_chain = "runtime.max_slots=2" not in overrides and "kv=adaptive" not in overrides
+    if one_chain:
         assert eng.synced_steps == 1 and ref_eng.synced_steps == ref_eng.ledger.steps
-    assert eng.ledger.summary() == ref_eng.ledger.summary()
+    assert _traffic(eng.ledger.summary()) == _traffic(ref_eng.ledger.summary())
+    if "kv=hisparse" in overrides or "kv=adaptive" in overrides:  # host fetches counted per step, overlapped
+        assert eng.ledger.summary()["kv"]["host_fetched_rows"] > 0
+    if "kv=adaptive" in overrides:  # demotions and promotions chosen as in synced steps: every entry equal
+        assert eng.graph.kv.stats["demoted_pages"] > 0 and eng.graph.kv.stats["promoted_pages"] > 0
+        assert eng.ledger.summary() == ref_eng.ledger.summary()
     # stop tokens seen at step 5 of request 0 and step 2 of request 2: those rows stop inside a chain
     stops = [SamplingParams(max_tokens=12, stop_token_ids=(ref[0].output_ids[5],)), plain[1],
              SamplingParams(max_tokens=12, stop_token_ids=(ref[2].output_ids[2],)), plain[3]]
@@ -121,19 +144,25 @@ def test_overlapped_steps_match_synced_steps(overrides):
     assert [r.finish_reason for r in out_s] == [r.finish_reason for r in ref_s]
     assert ref_s[0].finish_reason == "stop" and len(ref_s[0].output_ids) <= 6
     assert eng_s.ledger.tokens == sum(len(r.output_ids) - 1 for r in out_s)  # dropped tokens not counted
-    if "runtime.max_slots=2" not in overrides:
+    if one_chain:
         assert eng_s.synced_steps == 1
     if "runtime.max_slots=2" not in overrides:
         assert eng_s.scheduler.blocks is None or eng_s.scheduler.blocks.used() == 0
 
 
 def test_overlap_refused_where_the_kv_policy_plans_on_the_host():
-    cfg = compose(["model=tiny_dsa", "model.weights=random", "runtime.device=cpu", "kv=hisparse",
-                   "runtime.overlap=true"])
-    with pytest.raises(ConfigError, match="runtime.overlap=true with kv=hisparse"):
-        build_graph(cfg, max_seq_len=64)
+    """Every built-in policy allows overlapped steps; one that does not (`overlap_safe` False) gets a one-line
+    error for runtime.overlap=true and none for null."""
+    from types import SimpleNamespace
+
+    from synodic.graph import check_overlap
     cfg = compose(["model=tiny_dsa", "model.weights=random", "runtime.device=cpu", "kv=hisparse"])
-    assert build_graph(cfg, max_seq_len=64).overlap is False
+    g = build_graph(cfg, max_seq_len=64)
+    assert g.overlap is True
+    g.kv = SimpleNamespace(overlap_safe=False)
+    with pytest.raises(ConfigError, match="runtime.overlap=true with kv=hisparse"):
+        check_overlap(g, cfg.kv, True)
+    assert check_overlap(g, cfg.kv, None) is False
 
 
 @pytest.mark.parametrize("overrides", [["model=tiny_gdn"], ["model=tiny_mamba2", "ssm=replay"],

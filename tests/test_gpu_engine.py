@@ -13,11 +13,12 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 PROMPTS = [[5, 9, 200, 31, 7], [100, 3], [42] * 9, list(range(1, 30))]
 
 
-def _serve(overrides):
+def _serve(overrides, engine=False):
     cfg = compose(["runtime.device=cuda", "model.weights=random", *overrides])
     reqs = [Request(i, p, SamplingParams(max_tokens=40)) for i, p in enumerate(PROMPTS)]
-    Engine(build_graph(cfg, max_seq_len=96)).generate(reqs)
-    return [r.output_ids for r in reqs]
+    eng = Engine(build_graph(cfg, max_seq_len=96))
+    eng.generate(reqs)
+    return ([r.output_ids for r in reqs], eng) if engine else [r.output_ids for r in reqs]
 
 
 @pytest.mark.parametrize("preset", ["tiny_mamba2", "tiny_gdn"])
@@ -27,11 +28,22 @@ def test_cuda_graphs_and_replay_match(preset):
     assert _serve([f"model={preset}", "runtime.cuda_graphs=true", "ssm=replay"]) == ref
 
 
+TIERED = ["model=tiny_dsa", "kv.top_k=4", "kv.block_size=2", "kv.hot_buffer=6", "kv.host_num_blocks=256",
+          "kv.index_num_blocks=256"]
+
+
 @pytest.mark.parametrize("overrides", [["model=tiny_gdn", "ssm=replay"],
                                        ["model=tiny_mamba2", "kv.block_size=4", "runtime.max_slots=2",
-                                        "kv.num_blocks=40"]])
+                                        "kv.num_blocks=40"],
+                                       ["kv=hisparse", *TIERED, "kv.num_blocks=64"],
+                                       ["kv=adaptive", *TIERED, "kv.num_blocks=60", "kv.tail_pages=1"]])
 def test_overlapped_steps_match_synced_on_gpu(overrides):
     """Pinned staging, device token feedback, asynchronous read-back and page-table copies with CUDA graphs:
-    the same tokens as one host sync per step (small pages: rows take new pages inside overlapped chains)."""
-    ref = _serve(["runtime.overlap=false", *overrides])
-    assert _serve(["runtime.overlap=true", *overrides]) == ref
+    the same tokens as one host sync per step (small pages: rows take new pages inside overlapped chains; top-k
+    policies: host fetches, demotions and promotions between overlapped steps)."""
+    ref, ref_eng = _serve(["runtime.overlap=false", *overrides], engine=True)
+    out, eng = _serve(["runtime.overlap=true", *overrides], engine=True)
+    assert out == ref and eng.overlapped_steps > 0
+    if "kv=hisparse" in overrides or "kv=adaptive" in overrides:  # fetch counters read back per step
+        kv = eng.ledger.summary()["kv"]
+        assert kv == ref_eng.ledger.summary()["kv"] and kv["host_fetched_rows"] > 0

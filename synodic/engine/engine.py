@@ -146,10 +146,17 @@ class Engine:
         keep = [i for i, r in enumerate(step.batch) if not r.done and len(r.output_ids) + 2 <= r.params.max_tokens]
         if not keep:
             return None
+        # a KV policy that decides residency from the free pages (kv=adaptive: demotion, promotion) grows only
+        # into free pages here, and only when no row leaves: a synced step would release the leaving rows' pages
+        # first, so its choices, and hence fetches, would differ
+        evicts = getattr(sched.blocks, "evicts", False)
+        if evicts and len(keep) < sum(not r.done for r in step.batch):
+            return None
         if sched.blocks is not None:
             for i in keep:  # the next step writes position r.length
                 r = step.batch[i]
-                if not sched.blocks.can_grow(r.slot, r.length + 1):
+                if not sched.blocks.can_grow(r.slot, r.length + 1) or (
+                        evicts and not sched.blocks.fits_free(r.slot, r.length + 1)):
                     return None
                 sched.blocks.grow(r.slot, r.length + 1)
         return keep

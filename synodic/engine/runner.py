@@ -90,14 +90,22 @@ class ModelRunner:
         view = self.kv.view_blocks_for(max_len) if self.kv is not None else 0
         self._bind(bucket, view)
         if not self.use_graphs:
-            return self._forward(bucket)[:b]
-        # after bind: binding may change host state that picks the step's code path (kv.graph_key)
-        key = (bucket, view, *(self.kv.graph_key() if self.kv is not None else ()))
-        if key not in self.graphs:
-            self.graphs[key] = self._capture(bucket)
-        graph, out = self.graphs[key]
-        graph.replay()
+            out = self._forward(bucket)
+        else:
+            # after bind: binding may change host state that picks the step's code path (kv.graph_key)
+            key = (bucket, view, *(self.kv.graph_key() if self.kv is not None else ()))
+            if key not in self.graphs:
+                self.graphs[key] = self._capture(bucket)
+            graph, out = self.graphs[key]
+            graph.replay()
+        self._after_step()
         return out[:b]
+
+    def _after_step(self) -> None:
+        """The KV policy's per-step read-back (ledger counters), queued right behind the step."""
+        hook = getattr(self.kv, "after_step", None)
+        if hook is not None:
+            hook()
 
     @torch.inference_mode()
     def verify(self, slots: list[int], positions: list[int], windows: list[list[int]], max_len: int
@@ -112,7 +120,9 @@ class ModelRunner:
         self._bind(b, self.kv.view_blocks_for(max_len) if self.kv is not None else 0)
         if self.ssm is not None:
             self.ssm.begin_window(T)
-        return self.model(ids, VerifyContext(ssm=self.ssm, kv=self.kv, positions=self.pos[:b]))
+        logits = self.model(ids, VerifyContext(ssm=self.ssm, kv=self.kv, positions=self.pos[:b]))
+        self._after_step()
+        return logits
 
     @torch.inference_mode()
     def commit(self, accepted: torch.Tensor) -> None:

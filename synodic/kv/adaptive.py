@@ -53,8 +53,17 @@ class AdaptiveBlocks:
                 return self.num_blocks + 1
         return p.min_pages(-(-tokens // p.bs))
 
+    evicts = True  # growth may demote other requests' pages (see Engine._chain_rows)
+
     def can_grow(self, slot: int, tokens: int) -> bool:
         return self.p.can_grow(slot, tokens)
+
+    def fits_free(self, slot: int, tokens: int) -> bool:
+        """Growing slot to `tokens` needs no demotion (only pages already free)."""
+        p = self.p
+        n = -(-tokens // p.bs)
+        need = p.min_pages(n) if slot not in p.pages else n - len(p.pages[slot])
+        return need <= len(p.free)
 
     def grow(self, slot: int, tokens: int) -> None:
         self.p.grow(slot, tokens)
@@ -340,10 +349,12 @@ class AdaptivePolicy(HotBufferPolicy):
         for k in self._moved:
             self._moved[k] = 0
             self.stats[k] += moved[k]
-        total = sum(len(p) for p in self.pages.values())
         rb = self.row_bytes()
         promote_b = moved["promoted_pages"] * self.bs * self.NL * rb
         return {"_h2d_extra": promote_b + moved["install_rows_host"] * rb, "kv_promote_bytes": promote_b,
-                **{f"kv_{k}": v for k, v in moved.items()},
-                "kv_resident_page_fraction": sum(self.nres.values()) / total if total else 1.0,
+                **{f"kv_{k}": v for k, v in moved.items()}}
+
+    def occupancy(self):
+        total = sum(len(p) for p in self.pages.values())
+        return {**super().occupancy(), "kv_resident_page_fraction": sum(self.nres.values()) / total if total else 1.0,
                 "kv_hot_mode_requests": len(self.hot), "kv_host_bytes": self.host_bytes_held()}

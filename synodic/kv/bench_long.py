@@ -304,7 +304,7 @@ def serve_one(graph, kind: str, kv_cfg, prompts: list[list[int]], output_len: in
         "preemptions": m["preemptions"], "finish_reasons": reasons,
         "refused": sum(v for k, v in reasons.items() if k in ("rejected_kv_capacity", "kv_capacity")),
         "unfinished": sum(v for k, v in reasons.items() if k not in ("length", "stop")),
-        "decode_steps": led["decode_steps"],
+        "decode_steps": led["decode_steps"], "overlapped_steps": eng.overlapped_steps,
         "selected_rows": led["kv"]["selected_rows"], "host_fetched_rows": led["kv"]["host_fetched_rows"],
         "fetch_fraction": led["kv"]["host_fetch_fraction"],
         "h2d_bytes_per_step": per.get("kv_h2d_bytes", 0.0), "d2h_bytes_per_step": per.get("kv_d2h_bytes", 0.0),
@@ -526,6 +526,9 @@ def parse(argv):
     ap.add_argument("--reserve-gb", type=float, default=16.0, help="activations etc. kept out of the full-HBM KV room")
     ap.add_argument("--host-limit-gb", type=float, default=90.0, help="most pinned host memory allowed")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                    help="overlapped decode steps (runtime.overlap; default: on where the policy allows; --no-overlap: "
+                         "one host sync per step, for A/B)")
     a = ap.parse_args(argv)
     if not a.smoke and not torch.cuda.is_available() and a.device != "cuda":
         a.smoke = True
@@ -578,7 +581,8 @@ def _main(a, argv, t0: float) -> dict:
     cfg = compose([f"model={a.model}", f"model.weights={a.weights}", f"runtime.device={a.device}",
                    f"runtime.max_slots={n_max}", "kv=resident", f"kv.top_k={a.top_k}", "kv.num_blocks=1",
                    f"kv.block_size={a.block_size}", f"kv.indexer={a.indexer}",
-                   f"kv.learned_key_dtype={a.learned_key_dtype}", f"runtime.seed={a.seed}"])
+                   f"kv.learned_key_dtype={a.learned_key_dtype}", f"runtime.seed={a.seed}",
+                   f"runtime.overlap={ {None: 'null', True: 'true', False: 'false'}[a.overlap]}"])
     arch = cfg.model.architecture()
     ix = a.indexer if a.indexer in ("bf16", "fp8") else "learned" if arch.index_n_heads else "bf16"
     if a.indexer == "learned" and not arch.index_n_heads:

@@ -174,4 +174,7 @@ class HiSparsePolicy(HotBufferPolicy):
 
     def extra_bytes(self, lengths):
         draft, self._draft_rows = self._draft_rows * self.row_bytes(), 0
-        return {"kv_host_bytes": self.host_bytes_held(), "_h2d_extra": draft, "kv_draft_copy_bytes": draft}
+        return {"_h2d_extra": draft, "kv_draft_copy_bytes": draft}
+
+    def occupancy(self):
+        return {**super().occupancy(), "kv_host_bytes": self.host_bytes_held()}

@@ -29,8 +29,8 @@ def free_kv(graph) -> None:
 
 def rebuild_kv(graph, kv_cfg, max_seq_len: int | None = None, window: int = 1):
     """graph.kv ← kv_cfg.build(...) on graph.model (after freeing the old policy); returns the policy.
-    graph.cuda_graphs is recomputed from the run config for the new policy."""
-    from synodic.graph import BuildContext, check_cuda_graphs
+    graph.cuda_graphs and graph.overlap are recomputed from the run config for the new policy."""
+    from synodic.graph import BuildContext, check_cuda_graphs, check_overlap
     free_kv(graph)
     if max_seq_len is not None:
         graph.max_seq_len = max_seq_len
@@ -45,4 +45,5 @@ def rebuild_kv(graph, kv_cfg, max_seq_len: int | None = None, window: int = 1):
     graph.cuda_graphs = graph.device.type == "cuda" if asked is None else asked
     graph.notes = [n for n in graph.notes if not n.startswith("cuda_graphs off: kv=")]
     check_cuda_graphs(graph, kv_cfg, asked)
+    graph.overlap = check_overlap(graph, kv_cfg, graph.cfg.runtime.overlap)
     return graph.kv

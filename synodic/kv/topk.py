@@ -29,7 +29,7 @@ index cache holds.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 
 import torch
 from synodic.kernels.sparse_attention import sparse_attention
@@ -41,9 +41,10 @@ from .indexer import KeyIndexer, LearnedIndexer
 class TopKPolicy:
     uses_host = False
     graph_safe = True  # see the module docstring
-    # no overlapped steps: bind plans a step's residency on the host, and the ledger reads the fetch
-    # counters of the step just run, both from the previous step's results
-    overlap_safe = False
+    # overlapped steps: bind only stores the next step's rows; what the host plans from a step's results
+    # (adaptive's demotion and promotion read the page stamps) waits for that step by reading the device,
+    # and the ledger's fetch counters come back per step through `after_step` snapshots
+    overlap_safe = True
 
     def __init__(self, model, max_slots: int, device, cfg, max_seq_len: int, index_pages: int):
         self.layers = model.attention_layers
@@ -73,8 +74,10 @@ class TopKPolicy:
         self.rows = torch.zeros(0, dtype=torch.long, device=device)
         self.positions = self.rows
         self.view_blocks = 1
-        self._fetched = torch.zeros(self.NL, dtype=torch.long, device=device)  # host-fetched rows, per layer
-        self._fetch_pending = False        # a step since the last ledger read may have fetched (else: no read)
+        self._fetched = torch.zeros(self.NL, dtype=torch.long, device=device)  # host-fetched rows per layer, summed
+        self._fetch_pending = False        # the bound step may fetch (else its snapshot is skipped: no read)
+        self._fetch_snaps: deque = deque(maxlen=8)   # per queued step: ((copy of _fetched, event) or None, occupancy)
+        self._fetched_seen = [0] * self.NL           # _fetched as of the last step the ledger accounted
         self._memo: dict = {}              # per-step index math, see bind
         self.stats: dict[str, int] = defaultdict(int)                           # cumulative, for reports
         self.stats_layers = {"selected": [0] * self.NL, "fetched": [0] * self.NL}
@@ -122,7 +125,23 @@ class TopKPolicy:
         self.positions = positions
         self.view_blocks = view_blocks
         self._memo = {}
-        self._fetch_pending |= self.may_fetch()
+        self._fetch_pending = self.may_fetch()
+
+    def after_step(self) -> None:
+        """The step just queued (decode or verify) is done with `_fetched`: queue a copy of the counters for the
+        ledger, so that reading them later waits for this step only, not for a step queued after it (overlapped
+        steps). Steps that cannot fetch queue nothing to copy."""
+        fetch = None
+        if self._fetch_pending:
+            if self.device.type == "cuda":
+                host = torch.empty(self.NL, dtype=torch.long, pin_memory=True)
+                host.copy_(self._fetched, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record()
+                fetch = (host, ev)
+            else:
+                fetch = (self._fetched.clone(), None)
+        self._fetch_snaps.append((fetch, self.occupancy()))
 
     def _begin(self, i: int) -> None:
         """The first layer of a forward recomputes the per-step index math: a graph capture must record it
@@ -296,7 +315,14 @@ class TopKPolicy:
         return self.W * torch.empty(0, dtype=self.dtype).element_size()
 
     def extra_bytes(self, lengths: list[int]) -> dict[str, int]:
+        """Policy-specific traffic of the steps since the last ledger read ("_h2d_extra" adds to kv_h2d_bytes)."""
         return {}
+
+    def occupancy(self) -> dict[str, float]:
+        """What the policy holds now (taken as each step is queued, so an overlapped step's ledger entry reports
+        the memory of its own step, not of the one queued after it)."""
+        held = self.device_bytes_held()
+        return {"kv_device_bytes": held, "kv_device_bytes_per_request": held // max(1, self.running_requests())}
 
     def bytes_for(self, lengths: list[int]) -> dict[str, int]:
         """What the last decode step moved for rows of these context lengths (new token included).
@@ -306,25 +332,29 @@ class TopKPolicy:
         kv_h2d_bytes: all host → device traffic (misses, promotions, host-sourced installs);
         kv_d2h_bytes: the write-through backup; kv_device_bytes(_per_request): device KV held (pages and
         hot buffers, indexer keys); kv_running: requests in the step; per layer: fetched rows, miss rate.
-        Host-fetch counters are read from the device here (after the step's sampling sync)."""
+        Host-fetch counters: the oldest step's `after_step` snapshot (steps are accounted in launch order), or,
+        for a caller that ran the layers itself, the device counters now."""
         sel = sum(min(self.top_k, n) for n in lengths)
-        if self._fetch_pending:  # a device read (a host sync): only after steps whose resolve could fetch
-            fetched = self._fetched.tolist()
-            self._fetched.zero_()
-            self._fetch_pending = False
+        if self._fetch_snaps:
+            snap, occ = self._fetch_snaps.popleft()
         else:
+            snap, occ = ((self._fetched, None) if self._fetch_pending else None), self.occupancy()
+        if snap is None:
             fetched = [0] * self.NL
+        else:
+            if snap[1] is not None:
+                snap[1].synchronize()
+            total = snap[0].tolist()
+            fetched = [t - s for t, s in zip(total, self._fetched_seen)]
+            self._fetched_seen = total
         rb = self.row_bytes()
-        held = self.device_bytes_held()
         index_read = sum(lengths) * self.NL * self.indexer.row_bytes()
         out = {"kv_device_read": sel * self.NL * rb + index_read, "kv_host_fetch": sum(fetched) * rb,
                "kv_selected_rows": sel * self.NL, "kv_host_fetched_rows": sum(fetched),
                "kv_index_read": index_read,
                "kv_h2d_bytes": sum(fetched) * rb,
                "kv_d2h_bytes": len(lengths) * self.NL * rb if self.uses_host else 0,
-               "kv_device_bytes": held,
-               "kv_device_bytes_per_request": held // max(1, self.running_requests()),
-               "kv_running": len(lengths)}
+               **occ, "kv_running": len(lengths)}
         for i, f in enumerate(fetched):
             out[f"kv_fetched_rows_layer{i}"] = f
             out[f"kv_miss_rate_layer{i}"] = f / sel if sel else 0.0
