@@ -1,5 +1,5 @@
 """The long-context KV-residency benchmark (synodic/kv/bench_long.py) in its CPU smoke form: every policy
-at both loads, exact outputs, the fetch and admission orderings it exists to show; and the pool sizing
+at every load, exact outputs, the fetch and admission orderings it exists to show; and the pool sizing
 it reports matches what the policies really allocate."""
 import json
 from types import SimpleNamespace
@@ -49,19 +49,22 @@ def test_smoke_outputs_identical_across_policies(smoke):
 def test_smoke_fetch_and_admission_orderings(smoke):
     res, _ = smoke
     rows = {(r["load"], r["kv"]): r for r in res["rows"]}
-    low, mod = res["loads"]["low"]["requests"], res["loads"]["moderate"]["requests"]
+    low = res["loads"]["low"]["requests"]
     # low load: everything fits; hisparse still misses its hot buffer, adaptive stays resident
     assert rows[("low", "hisparse")]["host_fetched_rows"] > 0
     assert rows[("low", "adaptive")]["fetch_fraction"] <= rows[("low", "hisparse")]["fetch_fraction"]
     assert rows[("low", "adaptive")]["host_fetched_rows"] == 0
     assert all(rows[("low", k)]["max_running"] == low for k in bl.POLICIES)
-    # moderate load: resident queues requests, the host-tiered policies admit them all
-    assert rows[("moderate", "resident")]["max_running"] < rows[("moderate", "hisparse")]["max_running"] == mod
-    assert rows[("moderate", "adaptive")]["max_running"] == mod
-    assert rows[("moderate", "resident")]["host_fetched_rows"] == 0
-    assert rows[("moderate", "adaptive")]["demoted_pages"] > 0
-    plans = res["loads"]["moderate"]["plans"]
-    assert 0.45 <= plans["resident"]["pool_over_demand"] <= 0.65
+    # moderate and high load: resident queues requests, the host-tiered policies admit them all
+    for ld, lo, hi in (("moderate", 0.6, 0.9), ("high", 0.4, 0.65)):
+        n = res["loads"][ld]["requests"]
+        assert rows[(ld, "resident")]["max_running"] < rows[(ld, "hisparse")]["max_running"] == n
+        assert rows[(ld, "adaptive")]["max_running"] == n
+        assert rows[(ld, "resident")]["host_fetched_rows"] == 0
+        assert rows[(ld, "adaptive")]["demoted_pages"] > 0
+        assert lo <= res["loads"][ld]["plans"]["resident"]["pool_over_demand"] <= hi
+    # the more memory per request, the fewer fetches adaptive needs; hisparse's do not depend on the load
+    assert rows[("moderate", "adaptive")]["fetch_fraction"] < rows[("high", "adaptive")]["fetch_fraction"]
     t = res["targets"]
     assert t["resident_refuses_at_moderate"]["value"] is True and t["hot_policies_admit_all_moderate"]["value"] is True
 

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import torch
 from synodic.kernels.index_scores import index_scores
+from synodic.kernels.key_write import quantize_fp8_ref, write_keys_fp8
 from synodic.kernels.topk_select import topk_select
 
-FP8_MAX = 448.0
 KEY_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 
 
@@ -64,8 +64,7 @@ class KeyIndexer:
     def quantize(self, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.kind == "bf16":
             return k.to(torch.bfloat16), None
-        scale = (k.float().abs().amax(-1) / FP8_MAX).clamp_min(1e-12)
-        return (k.float() / scale[..., None]).to(torch.float8_e4m3fn), scale
+        return quantize_fp8_ref(k)
 
     def dequantize(self, kq: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         return kq.float() if scale is None else kq.float() * scale[..., None]
@@ -76,6 +75,9 @@ class KeyIndexer:
 
     def write_at(self, i: int, page: torch.Tensor, off: torch.Tensor, k: torch.Tensor) -> None:
         """Keys k [M, ...] into (page [M], offset [M]) of layer i's cache."""
+        if self.kind == "fp8" and k.is_cuda and self.keys[i].dim() == 3:  # one scale per key row: one launch
+            write_keys_fp8(self.keys[i], self.scales[i], page, off, k.reshape(-1, k.shape[-1]))
+            return
         kq, scale = self.quantize(k)
         self.keys[i][page, off] = kq
         if scale is not None:

@@ -33,8 +33,11 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .attention import rope
+from synodic.kernels.rope import rope_cs, rope_norm
+
 from .config import HybridConfig
+from .fuse import project
+from .norm import fused_backend
 
 
 class IndexerOut(NamedTuple):
@@ -49,6 +52,8 @@ class IndexerOut(NamedTuple):
 
 
 class LightningIndexer(nn.Module):
+    FUSED_PROJECTIONS = ("wq", "wk", "weights_proj")  # one GEMM once fused (synodic/models/fuse.py)
+
     def __init__(self, cfg: HybridConfig):
         super().__init__()
         self.n_heads, self.head_dim = cfg.index_n_heads, cfg.index_head_dim
@@ -62,12 +67,14 @@ class LightningIndexer(nn.Module):
     def forward(self, h: torch.Tensor, pos: torch.Tensor, cs=None) -> IndexerOut:
         """h [..., T, hidden], pos broadcastable to [..., T] → IndexerOut over [..., T]; cs: rope_cs of pos
         when already computed (a decode step shares it across layers)."""
-        q = self.wq(h).unflatten(-1, (self.n_heads, self.head_dim))
-        k = self.k_norm(self.wk(h))
-        w = self.weights_proj(h) * self.w_scale
-        if self.rot:
-            q = rope(q, pos, self.theta, self.rot, cs)
-            k = rope(k[..., None, :], pos, self.theta, self.rot, cs)[..., 0, :]
+        q, k, w = project(self, self.FUSED_PROJECTIONS, h)
+        q = q.unflatten(-1, (self.n_heads, self.head_dim))
+        k = self.k_norm(k)
+        w = w * self.w_scale
+        if self.rot:  # one kernel per tensor on CUDA (synodic.kernels.rope), as the attention layer's q / k
+            cos, sin = rope_cs(pos, self.theta, self.rot) if cs is None else cs
+            q = rope_norm(q, cos, sin, self.rot, backend=fused_backend(q))
+            k = rope_norm(k[..., None, :], cos, sin, self.rot, backend=fused_backend(k))[..., 0, :]
         return IndexerOut(q, w, k)
 
     @staticmethod
