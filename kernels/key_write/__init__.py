@@ -1,6 +1,6 @@
-"""Index keys into the paged fp8 cache: per row, scale = max(amax / 448, 1e-12) and codes = fp8(k / scale),
-stored at (page, offset) — one launch for what the torch path does in ~9 (the learned indexer writes one key per
-attention layer and decode step).
+"""Index keys into the paged fp8 cache: per row, scale = max(amax / 448, 1e-12) (a multiply by the reciprocal)
+and codes = fp8(k / scale), stored at (page, offset) — one launch for what the torch path does in ~9 (the learned
+indexer writes one key per attention layer and decode step).
 
 keys [pages, bs, d] float8_e4m3fn and scales [pages, bs] fp32 (a layer's cache, contiguous), page / off [M] int,
 k [M, d] (any float dtype, last dim contiguous)."""

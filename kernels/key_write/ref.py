@@ -8,10 +8,11 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
 def quantize_fp8_ref(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """k [..., d] -> (codes float8_e4m3fn [..., d], scale fp32 [...]): scale = max(amax / 448, 1e-12), codes =
-    round-to-nearest-even of k / scale."""
+    """k [..., d] -> (codes float8_e4m3fn [..., d], scale fp32 [...]): scale = max(amax * fp32(1 / 448), 1e-12),
+    codes = round-to-nearest-even of k / scale. (A multiply by the reciprocal, not a divide: torch's CUDA division
+    by a scalar multiplies by the reciprocal, so this is what every device computes alike.)"""
     kf = k.float()
-    scale = (kf.abs().amax(-1) / FP8_MAX).clamp_min(1e-12)
+    scale = (kf.abs().amax(-1) * (1.0 / FP8_MAX)).clamp_min(1e-12)
     return (kf / scale[..., None]).to(torch.float8_e4m3fn), scale
 
 

@@ -1,6 +1,6 @@
 """Triton `write_keys_fp8`: one program per key row: load, absolute max, scale, IEEE-rounded divide, fp8 code
-(round to nearest even), both stores. Bitwise equal to the reference: the divisions are `div_rn` (Triton's
-plain `/` on fp32 is an approximate divide), and the fp8 code is built from the fp32 bits (`_e4m3_code`), the
+(round to nearest even), both stores. Bitwise equal to the reference: the scale is a multiply by the fp32
+reciprocal as there, the divide is `div_rn` (Triton's plain `/` on fp32 is an approximate divide), and the fp8 code is built from the fp32 bits (`_e4m3_code`), the
 same on the GPU and in the interpreter (whose own fp8 cast does not round to nearest even)."""
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _write_keys_kernel(k_ptr, keys_ptr, scales_ptr, page_ptr, off_ptr, stride_k,
     md = d < D
     x = tl.load(k_ptr + m.to(tl.int64) * stride_k + d, mask=md, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=0)
-    scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), 1e-12)
+    scale = tl.maximum(amax * (1.0 / FP8_MAX), 1e-12)
     q = _e4m3_code(tl.math.div_rn(x, scale)).to(tl.uint8)
     row = tl.load(page_ptr + m).to(tl.int64) * BS + tl.load(off_ptr + m).to(tl.int64)
     tl.store(keys_ptr + row * D + d, q, mask=md)
