@@ -1,7 +1,8 @@
 """Triton `write_keys_fp8`: one program per key row: load, absolute max, scale, IEEE-rounded divide, fp8 code
 (round to nearest even), both stores. Bitwise equal to the reference: the scale is a multiply by the fp32
-reciprocal as there, the divide is `div_rn` (Triton's plain `/` on fp32 is an approximate divide), and the fp8 code is built from the fp32 bits (`_e4m3_code`), the
-same on the GPU and in the interpreter (whose own fp8 cast does not round to nearest even)."""
+reciprocal as there, the divide is `div_rn` (Triton's plain `/` on fp32 is an approximate divide), and the fp8
+code is built from the fp32 bits (`_e4m3_code`), the same on the GPU and in the interpreter (whose own fp8 cast
+does not round to nearest even)."""
 from __future__ import annotations
 
 import torch
