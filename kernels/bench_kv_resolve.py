@@ -91,8 +91,10 @@ def sweep_configs(k, batch):
     """Miss-copy launch variants beside the default (one 8-row chunk per program, whole rows): the previous
     default (~2 programs per SM, 16-row chunks, 256-column steps), other chunk sizes, the fused copy, and the
     resolve program on 8 / 32 warps (default 16 at B = 4096), and the host copy staged beside the resolve on or
-    off (default on at batch 1) with 16- / 32-row staging programs."""
+    off (default on at batch 1) with 4- / 8- / 16- / 32-row staging programs."""
     return {"stage": dict(stage=True), "no_stage": dict(stage=False), "stage_j32": dict(stage=True, stage_j=32),
+            "stage_j8": dict(stage=True, stage_j=8), "stage_j4": dict(stage=True, stage_j=4),
+            "stage_j8_w4": dict(stage=True, stage_j=8, num_warps=4),
             "prev_default": dict(copy_j=16, split=max(1, min(-(-k // 16), 264 // batch)), block_w=256),
             "chunk16": dict(copy_j=16, split=-(-k // 16)),
             "chunk4": dict(copy_j=4, split=-(-k // 4)),
