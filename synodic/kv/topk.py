@@ -79,6 +79,8 @@ class TopKPolicy:
         self._fetch_snaps: deque = deque(maxlen=8)   # per queued step: ((copy of _fetched, event) or None, occupancy)
         self._fetched_seen = [0] * self.NL           # _fetched as of the last step the ledger accounted
         self._memo: dict = {}              # per-step index math, see bind
+        self._misses: list[torch.Tensor] = []  # this step's per-layer miss counts so far (_count_misses)
+        self._queries = 1                  # resolves per layer this step (window queries)
         self.stats: dict[str, int] = defaultdict(int)                           # cumulative, for reports
         self.stats_layers = {"selected": [0] * self.NL, "fetched": [0] * self.NL}
 
@@ -148,6 +150,7 @@ class TopKPolicy:
         (and the runner's warm-up forwards before it ran with every row as padding)."""
         if i == 0:
             self._memo = {}
+            self._misses = []
 
     def _per_step(self, key, fn):
         out = self._memo.get(key)
@@ -160,9 +163,15 @@ class TopKPolicy:
         return self._per_step(("pos", t), lambda: self.positions.long() + t if t else self.positions.long())
 
     def _count_misses(self, i: int, n_miss: torch.Tensor) -> None:
-        """Add layer i's host-fetched rows (padding rows excluded) to the device counter the ledger reads."""
-        real = self._per_step("real", lambda: (self.rows != self.S).int())
-        self._fetched[i].add_((n_miss * real).sum())
+        """Layer i's host-fetched rows per batch row ([N], from the resolve). The step's last resolve adds every
+        layer's (padding rows excluded) to the device counter the ledger reads: a few launches a step, not three
+        a layer. Resolves come in (layer, window query) order."""
+        self._misses.append(n_miss)
+        if len(self._misses) == self.NL * self._queries:
+            real = self._per_step("real", lambda: (self.rows != self.S).int())
+            per = torch.stack(self._misses).view(self.NL, self._queries, -1)
+            self._fetched.add_((per * real).sum((1, 2)))
+            self._misses = []
 
     def view_blocks_for(self, max_len: int) -> int:
         need = max(1, -(-max_len // self.bs))
@@ -214,6 +223,7 @@ class TopKPolicy:
         """q [B, nq, hd], k_new/v_new [B, nkv, hd] of the token at self.positions → o [B, nq, hd];
         index: the learned indexer's (q_I [B, H_I, d_I], w [B, H_I], k_I [B, d_I]) when learned_index."""
         self._begin(i)
+        self._queries = 1
         pos = self._pos()
         iq, ik = self._index_qk(q, k_new, index)
         self.place_newest(i, self._kv_row(k_new, v_new), pos)
@@ -231,6 +241,7 @@ class TopKPolicy:
                                index=None if index is None else index.at(slice(None), 0))[:, None]
         self.check_window(T)
         self._begin(i)
+        self._queries = T
         self.begin_window(i, T)
         iqk = [self._index_qk(q[:, t], k_new[:, t], None if index is None else index.at(slice(None), t))
                for t in range(T)]
