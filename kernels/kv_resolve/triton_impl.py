@@ -179,8 +179,9 @@ def _stage_chunk(sel_ptr, sel_n, rows_ptr, pos_ptr, res_ptr, res_s, idx_tab_ptr,
                  src_tab_s, src_ptr, stage_ptr, cnt_ptr, n, c, K, W, bs, fast_limit, HAS_RES: tl.constexpr,
                  COPY_J: tl.constexpr, BLOCK_W: tl.constexpr):
     """Staging program c of request n: positions j in [c*COPY_J, (c+1)*COPY_J) classified as the resolve does;
-    each miss's host row copied to staging row n*K + j. Then the request's done-count goes up by one (release:
-    this program's reverse-map reads happen before the resolve's writes)."""
+    each miss's host row copied to staging row n*K + j. The request's done-count goes up by one as soon as the
+    reverse-map reads are done (release: they happen before the resolve's writes), before the copy: the resolve
+    never touches host or staging rows, so its tail runs beside the copy."""
     oj = c * COPY_J + tl.arange(0, COPY_J)
     r, P, p, valid, lp, off, resident, _ = _selected(sel_ptr, sel_n, rows_ptr, pos_ptr, res_ptr, res_s, n, oj,
                                                      oj < K, bs, HAS_RES)
@@ -190,8 +191,10 @@ def _stage_chunk(sel_ptr, sel_n, rows_ptr, pos_ptr, res_ptr, res_s, idx_tab_ptr,
         ipage = tl.load(idx_tab_ptr + r * idx_tab_s + lp).to(tl.int64)
         miss = look & (tl.load(sof_ptr + ipage * bs + off, mask=look, other=0) < 0)
         srow = tl.load(src_tab_ptr + r * src_tab_s + lp).to(tl.int64) * bs + off
+        tl.atomic_add(cnt_ptr + n, 1, sem="release")
         _copy_rows(src_ptr, srow, stage_ptr, n * K + oj, miss, W, BLOCK_W)
-    tl.atomic_add(cnt_ptr + n, 1, sem="release")
+    else:
+        tl.atomic_add(cnt_ptr + n, 1, sem="release")
 
 
 @triton.jit
