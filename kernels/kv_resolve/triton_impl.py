@@ -267,7 +267,7 @@ CONFIG_KEYS = ("num_warps", "copy_j", "split", "block_w", "stage", "stage_j")
 # the stage path for at most this many request rows per call. H200, bench_kv_resolve --sweep 2026-11-30 11:06 UTC
 # (code d01cbbe, CUDA graphs, every row missing): batch 1, 656-B rows, scattered / 8-row runs, stage 44.6 / 41.2 µs
 # vs 50.7 / 45.0 µs without; 1152-B rows 64.6 / 62.0 vs 69.2 / 64.6 µs; batch 8 equal within 1 %. With the
-# staging count raised before the copy (code 420bd23, 2026-12-01 00:33 UTC): 33.6 / 33.0 µs, 1152-B 52.3 / 52.4 µs
+# staging count raised before the copy (code 420bd23, 2026-12-01 00:28 UTC): 33.6 / 33.0 µs, 1152-B 52.3 / 52.4 µs
 # (0.90-0.93x the gather); batch 8 not re-timed with it, so the stage path stays at one row.
 STAGE_MAX_ROWS = 1
 
