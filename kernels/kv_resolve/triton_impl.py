@@ -11,7 +11,7 @@ rows are then copied src → device with row-wide vector loads (src is the pinne
 read through unified addressing) — by a second launch that spreads each request's misses over many
 programs (default), or inside the resolve program (`split=0`). Barriers order the scratch
 round-trips inside the program; nothing touches another request's state, so programs never race.
-Stage path (`stage`, the default for one request row): staging programs in the same launch copy the missed
+Stage path (`stage`, the default for up to 8 request rows): staging programs in the same launch copy the missed
 host rows to device staging rows while the resolve runs, and the second launch copies staging → hot rows
 (see `_resolve_kernel`), so the host copy no longer waits for the single-program resolve.
 """
@@ -243,12 +243,23 @@ def _copy_misses_kernel(plan_ptr, vict_ptr, nmiss_ptr, src_ptr, dev_ptr, K, W, S
     _copy_plan(plan_ptr + n * K, vict_ptr + n * K, src_ptr, dev_ptr, c, m, SPLIT, W, COPY_J, BLOCK_W)
 
 
+CONFIG_KEYS = ("num_warps", "copy_j", "split", "block_w", "stage", "stage_j")
+# the stage path for at most this many request rows per call. H200, bench_kv_resolve --sweep 2026-11-30 11:06 UTC
+# (code d01cbbe, CUDA graphs, every row missing): batch 1, 656-B rows, scattered / 8-row runs, stage 44.6 / 41.2 µs
+# vs 50.7 / 45.0 µs without; 1152-B rows 64.6 / 62.0 vs 69.2 / 64.6 µs; batch 8 equal within 1 %. With the
+# staging count raised before the copy (code 420bd23, 2026-12-01 00:28 UTC): 33.6 / 33.0 µs, 1152-B 52.3 / 52.4 µs
+# (0.90-0.93x the gather); and (00:32 UTC, --sweep --batches 2,4,8,32) stage / without at 656-B scattered rows:
+# 2 rows 62.1 / 78.7 µs, 4 rows 121.5 / 135.1, 8 rows 240.2 / 245.4, 32 rows 948.8 / 930.6 (1152-B alike).
+STAGE_MAX_ROWS = 8
+
+
 class ResolveScratch:
     """Fixed-address scratch of the kernel (victim list, copy plan, hit marks, staging counts; the staging rows of
     the stage path, allocated on first use), reused every call so a captured CUDA graph stays valid. Marks and
     counts are left zeroed by every call."""
 
     def __init__(self, max_rows: int, k: int, num_slots: int, b: int, device):
+        self.stage_rows = min(max_rows, STAGE_MAX_ROWS) * k   # every call the stage path takes by default
         self.vict = torch.empty(max_rows, k, dtype=torch.int64, device=device)
         self.plan = torch.empty(max_rows, k, dtype=torch.int64, device=device)
         self.mark = torch.zeros(num_slots, b, dtype=torch.int32, device=device)
@@ -256,20 +267,13 @@ class ResolveScratch:
         self._staging = None
 
     def staging(self, rows: int, w: int, dtype) -> torch.Tensor:
-        """[rows, w] staging rows (grown, never shrunk; allocate before a graph capture by calling once)."""
+        """[>= rows, w] staging rows: on first use as many as the largest default stage-path call needs, so the
+        calls of every batch bucket (each captured in its own graph) share one buffer that never moves; grown
+        only for a larger explicit `stage=True` call (never shrunk)."""
         st = self._staging
         if st is None or st.shape[0] < rows or st.shape[1] != w or st.dtype != dtype:
-            self._staging = st = torch.empty(rows, w, dtype=dtype, device=self.vict.device)
+            self._staging = st = torch.empty(max(rows, self.stage_rows), w, dtype=dtype, device=self.vict.device)
         return st
-
-
-CONFIG_KEYS = ("num_warps", "copy_j", "split", "block_w", "stage", "stage_j")
-# the stage path for at most this many request rows per call. H200, bench_kv_resolve --sweep 2026-11-30 11:06 UTC
-# (code d01cbbe, CUDA graphs, every row missing): batch 1, 656-B rows, scattered / 8-row runs, stage 44.6 / 41.2 µs
-# vs 50.7 / 45.0 µs without; 1152-B rows 64.6 / 62.0 vs 69.2 / 64.6 µs; batch 8 equal within 1 %. With the
-# staging count raised before the copy (code 420bd23, 2026-12-01 00:28 UTC): 33.6 / 33.0 µs, 1152-B 52.3 / 52.4 µs
-# (0.90-0.93x the gather); batch 8 not re-timed with it, so the stage path stays at one row.
-STAGE_MAX_ROWS = 1
 
 
 def kv_resolve_triton(sel, rows, pos, res_table, hot_table, hot_pos, lru, idx_table, slot_of, src_table, src,

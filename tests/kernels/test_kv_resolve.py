@@ -144,3 +144,15 @@ def test_stage_needs_the_second_launch(device):
     with pytest.raises(ValueError, match="stage=True copies staging rows"):
         kv_resolve(sel, zero, zero, block_size=BS, fast_path=False, backend="triton",
                    config=dict(stage=True, split=0), **st)
+
+
+def test_staging_rows_never_move_across_batch_buckets():
+    """Each batch bucket's decode step is its own captured graph: the staging rows every default stage-path call
+    uses (up to STAGE_MAX_ROWS request rows) must be one buffer from the first call on."""
+    from synodic.kernels.kv_resolve.triton_impl import STAGE_MAX_ROWS
+    k = 16
+    scratch = ResolveScratch(STAGE_MAX_ROWS + 3, k, STAGE_MAX_ROWS + 4, 32, "cpu")
+    first = scratch.staging(1 * k, 12, torch.bfloat16)
+    for rows in range(2, STAGE_MAX_ROWS + 1):
+        assert scratch.staging(rows * k, 12, torch.bfloat16).data_ptr() == first.data_ptr()
+    assert scratch.staging((STAGE_MAX_ROWS + 2) * k, 12, torch.bfloat16).shape[0] >= (STAGE_MAX_ROWS + 2) * k
