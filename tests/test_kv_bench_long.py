@@ -154,3 +154,15 @@ def test_heldout_prompts_are_consecutive_text():
     assert [len(x) for x in p] == [50, 50, 50] and p[0] != p[1]
     with pytest.raises(SystemExit, match="--prompt-len"):
         bl.heldout_prompts(codec, 2, 10**8)
+
+
+def test_no_overlap_runs_synced_steps_with_the_same_tokens_and_fetches(smoke, tmp_path):
+    """--no-overlap (the A/B of overlapped steps): one host sync per step, the same outputs and host fetches."""
+    res, _ = smoke
+    off = bl.main(["--smoke", "--device", "cpu", "--out", str(tmp_path / "off.json"), "--loads", "moderate",
+                   "--policies", "hisparse,adaptive", "--no-overlap"])
+    on = {r["kv"]: r for r in res["rows"] if r["load"] == "moderate"}
+    for r in off["rows"]:
+        assert r["overlapped_steps"] == 0 < on[r["kv"]]["overlapped_steps"]
+        assert r["host_fetched_rows"] == on[r["kv"]]["host_fetched_rows"] > 0
+        assert r["output_tokens"] == on[r["kv"]]["output_tokens"]
