@@ -129,12 +129,14 @@ def test_overlapped_steps_match_synced_steps(overrides):
     one_chain = "runtime.max_slots=2" not in overrides and "kv=adaptive" not in overrides
     if one_chain:
         assert eng.synced_steps == 1 and ref_eng.synced_steps == ref_eng.ledger.steps
-    assert _traffic(eng.ledger.summary()) == _traffic(ref_eng.ledger.summary())
+    if "kv=hisparse" in overrides:  # occupancy aside (a finished row's pages are released one step later)
+        assert _traffic(eng.ledger.summary()) == _traffic(ref_eng.ledger.summary())
+    else:  # every entry equal (adaptive: demotions and promotions chosen as in synced steps)
+        assert eng.ledger.summary() == ref_eng.ledger.summary()
     if "kv=hisparse" in overrides or "kv=adaptive" in overrides:  # host fetches counted per step, overlapped
         assert eng.ledger.summary()["kv"]["host_fetched_rows"] > 0
-    if "kv=adaptive" in overrides:  # demotions and promotions chosen as in synced steps: every entry equal
+    if "kv=adaptive" in overrides:
         assert eng.graph.kv.stats["demoted_pages"] > 0 and eng.graph.kv.stats["promoted_pages"] > 0
-        assert eng.ledger.summary() == ref_eng.ledger.summary()
     # stop tokens seen at step 5 of request 0 and step 2 of request 2: those rows stop inside a chain
     stops = [SamplingParams(max_tokens=12, stop_token_ids=(ref[0].output_ids[5],)), plain[1],
              SamplingParams(max_tokens=12, stop_token_ids=(ref[2].output_ids[2],)), plain[3]]

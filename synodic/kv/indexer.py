@@ -75,7 +75,7 @@ class KeyIndexer:
 
     def write_at(self, i: int, page: torch.Tensor, off: torch.Tensor, k: torch.Tensor) -> None:
         """Keys k [M, ...] into (page [M], offset [M]) of layer i's cache."""
-        if self.kind == "fp8" and k.is_cuda and self.keys[i].dim() == 3:  # one scale per key row: one launch
+        if self.kind == "fp8" and self.keys[i].dim() == 3:  # one scale per key row: one launch on CUDA
             write_keys_fp8(self.keys[i], self.scales[i], page, off, k.reshape(-1, k.shape[-1]))
             return
         kq, scale = self.quantize(k)
