@@ -531,7 +531,9 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       M >= 3 (M >= 2 for fp32 activations), "dotp" (sweep of 2026-11-30 09:22 UTC, bench_quant --ms 32):
       [64 x 128] tiles (MXFP8 [64 x 64]) on 4 warps, 4 stages; M = 32: MXFP4 0.94x / 0.84x, NVFP4 0.70x / 0.63x,
       MXFP8 0.84x / 0.71x, where "dot" (`_dot_config`) gave 0.62x / 0.57x, 0.44x / 0.41x, 0.74x / 0.65x in the same
-      run, ~4 programs per SM."""
+      run, ~4 programs per SM; MXFP4 at M = 3..16: [64 x 256] tiles, 2 stages (dotp tile grid of 2026-12-01 at
+      M = 4, 16, 32: 27.8-28.1 / 30.3-30.5 us where [64 x 128] took 29.6-30.4 / 31.9-32.6 us (4096x14336 /
+      14336x4096), 1.10-1.15x / 0.97-1.00x bf16; at M = 32 and for NVFP4 [64 x 128] stayed best)."""
     packed = FMT_IDS[fmt] <= 1
     if M == 1 and not fp32_act:
         bn, bk, nw, per_sm, prefetch = _GEMVH_M1[fmt]
@@ -547,9 +549,11 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
         bn, bk = (16, 512) if packed else (32, 128)
         split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 16, 1)
         return dict(KERNEL="gemv32", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=2)
-    bk = 128 if packed else 64
+    wide = fmt == "mxfp4" and M <= 16
+    bk = 256 if wide else 128 if packed else 64
     split = _auto_split(triton.cdiv(N, 64) * triton.cdiv(M, _bm(M)), K, bk, sms, 4, 4)
-    return dict(KERNEL="dotp", BLOCK_N=64, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=4)
+    return dict(KERNEL="dotp", BLOCK_N=64, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4,
+                num_stages=2 if wide else 4)
 
 
 def _dot_config(M: int, N: int, K: int, fmt: str, sms: int) -> dict:

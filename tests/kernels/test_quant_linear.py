@@ -25,6 +25,7 @@ def make(N, K, M, dtype, device, seed):
 
 CASES = [  # fmt, N, K, M, dtype, act_quant, config
     ("mxfp4", 40, 96, 1, torch.float32, None, None),
+    ("mxfp4", 40, 288, 5, torch.bfloat16, None, None),  # the M = 3..16 MXFP4 default: [64 x 256] tiles, K masked
     ("mxfp4", 24, 160, 3, torch.float32, "mxfp4", dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
     ("mxfp4", 33, 96, 17, torch.bfloat16, "mxfp4", dict(BLOCK_N=16, BLOCK_K=64)),
     ("nvfp4", 40, 112, 1, torch.float32, None, dict(BLOCK_N=16, BLOCK_K=32)),
