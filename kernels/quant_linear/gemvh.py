@@ -286,7 +286,9 @@ def _qgemvh_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, c
     """y[m, n] = sum_k act(x[m, k] s[k]) w[n, k] for BLOCK_M (1 or 2) rows of x (the program's rows m < M),
     from int32 code words (w_ptr: int32, stride_wn in words); a weight tile is decoded once for both rows (see the
     module docstring). PREFETCH=1: the next K tile's codes and scales are loaded before this tile is decoded
-    (registers as the pipeline: Triton does not software-pipeline loads that feed no tl.dot, whatever num_stages)."""
+    (registers as the pipeline: the kernel-level num_stages pipelines no load that feeds no tl.dot; a loop written as
+    tl.range(..., num_stages=S) does, through cp.async and shared memory, but was slower at every tile and split
+    timed on the H200, 2026-12-01, BENCHMARKS.md)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
