@@ -507,6 +507,10 @@ _GEMVH_M1 = {"mxfp4": (64, 512, 4, 8, 0), "nvfp4": (32, 512, 4, 4, 1),
              "mxfp8_e4m3": (16, 512, 2, 8, 0), "mxfp8_e5m2": (16, 512, 2, 8, 0)}
 
 
+# gemvh at M = 2 per format: (BLOCK_N, BLOCK_K, num_warps); one-warp programs for NVFP4 and MXFP8 (see default_config)
+_GEMVH_M2 = {"mxfp4": (32, 512, 4), "nvfp4": (16, 512, 1), "mxfp8_e4m3": (32, 256, 1), "mxfp8_e5m2": (32, 256, 1)}
+
+
 def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: bool = False) -> dict:
     """Launch config (no timing at run time: decode steps stay capturable in CUDA graphs), from the H200 sweeps
     of 2026-11-30 (bench_quant --shapes 4096x14336,14336x4096), against the bf16 torch linear in the same run:
@@ -525,7 +529,11 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       M = 2, bf16 / fp16 activations, "gemvh" with both rows in one program ([32 x 512] / MXFP8 [32 x 256]; sweep
       of 12:52 UTC): MXFP4 20.6-20.7 us (1.46-1.51x), NVFP4 23.1-24.3 us (1.29-1.31x), MXFP8 27.9-32.1 us (0.94-
       1.12x), where "dotp" took 30-32 / 41-45 / 34-38 us; 4 rows per program (168-255 registers) were slower than
-      dotp at M = 4, and two 2-row programs decode every tile twice: M >= 3 stays on dotp;
+      dotp at M = 4, and two 2-row programs decode every tile twice: M >= 3 stays on dotp (re-timed 2026-12-01: at
+      M = 3..8 two-row programs lost to dotp almost everywhere); one-warp programs at M = 2 (grid of 2026-12-01
+      02:27 UTC): NVFP4 [16 x 512] 21.9 / 22.4 us where the 4-warp [32 x 512] took 23.7 / 23.1, MXFP8 [32 x 256]
+      26.1 / 20.7 us where 4 warps took 27.1 / 31.2 (4096x14336 / 14336x4096); MXFP4 kept 4 warps (20.6 / 20.2 on
+      one warp against 19.3 / 19.2); at M = 1 every one-warp tile lost;
       M = 1, fp32 activations, "gemv32" (fp32 arithmetic; 1.41-1.47x 4-bit, 1.03x MXFP8): 4-bit [16 x 512],
       MXFP8 [32 x 128], 4 warps, ~16 programs per SM;
       M >= 3 (M >= 2 for fp32 activations), "dotp" (sweep of 2026-11-30 09:22 UTC, bench_quant --ms 32):
@@ -541,9 +549,9 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
                    sms, per_sm, 1), SEM=True, num_warps=nw, num_stages=2)
         return dict(cfg, PREFETCH=1) if prefetch else cfg
     if M == 2 and not fp32_act:
-        bn, bk = (32, 512) if packed else (32, 256)
+        bn, bk, nw = _GEMVH_M2[fmt]
         split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 8 if packed else 7, 1)
-        return dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, BLOCK_M=2, SPLIT_K=split, SEM=True, num_warps=4,
+        return dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, BLOCK_M=2, SPLIT_K=split, SEM=True, num_warps=nw,
                     num_stages=2)
     if M == 1:
         bn, bk = (16, 512) if packed else (32, 128)
