@@ -24,9 +24,9 @@ MODES = {"w4a16": (4, False), "w8a16": (8, False), "w4a4": (4, True), "w8a8": (8
          "w6a16": (6, False), "w6a6": (6, True)}
 DEFAULT_FORMAT = {4: "mxfp4", 6: "mxfp6_e2m3", 8: "mxfp8_e4m3"}
 BACKENDS = ("auto", "torch", "triton")
-# rows per call that 'auto' sends to the packed kernel (H200, bench_quant 2026-11-30 12:40-12:52 UTC, bf16
-# activations): M = 1 gemvh 2.1-2.3x bf16 (MXFP4), 1.7-1.8x NVFP4, 1.5-1.6x MXFP8; M = 2 1.3-1.5x 4-bit, 0.93-1.13x
-# MXFP8; M >= 4 (tl.dot) 0.67-1.09x. fp32 activations: one row (the fp32 GEMV), 1.0-1.5x.
+# rows per call that 'auto' sends to the packed kernel (H200, bench_quant 2026-12-01, bf16 activations): M = 1 gemvh
+# 2.2-2.3x bf16 (MXFP4), 2.0-2.05x NVFP4, 1.7-1.85x MXFP8; M = 2 1.5-1.7x MXFP4, 1.3-1.4x NVFP4, 1.1-1.4x MXFP8;
+# M >= 3 (dotp) 0.62-1.14x. fp32 activations: one row (the fp32 GEMV), 1.0-1.5x (2026-11-30).
 KERNEL_MAX_ROWS = 2
 KERNEL_MAX_ROWS_FP32 = 1
 
