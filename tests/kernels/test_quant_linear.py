@@ -494,6 +494,18 @@ def test_default_one_row_kernel_follows_activation_dtype():
     assert resolve_config(8, 4096, 14336, "mxfp4", None)["KERNEL"] == "dotp"
     assert resolve_config(1, 14336, 4096, "nvfp4", None)["PREFETCH"] == 1  # NVFP4: longer K loops, next tile in flight
     assert "PREFETCH" not in resolve_config(2, 14336, 4096, "nvfp4", None)
+    assert resolve_config(2, 14336, 4096, "nvfp4", None)["num_warps"] == 1  # one-warp programs at M = 2
+    assert resolve_config(2, 14336, 4096, "mxfp8_e4m3", None)["num_warps"] == 1
+    assert resolve_config(2, 14336, 4096, "mxfp4", None)["num_warps"] == 4
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8_e4m3"])
+def test_default_two_rows(fmt, device):
+    """The M = 2 defaults (gemvh, both rows per program; one-warp programs for NVFP4 / MXFP8) over several K tiles,
+    a partial last one and a partial last row tile."""
+    w, x, s, b = make(45, 1056, 2, BF16, device, seed=1056 + len(fmt))
+    q = quantize(w, fmt)
+    check_fp16_close(quant_linear(x, q, s, b, backend="triton"), x, q, s, b, None)
 
 
 @pytest.mark.parametrize("N,K", [(45, 1056), (64, 512)])
