@@ -261,6 +261,19 @@ class Case:
         wb = self.wbytes(qs[0])
         return {"us": us, "weight_bytes": wb, "GB_per_s": (wb + self.io_bytes) / us / 1e3}
 
+    def dequant(self, fmt: str) -> dict:
+        """The no-dense-copy path of a larger batch (QuantLinear dense=False): the weight dequantized to bf16 by
+        the Triton dequant kernel, then the bf16 F.linear; and the dequant alone (GB/s of codes in + bf16 out)."""
+        import torch.nn.functional as F
+        from synodic.kernels.quant_dequant import dequant
+        qs = self.qs(fmt)
+        xs = (self.x.float() * self.s).to(torch.bfloat16)
+        both = _graph_time_us([lambda qc=qc: F.linear(xs, dequant(qc, torch.bfloat16)) for qc in qs],
+                              calls=max(len(qs), 24))
+        alone = _graph_time_us([lambda qc=qc: dequant(qc, torch.bfloat16) for qc in qs], calls=max(len(qs), 24))
+        moved = self.load_bytes(fmt) + self.N * self.K * 2
+        return {"dequant_linear_us": both, "dequant_us": alone, "dequant_GB_per_s": moved / alone / 1e3}
+
     def load_bytes(self, fmt: str) -> int:
         """Code + scale bytes of the weight: what a load probe reads."""
         q = self.qs(fmt)[0]
@@ -306,8 +319,9 @@ def _diag(c: Case, fmt: str, kernel: str, full: dict, us: float, probes: bool, l
     return d
 
 
-def bench_gemv(log, shapes, ms, formats, cases: dict, probes: bool = True) -> list[dict]:
-    """bf16 vs the run-time heuristic, side by side per row; for M = 1 (gemv32) the load probe on its tile."""
+def bench_gemv(log, shapes, ms, formats, cases: dict, probes: bool = True, dequant: bool = False) -> list[dict]:
+    """bf16 vs the run-time heuristic, side by side per row; for M = 1 (gemv32) the load probe on its tile; with
+    `dequant`, the dequant-then-bf16-linear path of QuantLinear(dense=False) too."""
     from synodic.kernels.quant_linear.triton_impl import resolve_config
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
@@ -327,6 +341,10 @@ def bench_gemv(log, shapes, ms, formats, cases: dict, probes: bool = True) -> li
                 log(f"{N}x{K} M={M} {fmt} heuristic {_short(full)}: {r['us']:.1f} us ({r['GB_per_s']:.0f} GB/s) vs "
                     f"bf16 {base['us']:.1f} us ({base['GB_per_s']:.0f} GB/s) -> {row['speedup']:.2f}x  err {err:.1e}"
                     f"{'  BROKEN' if err > CHECK_TOL else ''}")
+                if dequant:
+                    row.update(c.dequant(fmt))
+                    log(f"    dequant + bf16 linear {row['dequant_linear_us']:.1f} us (dequant alone "
+                        f"{row['dequant_us']:.1f} us, {row['dequant_GB_per_s']:.0f} GB/s)")
                 ok = err <= CHECK_TOL
                 row["best_us"] = r["us"] if ok else float("inf")
                 row["best_config"] = full if ok else None
@@ -484,6 +502,18 @@ def _table(rows) -> str:
     return "\n".join(lines)
 
 
+def _dequant_table(rows) -> str:
+    cols = ["N x K", "M", "format", "bf16 us", "packed kernel us", "dequant + bf16 linear us", "dequant us",
+            "dequant GB/s"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        if "dequant_us" in r:
+            lines.append("| " + " | ".join([
+                f"{r['N']}x{r['K']}", str(r["M"]), r["format"], f"{r['bf16_us']:.1f}", f"{r['us']:.1f}",
+                f"{r['dequant_linear_us']:.1f}", f"{r['dequant_us']:.1f}", f"{r['dequant_GB_per_s']:.0f}"]) + " |")
+    return "\n".join(lines)
+
+
 def _diag_table(rows) -> str:
     """M = 1: each timed GEMV tile's code + scale GB/s beside its load probe's (no decode, no x)."""
     cols = ["N x K", "format", "kernel config", "us", "load GB/s", "probe", "probe us", "probe GB/s", "kernel/probe"]
@@ -516,6 +546,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-probe", action="store_true", help="skip the M = 1 load probes")
     ap.add_argument("--smoke", action="store_true", help="CPU check of every config (needs TRITON_INTERPRET=1)")
     ap.add_argument("--kernels", default=None, help="sweep only these KERNELs, e.g. gemvh,gemv32")
+    ap.add_argument("--dequant", action="store_true", help="also time dequant (Triton) + bf16 F.linear per row: "
+                    "the larger-batch path of QuantLinear without a dense copy")
     a = ap.parse_args(argv)
     start = time.monotonic()
     log = lambda m: print(m, flush=True)  # noqa: E731
@@ -544,7 +576,7 @@ def main(argv=None) -> None:
             json.dump(doc, f, indent=2)
 
     cases: dict = {}
-    doc["gemv"] = bench_gemv(log, shapes, ms, formats, cases, probes=not a.no_probe)
+    doc["gemv"] = bench_gemv(log, shapes, ms, formats, cases, probes=not a.no_probe, dequant=a.dequant)
     save()
     if not a.skip_dualquant:
         try:
@@ -561,6 +593,9 @@ def main(argv=None) -> None:
     save()
     print()
     print(_table(doc["gemv"]))
+    if any("dequant_us" in r for r in doc["gemv"]):
+        print("\nWithout a dense copy (QuantLinear dense=False): packed kernel vs dequant + bf16 linear:\n")
+        print(_dequant_table(doc["gemv"]))
     if any(r.get("load_diag") for r in doc["gemv"]):
         print("\nM = 1 load diagnostics (GB/s of code + scale bytes; kernel/probe = probe us / kernel us):\n")
         print(_diag_table(doc["gemv"]))

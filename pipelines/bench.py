@@ -162,8 +162,12 @@ def run(cfg, run_dir: Path) -> dict:
     for v in p.variants:
         vcfg = compose(base + v.split()) if v else cfg
         graph = build_graph(vcfg, max_len, max_slots=max(p.batch_sizes))
+        # what the weights occupy (parameters + buffers: a quantized model's packed codes, and its dense copies
+        # when quant.dense_copy keeps them)
+        tensors = {id(t): t for t in [*graph.model.parameters(), *graph.model.buffers()]}.values()
+        model_gib = sum(t.numel() * t.element_size() for t in tensors) / 2**30
         for b in p.batch_sizes:
-            r = {"variant": v or "base", **time_point(graph, b, p)}
+            r = {"variant": v or "base", **time_point(graph, b, p), "model_GiB": round(model_gib, 3)}
             con.print(f"{r['variant']:>30} batch {b:>4}: {r['step_ms']:.3f} ms/step, "
                       f"{r['tokens_per_s']:.0f} tok/s, {r['GB_per_s']:.1f} GB/s")
             rows.append(r)
@@ -174,7 +178,7 @@ def run(cfg, run_dir: Path) -> dict:
             graph = build_graph(compose(base + v.split()) if v else cfg, max_len, max_slots=max(p.batch_sizes))
             time_point(graph, max(p.batch_sizes), quick, run_dir / f"profile_{i}.txt")
             del graph
-    cols = ["variant", "batch", "step_ms", "tokens_per_s", "bytes_per_step", "GB_per_s"]
+    cols = ["variant", "batch", "step_ms", "tokens_per_s", "bytes_per_step", "GB_per_s", "model_GiB"]
     md = markdown_table(rows, cols)
     (run_dir / "bench.md").write_text(md + "\n")
     with open(run_dir / "bench.csv", "w", newline="") as f:

@@ -38,3 +38,21 @@ def test_pool_too_small_for_the_run_is_a_config_error_before_prefill():
     with pytest.raises(ConfigError, match="kv.num_blocks=4"):
         time_point(graph, 3, p)
     assert graph.kv.blocks.used() == 0  # nothing taken
+
+
+def test_bench_reports_the_weights_footprint(tmp_path, monkeypatch):
+    """model_GiB per variant: a quantized model without dense copies holds ~1/7 of the fp32 weights of the blocks;
+    with them, more than the unquantized model."""
+    import csv
+
+    from synodic.pipelines.bench import run
+    monkeypatch.setenv("SYNODIC_QUANT_STORE", str(tmp_path / "store"))
+    quant = "quant=nvfp4 quant.method=rtn quant.artifact=none"
+    cfg = compose(["pipeline=bench", "model=tiny_gdn", "model.weights=random", "runtime.device=cpu",
+                   "runtime.max_slots=2", "pipeline.batch_sizes=[1]", "pipeline.prompt_len=4", "pipeline.steps=2",
+                   "pipeline.warmup=1", "pipeline.stagger=0",
+                   f"pipeline.variants=['', '{quant}', '{quant} quant.dense_copy=false']"])
+    run(cfg, tmp_path)
+    rows = list(csv.DictReader(open(tmp_path / "bench.csv")))
+    base, kept, lean = (float(r["model_GiB"]) for r in rows)
+    assert lean < base / 2 < kept / 2 and "model_GiB" in (tmp_path / "bench.md").read_text()

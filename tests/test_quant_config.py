@@ -77,6 +77,24 @@ def test_build_swaps_block_linears_and_describes_itself():
     assert torch.isfinite(y1).all() and ((y1 - y0).norm() / y0.norm()).item() < 0.8
 
 
+def test_build_without_dense_copy():
+    """quant.dense_copy=false: the resident weights are the packed bytes, the output that of the dense copy."""
+    x = torch.randint(0, 4096, (2, 9))
+    ys, schemes = [], []
+    for keep in (True, False):
+        model = tiny()
+        q = BlockQuant(kind="nvfp4", method="rtn", artifact="none", dense_copy=keep)
+        schemes.append(q.build(BuildContext(model=model, device=torch.device("cpu"), max_slots=1, max_seq_len=16)))
+        ys.append(model(x))
+        assert all(m.dense is keep for m in model.modules() if isinstance(m, QuantLinear))
+    kept, lean = schemes
+    assert lean.resident_bytes == lean.weight_bytes and not lean.dense_copy
+    assert kept.resident_bytes == kept.weight_bytes + kept.dense_bytes and kept.dense_copy
+    assert "resident" in lean.line() and "dense copy kept" in kept.line() and "per call" in lean.emulation
+    assert torch.equal(ys[0], ys[1])
+    assert compose(["quant=mxfp4", "quant.dense_copy=false"]).quant.dense_copy is False
+
+
 def test_layer_patterns_mxfp6_and_smoothquant():
     model = tiny()
     q = BlockQuant(kind="mxfp6_e2m3", method="smoothquant", layers=["blocks.*.mixer.up_proj", "lm_head"],

@@ -206,6 +206,8 @@ class QuantScheme:
     kernel: bool
     weight_bytes: int
     dense_bytes: int
+    resident_bytes: int
+    dense_copy: bool
     rel_mse: dict[str, float] = field(default_factory=dict)
     build_s: float = 0.0
 
@@ -221,15 +223,19 @@ class QuantScheme:
         src = f"artifact {self.artifact}" if self.source == "artifact" else "quantized on the fly"
         mean = self.summary()["rel_mse_mean"]
         return (f"quant: {self.format} {self.mode} {self.method}, {len(self.layers)} linears ({src}, "
-                f"{self.build_s:.1f}s), weights {self.dense_bytes / 2**20:.1f} -> {self.weight_bytes / 2**20:.1f} MiB, "
+                f"{self.build_s:.1f}s), weights {self.dense_bytes / 2**20:.1f} -> {self.weight_bytes / 2**20:.1f} MiB "
+                f"packed, {self.resident_bytes / 2**20:.1f} MiB resident"
+                f"{' (dense copy kept)' if self.dense_copy else ''}, "
                 f"mean rel. MSE {mean:.2e}; " + ("EMULATED: " if self.emulated else "") + self.emulation)
 
 
-def emulation(device: torch.device, fmt: str, bits: int, act_quant: bool, backend: str) -> tuple[bool, bool, str]:
+def emulation(device: torch.device, fmt: str, bits: int, act_quant: bool, backend: str,
+              dense_copy: bool = True) -> tuple[bool, bool, str]:
     """(emulated, packed kernel used for decode, why)."""
     from synodic.kernels.quant_linear import KERNEL_FORMATS
     if device.type != "cuda":
         return True, False, ("CPU: no native MX / NVFP4 / INT4 arithmetic; weights dequantized to the model dtype"
+                             + ("" if dense_copy else " per call")
                              + (", activations fake-quantized in torch" if act_quant else ""))
     kernel = fmt in KERNEL_FORMATS and backend != "torch"
     cap = torch.cuda.get_device_capability(device)
@@ -239,7 +245,11 @@ def emulation(device: torch.device, fmt: str, bits: int, act_quant: bool, backen
         how = "x*s and the activation quantizer fused in the packed kernel" if kernel else "in torch"
         return True, kernel, f"{hw}: activations fake-quantized ({how}), matmul in the model dtype"
     if kernel:
-        from synodic.quant.linear import KERNEL_MAX_ROWS
+        from synodic.quant.linear import KERNEL_MAX_ROWS, PACKED_ONLY_MAX_ROWS
+        if not dense_copy:
+            return False, True, (f"decode steps of up to {PACKED_ONLY_MAX_ROWS} rows read the packed weights "
+                                 "(dequantized in-kernel); larger batches and prefill dequantize each weight per call "
+                                 "and run the matmul in the model dtype")
         return False, True, (f"decode steps of up to {KERNEL_MAX_ROWS} rows read the packed weights (dequantized "
                              "in-kernel); larger batches and prefill use the dequantized weights in the model dtype")
     return True, False, (f"no packed kernel for {fmt}: weights dequantized to the model dtype "
@@ -281,19 +291,22 @@ def apply_quant(model: nn.Module, qcfg, device: torch.device | str | None = None
             a = None if absmax is None else absmax[n].to(device)
             stored[n], st = solve_linear(mods[n].weight, qcfg.kind, qcfg.method, qcfg.method_opts(), a)
             rel[n] = st["rel_mse"]
-    dense = wbytes = 0
+    dense = wbytes = resident = 0
     for n in names:
         lin, t = mods[n], stored[n]
         q = QTensor(qcfg.kind, t["qdata"], t["qscale"], t["qtensor_scale"], tuple(lin.weight.shape))
         ql = QuantLinear.from_packed(q, t["act_scale"], lin.bias, mode=qcfg.resolved_mode, method=qcfg.method,
-                                     rule=qcfg.rule, dtype=lin.weight.dtype, backend=qcfg.backend).to(device)
+                                     rule=qcfg.rule, dtype=lin.weight.dtype, backend=qcfg.backend,
+                                     dense=qcfg.dense_copy).to(device)
         dense += lin.weight.numel() * lin.weight.element_size()
         wbytes += ql.packed_bytes()
+        resident += ql.resident_bytes()
         _set_module(model, n, ql)
-    emulated, kernel, why = emulation(device, qcfg.kind, qcfg.bits, qcfg.act_quant, qcfg.backend)
+    emulated, kernel, why = emulation(device, qcfg.kind, qcfg.bits, qcfg.act_quant, qcfg.backend, qcfg.dense_copy)
     scheme = QuantScheme(format=qcfg.kind, method=qcfg.method, mode=qcfg.resolved_mode, act_quant=qcfg.act_quant,
                          layers=names, skipped=skipped, source="artifact" if adir is not None else "on_the_fly",
                          artifact=None if adir is None else str(adir), hash=key, emulated=emulated, emulation=why,
-                         kernel=kernel, weight_bytes=wbytes, dense_bytes=dense, rel_mse=rel,
+                         kernel=kernel, weight_bytes=wbytes, dense_bytes=dense, resident_bytes=resident,
+                         dense_copy=qcfg.dense_copy, rel_mse=rel,
                          build_s=time.perf_counter() - t0)
     return scheme

@@ -61,6 +61,10 @@ class BlockQuant(Component):
                           "else quantize on the fly; none: always on the fly; or a store / artifact directory")
     backend: Literal["auto", "torch", "triton"] = Field("auto", description="QuantLinear forward: auto = packed "
                                                          "Triton kernel on CUDA where it applies, else torch")
+    dense_copy: bool = Field(True, description="true: keep each weight's dequantized copy resident beside the "
+                             "packed one (decode batches above 2 rows and prefill run the dense matmul on it); "
+                             "false: weights resident at the format's width only, the packed kernel takes up to "
+                             "64 rows and larger calls dequantize the weight per call")
 
     @field_validator("mode")
     @classmethod

@@ -3,11 +3,19 @@
 forward(x) = fake_quant(x * s, fmt) @ w_q.T + b   in activation-quant modes (W4A4, W8A8)
            =           (x * s)      @ w_q.T + b   in weight-only modes (W4A16, W8A16)
 with (w_q, s) from `solve` (s = None for RTN). The multiply by s is done in fp32 right before the
-activation quantizer, where a kernel would fuse it. The packed weight is kept beside the dequantized one
-(`qtensor()`) for byte accounting (`weight_bytes()`) and for the packed decode kernel
-(`synodic.kernels.quant_linear`), which `backend="auto"` uses on CUDA for MXFP4 / NVFP4 / MXFP8 weights
-and inputs of up to KERNEL_MAX_ROWS rows (decode at batch 1-2; one row for fp32 activations); more rows and
-other formats take the torch path (`backend="triton"` forces the kernel for any row count).
+activation quantizer, where a kernel would fuse it. The packed weight (`qtensor()`) is always kept: for byte
+accounting (`weight_bytes()`) and for the packed decode kernel (`synodic.kernels.quant_linear`).
+
+Two residencies (`dense`):
+  * dense=True (default): the dequantized weight is kept beside the packed one (resident bytes: both). The
+    packed kernel (`backend="auto"`, CUDA, MXFP4 / NVFP4 / MXFP8) takes inputs of up to KERNEL_MAX_ROWS rows
+    (decode at batch 1-2, where it beats the bf16 linear; one row for fp32 activations); more rows run the
+    dense matmul on the kept copy.
+  * dense=False: only the packed weight is resident (the format's bytes). The packed kernel takes up to
+    PACKED_ONLY_MAX_ROWS rows; more rows (prefill, large batches) and CPU dequantize the weight for the call
+    (`synodic.kernels.quant_dequant`: one read of the codes, one write of the dense weight) and run the dense
+    matmul, so a call holds one layer's dense weight transiently.
+`backend="triton"` forces the kernel for any row count; "torch" never uses it.
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ BACKENDS = ("auto", "torch", "triton")
 # M >= 3 (dotp) 0.62-1.14x. fp32 activations: one row (the fp32 GEMV), 1.0-1.5x (2026-11-30).
 KERNEL_MAX_ROWS = 2
 KERNEL_MAX_ROWS_FP32 = 1
+# rows per call that 'auto' sends to the packed kernel when no dense copy is kept: above them the weight is
+# dequantized for the call and the dense matmul runs (H200, bench_quant --dequant; see PACKED_ONLY_NOTE)
+PACKED_ONLY_MAX_ROWS = 64
 
 
 def _check(mode: str, fmt: str | None) -> tuple[str, bool]:
@@ -61,22 +72,25 @@ class QuantLinear(nn.Module):
         method: str = "rtn",
         rule: str = "floor",
         backend: str = "auto",
+        dense: bool = True,
         **method_opts,
     ):
         """`weight` (out x in) is solved with `method` (rtn | smoothquant | dualquant; options such as
         act_absmax=, alpha=, iters= pass through). `rule`: MX scale rule for weights and activations.
-        `backend`: auto (packed kernel on CUDA where it applies, else torch) | torch | triton."""
+        `backend`: auto (packed kernel on CUDA where it applies, else torch) | torch | triton.
+        `dense`: keep the dequantized weight resident (see the module docstring)."""
         super().__init__()
         self.fmt, self.act_quant = _check(mode, fmt)
         self.mode, self.method, self.rule = mode, method, rule
         self.backend = _check_backend(backend)
         sol = solve_full(weight, self.fmt, method, rule=rule, **method_opts)
         self.info = sol.info
-        self._set(sol.q, sol.s, bias, weight.dtype, sol.w_q)
+        self._set(sol.q, sol.s, bias, weight.dtype, sol.w_q, dense)
 
-    def _set(self, q: QTensor, s, bias, dtype, w_q=None) -> None:
+    def _set(self, q: QTensor, s, bias, dtype, w_q=None, dense: bool = True) -> None:
         self.out_features, self.in_features = q.shape
-        self.register_buffer("weight_q", (dequantize(q) if w_q is None else w_q).to(dtype))
+        self.dtype, self.dense = dtype, bool(dense)
+        self.register_buffer("weight_q", (dequantize(q) if w_q is None else w_q).to(dtype) if dense else None)
         self.register_buffer("act_scale", s)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.register_buffer("qdata", q.data)
@@ -90,25 +104,38 @@ class QuantLinear(nn.Module):
     @classmethod
     def from_packed(cls, q: QTensor, s: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
                     mode: str = "w4a16", method: str = "rtn", rule: str = "floor", dtype: torch.dtype = torch.float32,
-                    backend: str = "auto") -> QuantLinear:
+                    backend: str = "auto", dense: bool = True) -> QuantLinear:
         """A layer from an already solved weight (a stored checkpoint): no solving."""
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         self.fmt, self.act_quant = _check(mode, q.fmt)
         self.mode, self.method, self.rule, self.info = mode, method, rule, {}
         self.backend = _check_backend(backend)
-        self._set(q, s, bias, dtype)
+        self._set(q, s, bias, dtype, dense=dense)
         return self
+
+    def dense_bytes(self) -> int:
+        """Bytes of the dequantized weight: the kept copy, or the layer's dtype without one."""
+        if self.weight_q is not None:
+            return self.weight_q.numel() * self.weight_q.element_size()
+        return self.out_features * self.in_features * torch.empty(0, dtype=self.dtype).element_size()
+
+    def resident_bytes(self) -> int:
+        """Bytes this layer's weights occupy: packed codes + scales (+ s), and the dense copy when kept."""
+        return self.packed_bytes() + (self.dense_bytes() if self.dense else 0)
 
     def weight_bytes(self, rows: int = 1) -> int:
         """Bytes a decode step over `rows` rows reads for this weight: through the packed kernel, codes
-        + block scales (+ NVFP4's tensor scale); on the dense fallback, the dequantized weight; plus
-        the per-input-channel activation multiplier s when there is one."""
-        probe = torch.empty(rows, self.in_features, device=self.weight_q.device, dtype=torch.bfloat16)
+        + block scales (+ NVFP4's tensor scale); on the dense path, the kept dequantized weight, or without
+        one the codes read + the dense weight written and read back; plus the per-input-channel activation
+        multiplier s when there is one."""
+        probe = torch.empty(rows, self.in_features, device=self.qdata.device, dtype=torch.bfloat16)
         if self.uses_kernel(probe):
             return self.packed_bytes()
+        if not self.dense:
+            return self.packed_bytes() + 2 * self.dense_bytes()
         s = 0 if self.act_scale is None else self.act_scale.numel() * 4
-        return self.weight_q.numel() * self.weight_q.element_size() + s
+        return self.dense_bytes() + s
 
     def packed_bytes(self) -> int:
         """Stored size: packed codes + scales (+ s)."""
@@ -128,12 +155,23 @@ class QuantLinear(nn.Module):
                 raise ValueError(f"backend='triton': the packed kernel reads {', '.join(KERNEL_FORMATS)}, "
                                  f"not {self.fmt}")
             return True
-        rows = KERNEL_MAX_ROWS if x.dtype in (torch.bfloat16, torch.float16) else KERNEL_MAX_ROWS_FP32
+        if x.dtype in (torch.bfloat16, torch.float16):
+            rows = KERNEL_MAX_ROWS if self.dense else PACKED_ONLY_MAX_ROWS
+        else:
+            rows = KERNEL_MAX_ROWS_FP32
         return ok and x.numel() // self.in_features <= rows
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The dequantized weight in dtype: the kept copy, or (dense=False) decoded for this call — by the Triton
+        dequant kernel on CUDA for its formats, the torch decode otherwise."""
+        if self.weight_q is not None:
+            return self.weight_q.to(dtype)
+        from synodic.kernels.quant_dequant import dequant
+        return dequant(self.qtensor(), dtype)
 
     def qtensor(self) -> QTensor:
         """The stored (packed) weight: Q(W / s)."""
-        return QTensor(self.fmt, self.qdata, self.qscale, self.qtensor_scale, tuple(self.weight_q.shape))
+        return QTensor(self.fmt, self.qdata, self.qscale, self.qtensor_scale, (self.out_features, self.in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.uses_kernel(x):
@@ -141,7 +179,7 @@ class QuantLinear(nn.Module):
         a = x if self.act_scale is None else x.float() * self.act_scale
         if self.act_quant:
             a = fake_quant(a, self.fmt, rule=self.rule)
-        return F.linear(a.to(x.dtype), self.weight_q.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        return F.linear(a.to(x.dtype), self.dense_weight(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
     def _kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
         from synodic.kernels.quant_linear import quant_linear
@@ -157,5 +195,5 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}, "
-            f"fmt={self.fmt}, method={self.method}, bias={self.bias is not None}"
+            f"fmt={self.fmt}, method={self.method}, bias={self.bias is not None}, dense={self.dense}"
         )

@@ -594,3 +594,22 @@ def test_gemvh_one_hot_exact(fmt, device):
         torch.testing.assert_close(y, quant_linear(eye, q, backend="ref"), rtol=0, atol=0, equal_nan=True)
         if e == 8 or d is not data:  # all codes finite: each y entry is one weight, no NaN * 0 from its row
             torch.testing.assert_close(y, dequantize(q).T, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: backend 'auto' takes the kernel on CUDA only")
+def test_auto_rows_with_and_without_dense_copy():
+    """'auto' sends up to 2 rows to the packed kernel with a dense copy kept, up to PACKED_ONLY_MAX_ROWS without;
+    above that the lean layer dequantizes per call and matches the dense layer bit for bit."""
+    from synodic.quant.linear import PACKED_ONLY_MAX_ROWS
+    w, _, _, _ = make(64, 256, 1, torch.float32, "cuda", 3)
+    ql = QuantLinear(w, None, mode="w4a16", fmt="mxfp4", method="rtn")
+    lean = QuantLinear.from_packed(ql.qtensor(), None, None, mode="w4a16", dtype=torch.bfloat16, dense=False)
+    for rows, kept, packed in ((2, True, True), (3, False, True), (PACKED_ONLY_MAX_ROWS, False, True),
+                               (PACKED_ONLY_MAX_ROWS + 1, False, False)):
+        x = torch.randn(rows, 256, device="cuda").to(torch.bfloat16)
+        assert ql.uses_kernel(x) is kept and lean.uses_kernel(x) is packed
+        y, y_lean = ql(x), lean(x)
+        if packed:
+            assert rel_rmse(y_lean, y) < 1e-2
+        else:
+            assert torch.equal(y_lean, y)
