@@ -31,11 +31,12 @@ def dequant(q, dtype: torch.dtype = torch.bfloat16, *, backend: str = "auto") ->
         raise ValueError(f"q: expected a 2-D (N, K) weight, got shape {q.shape}")
     if dtype not in _DTYPES:
         raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
-    if backend == "auto" and q.fmt not in DEQUANT_FORMATS:
-        backend = "ref"
+    if q.fmt not in DEQUANT_FORMATS:
+        if backend == "triton":
+            raise ValueError(f"q.fmt={q.fmt!r}: the dequant kernel reads {', '.join(DEQUANT_FORMATS)}; use "
+                             "backend='ref' or 'auto'")
+        backend = "ref" if backend == "auto" else backend
     if pick_backend(backend, q.data) == "ref":
         return dequant_ref(q, dtype)
-    if q.fmt not in DEQUANT_FORMATS:
-        raise ValueError(f"q.fmt={q.fmt!r}: the dequant kernel reads {', '.join(DEQUANT_FORMATS)}; use backend='ref'")
     from .triton_impl import dequant_triton
     return dequant_triton(q, dtype)
