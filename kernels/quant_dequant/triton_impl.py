@@ -1,8 +1,9 @@
 """Triton kernel of `dequant`: one program per tile of BLOCK_N rows x G scale blocks.
 
-A 4-bit byte holds two codes (even k in the low nibble); its two values are computed side by side (`tl.join`)
-and stored as adjacent elements, so a program writes BLOCK_N contiguous runs of G * QBLOCK values. Element
-decoders are bit-field arithmetic (exact; codec.py's for fp8 and the scales).
+A 4-bit byte holds two codes (even k in the low nibble); its two values leave as one 32-bit word (64-bit for fp32
+output), so loads and stores share the code bytes' layout. (Joining the two values into a [.., 2] tensor and
+storing that was 4x slower on the H200.) Element decoders are bit-field arithmetic (exact; codec.py's for fp8 and
+the scales).
 """
 from __future__ import annotations
 
@@ -28,52 +29,78 @@ def _e2m1(c):
 
 
 @triton.jit
+def _bits16(v, OUT: tl.constexpr, ROUND: tl.constexpr):
+    """fp32 -> the 16-bit pattern of v in bf16 (OUT 1) / fp16 (OUT 2), rounded to nearest even, in an int32.
+    ROUND (interpreter, bf16): rounded by integer arithmetic (its bf16 cast truncates and flushes subnormals; the
+    GPU's cvt.rn rounds to nearest even and keeps them)."""
+    if OUT == 1:
+        if ROUND:
+            return (_round_bf16(v).to(tl.int32, bitcast=True) >> 16) & 0xFFFF
+        return v.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return v.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+
+@triton.jit
 def _dequant_kernel(w_ptr, sc_ptr, p_ptr, out_ptr, N, NBLK, stride_wn, stride_sn, stride_on,
                     FMT: tl.constexpr, QBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr,
-                    ROUND: tl.constexpr):
+                    OUT: tl.constexpr, ROUND: tl.constexpr):
     """Tile: BLOCK_N rows x G scale blocks, codes as [BLOCK_N, G, bytes per block] (the scale broadcast over its
-    block's bytes; no gathers), values stored as [BLOCK_N, G, QBLOCK] (4-bit: [.., bytes, 2], the byte's two codes
-    side by side)."""
+    block's bytes). 4-bit: a byte's two values leave as one word, (even k, odd k) in its (low, high) half, into
+    the output viewed as int32 (16-bit outputs; out_ptr's stride in words) or int64 (fp32), so the store has the
+    code bytes' layout; 8-bit: one value per byte."""
     PACKED: tl.constexpr = FMT <= 1
     BPB: tl.constexpr = QBLOCK // 2 if PACKED else QBLOCK  # code bytes per scale block
     rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     g = tl.program_id(1) * G + tl.arange(0, G)
     h = tl.arange(0, BPB)
     m2 = (rows < N)[:, None] & (g < NBLK)[None, :]
-    m3 = m2[:, :, None]
-    b = tl.load(w_ptr + rows[:, None, None] * stride_wn + (g * BPB)[None, :, None] + h[None, None, :], mask=m3,
-                other=0).to(tl.int32)
+    mask = m2[:, :, None]
+    col = (g * BPB)[None, :, None] + h[None, None, :]  # byte column (4-bit: output word column)
+    b = tl.load(w_ptr + rows[:, None, None] * stride_wn + col, mask=mask, other=0).to(tl.int32)
     sc = _scale(tl.load(sc_ptr + rows[:, None] * stride_sn + g[None, :], mask=m2, other=0).to(tl.int32), FMT)
     if FMT == 1:
         sc = tl.load(p_ptr) * sc  # the reference's order: tensor scale times block scale, then times the element
     sc = sc[:, :, None]
-    base = out_ptr + rows[:, None, None] * stride_on + (g * QBLOCK)[None, :, None]
+    ptrs = out_ptr + rows[:, None, None] * stride_on + col
     if PACKED:
-        v = tl.join(_e2m1(b & 15) * sc, _e2m1(b >> 4) * sc)  # [BN, G, BPB, 2]: byte j -> k = 2 j, 2 j + 1
-        ptrs = base[:, :, :, None] + (2 * h)[None, None, :, None] + tl.arange(0, 2)[None, None, None, :]
-        mask = m3[:, :, :, None]
+        lo = _e2m1(b & 15) * sc
+        hi = _e2m1(b >> 4) * sc
+        if OUT == 0:
+            word = (lo.to(tl.uint32, bitcast=True).to(tl.int64)
+                    | (hi.to(tl.uint32, bitcast=True).to(tl.int64) << 32))
+        else:
+            word = _bits16(lo, OUT, ROUND) | (_bits16(hi, OUT, ROUND) << 16)
+        tl.store(ptrs, word, mask=mask)
     else:
         v = (_e4m3(b) if FMT == 2 else _e5m2(b)) * sc
-        ptrs = base + h[None, None, :]
-        mask = m3
-    if ROUND:  # interpreter, bf16 out: rounded here and stored as int16 bits (its bf16 cast truncates and flushes
-        # subnormals; the GPU's cvt.rn rounds to nearest even and keeps them)
-        v = ((_round_bf16(v).to(tl.int32, bitcast=True) >> 16) & 0xFFFF).to(tl.int16)
-    tl.store(ptrs, v.to(out_ptr.dtype.element_ty), mask=mask)
+        if ROUND:
+            tl.store(ptrs, _bits16(v, OUT, ROUND).to(tl.int16), mask=mask)
+        else:
+            tl.store(ptrs, v.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def dequant_triton(q, dtype: torch.dtype, block_n: int = 16, block_b: int = 256, num_warps: int = 4) -> torch.Tensor:
-    """block_b: code bytes per row of a tile (a multiple of the bytes per scale block)."""
+# (BLOCK_N, code bytes per tile row, warps): the H200 sweep of 2026-12-01 (BENCHMARKS.md), per element width
+_CONFIG = {4: (16, 256, 4), 8: (32, 512, 4)}
+_OUT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def dequant_triton(q, dtype: torch.dtype, config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """config: (BLOCK_N, code bytes per tile row (rounded to whole scale blocks), num_warps)."""
     N, K = q.shape
+    packed = q.fmt in ("mxfp4", "nvfp4")
+    block_n, block_b, num_warps = config or _CONFIG[4 if packed else 8]
     data, scale = q.data.contiguous(), q.scale.contiguous()
     nblk = scale.shape[1]
-    bpb = q.spec.block // 2 if q.fmt in ("mxfp4", "nvfp4") else q.spec.block
-    G = max(1, block_b // bpb)
+    G = max(1, block_b // (q.spec.block // 2 if packed else q.spec.block))
     out = torch.empty(N, K, dtype=dtype, device=data.device)
     p = data if q.tensor_scale is None else q.tensor_scale.reshape(1).to(torch.float32)
-    rnd = dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"  # see ROUND in the kernel
+    rnd = dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"  # see _bits16
+    if packed:  # two values per store: the output as words of two
+        view = out.view(torch.int64 if dtype == torch.float32 else torch.int32)
+    else:
+        view = out.view(torch.int16) if rnd else out
     grid = (triton.cdiv(N, block_n), triton.cdiv(nblk, G))
-    _dequant_kernel[grid](data, scale, p, out.view(torch.int16) if rnd else out, N, nblk, data.stride(0),
-                          scale.stride(0), out.stride(0), FMT=_FMT[q.fmt], QBLOCK=q.spec.block, BLOCK_N=block_n,
-                          G=G, ROUND=rnd, num_warps=num_warps)
+    _dequant_kernel[grid](data, scale, p, view, N, nblk, data.stride(0), scale.stride(0), view.stride(0),
+                          FMT=_FMT[q.fmt], QBLOCK=q.spec.block, BLOCK_N=block_n, G=G, OUT=_OUT[dtype], ROUND=rnd,
+                          num_warps=num_warps)
     return out

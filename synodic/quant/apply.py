@@ -247,10 +247,10 @@ def emulation(device: torch.device, fmt: str, bits: int, act_quant: bool, backen
     if kernel:
         from synodic.quant.linear import KERNEL_MAX_ROWS, PACKED_ONLY_MAX_ROWS
         if not dense_copy:
-            return False, True, (f"decode steps of up to {PACKED_ONLY_MAX_ROWS} rows read the packed weights "
+            return False, True, (f"decode steps of up to {PACKED_ONLY_MAX_ROWS[fmt]} rows read the packed weights "
                                  "(dequantized in-kernel); larger batches and prefill dequantize each weight per call "
                                  "and run the matmul in the model dtype")
-        return False, True, (f"decode steps of up to {KERNEL_MAX_ROWS} rows read the packed weights (dequantized "
+        return False, True, (f"decode steps of up to {KERNEL_MAX_ROWS[fmt]} rows read the packed weights (dequantized "
                              "in-kernel); larger batches and prefill use the dequantized weights in the model dtype")
     return True, False, (f"no packed kernel for {fmt}: weights dequantized to the model dtype "
                          "(the ledger counts packed bytes)")

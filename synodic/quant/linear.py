@@ -8,11 +8,11 @@ accounting (`weight_bytes()`) and for the packed decode kernel (`synodic.kernels
 
 Two residencies (`dense`):
   * dense=True (default): the dequantized weight is kept beside the packed one (resident bytes: both). The
-    packed kernel (`backend="auto"`, CUDA, MXFP4 / NVFP4 / MXFP8) takes inputs of up to KERNEL_MAX_ROWS rows
-    (decode at batch 1-2, where it beats the bf16 linear; one row for fp32 activations); more rows run the
-    dense matmul on the kept copy.
+    packed kernel (`backend="auto"`, CUDA, MXFP4 / NVFP4 / MXFP8) takes inputs of up to KERNEL_MAX_ROWS[fmt]
+    rows (where it beats the bf16 linear; one row for fp32 activations); more rows run the dense matmul on the
+    kept copy.
   * dense=False: only the packed weight is resident (the format's bytes). The packed kernel takes up to
-    PACKED_ONLY_MAX_ROWS rows; more rows (prefill, large batches) and CPU dequantize the weight for the call
+    PACKED_ONLY_MAX_ROWS[fmt] rows; more rows (prefill, large batches) and CPU dequantize the weight for the call
     (`synodic.kernels.quant_dequant`: one read of the codes, one write of the dense weight) and run the dense
     matmul, so a call holds one layer's dense weight transiently.
 `backend="triton"` forces the kernel for any row count; "torch" never uses it.
@@ -32,14 +32,16 @@ MODES = {"w4a16": (4, False), "w8a16": (8, False), "w4a4": (4, True), "w8a8": (8
          "w6a16": (6, False), "w6a6": (6, True)}
 DEFAULT_FORMAT = {4: "mxfp4", 6: "mxfp6_e2m3", 8: "mxfp8_e4m3"}
 BACKENDS = ("auto", "torch", "triton")
-# rows per call that 'auto' sends to the packed kernel (H200, bench_quant 2026-12-01, bf16 activations): M = 1 gemvh
-# 2.2-2.3x bf16 (MXFP4), 2.0-2.05x NVFP4, 1.69-1.85x MXFP8; M = 2 1.5-1.7x MXFP4, 1.3-1.4x NVFP4, 1.1-1.4x MXFP8;
-# M >= 3 (dotp) 0.62-1.14x. fp32 activations: one row (the fp32 GEMV), 1.0-1.5x (2026-11-30).
-KERNEL_MAX_ROWS = 2
+# rows per call that 'auto' sends to the packed kernel, per format, where it beats the bf16 linear (H200,
+# bench_quant 2026-12-01, bf16 activations, 4096x14336 / 14336x4096): M = 1 gemvh 2.2-2.3x bf16 (MXFP4), 2.0-2.05x
+# NVFP4, 1.69-1.85x MXFP8; M = 2 1.5-1.7x MXFP4, 1.3-1.4x NVFP4, 1.1-1.4x MXFP8; M = 4..16 dotp 0.97-1.14x MXFP4
+# (end to end, nemotron_h_8b, batch 4 / 16: 1.10x / 1.09x the dense copy), 0.65-0.94x NVFP4 / MXFP8.
+# fp32 activations: one row (the fp32 GEMV), 1.0-1.5x (2026-11-30).
+KERNEL_MAX_ROWS = {"mxfp4": 16, "nvfp4": 2, "mxfp8_e4m3": 2, "mxfp8_e5m2": 2}
 KERNEL_MAX_ROWS_FP32 = 1
-# rows per call that 'auto' sends to the packed kernel when no dense copy is kept: above them the weight is
-# dequantized for the call and the dense matmul runs (H200, bench_quant --dequant; see PACKED_ONLY_NOTE)
-PACKED_ONLY_MAX_ROWS = 64
+# the same without a dense copy: above these the weight is dequantized for the call and the bf16 matmul runs
+# (where dequant + matmul beats the packed kernel: bench_quant --dequant, H200 2026-12-01; BENCHMARKS.md)
+PACKED_ONLY_MAX_ROWS = {"mxfp4": 64, "nvfp4": 64, "mxfp8_e4m3": 128, "mxfp8_e5m2": 128}
 
 
 def _check(mode: str, fmt: str | None) -> tuple[str, bool]:
@@ -144,7 +146,7 @@ class QuantLinear(nn.Module):
 
     def uses_kernel(self, x: torch.Tensor) -> bool:
         """Whether forward(x) runs the packed Triton kernel: backend 'triton' always (CUDA, or CPU under
-        TRITON_INTERPRET=1), 'auto' on CUDA for a kernel format and up to KERNEL_MAX_ROWS rows (one for fp32
+        TRITON_INTERPRET=1), 'auto' on CUDA for a kernel format and up to KERNEL_MAX_ROWS[fmt] rows (one for fp32
         activations), 'torch' never."""
         if self.backend == "torch" or (self.backend == "auto" and not x.is_cuda):
             return False
@@ -156,7 +158,7 @@ class QuantLinear(nn.Module):
                                  f"not {self.fmt}")
             return True
         if x.dtype in (torch.bfloat16, torch.float16):
-            rows = KERNEL_MAX_ROWS if self.dense else PACKED_ONLY_MAX_ROWS
+            rows = (KERNEL_MAX_ROWS if self.dense else PACKED_ONLY_MAX_ROWS)[self.fmt]
         else:
             rows = KERNEL_MAX_ROWS_FP32
         return ok and x.numel() // self.in_features <= rows

@@ -38,7 +38,7 @@ def test_every_code_and_scale(fmt, device):
     ts = torch.tensor(0.37, dtype=torch.float32) if fmt == "nvfp4" else None
     K = 512 if packed else 256
     q = QTensor(fmt, data.to(device), scale.to(device), None if ts is None else ts.to(device), (256, K))
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
         assert _same(dequant(q, dtype, backend="triton").cpu(), dequant_ref(q, dtype).cpu())
 
 

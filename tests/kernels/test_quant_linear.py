@@ -598,14 +598,16 @@ def test_gemvh_one_hot_exact(fmt, device):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: backend 'auto' takes the kernel on CUDA only")
 def test_auto_rows_with_and_without_dense_copy():
-    """'auto' sends up to 2 rows to the packed kernel with a dense copy kept, up to PACKED_ONLY_MAX_ROWS without;
-    above that the lean layer dequantizes per call and matches the dense layer bit for bit."""
-    from synodic.quant.linear import PACKED_ONLY_MAX_ROWS
+    """'auto' sends up to KERNEL_MAX_ROWS[fmt] rows to the packed kernel with a dense copy kept, up to
+    PACKED_ONLY_MAX_ROWS[fmt] without; above that the lean layer dequantizes per call and matches the dense layer
+    bit for bit."""
+    from synodic.quant.linear import KERNEL_MAX_ROWS, PACKED_ONLY_MAX_ROWS
     w, _, _, _ = make(64, 256, 1, torch.float32, "cuda", 3)
-    ql = QuantLinear(w, None, mode="w4a16", fmt="mxfp4", method="rtn")
+    ql = QuantLinear(w, None, mode="w4a16", fmt="nvfp4", method="rtn")
     lean = QuantLinear.from_packed(ql.qtensor(), None, None, mode="w4a16", dtype=torch.bfloat16, dense=False)
-    for rows, kept, packed in ((2, True, True), (3, False, True), (PACKED_ONLY_MAX_ROWS, False, True),
-                               (PACKED_ONLY_MAX_ROWS + 1, False, False)):
+    k, p = KERNEL_MAX_ROWS["nvfp4"], PACKED_ONLY_MAX_ROWS["nvfp4"]
+    assert k < p
+    for rows, kept, packed in ((k, True, True), (k + 1, False, True), (p, False, True), (p + 1, False, False)):
         x = torch.randn(rows, 256, device="cuda").to(torch.bfloat16)
         assert ql.uses_kernel(x) is kept and lean.uses_kernel(x) is packed
         y, y_lean = ql(x), lean(x)
