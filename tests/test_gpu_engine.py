@@ -47,3 +47,13 @@ def test_overlapped_steps_match_synced_on_gpu(overrides):
     if "kv=hisparse" in overrides or "kv=adaptive" in overrides:  # fetch counters read back per step
         kv = eng.ledger.summary()["kv"]
         assert kv == ref_eng.ledger.summary()["kv"] and kv["host_fetched_rows"] > 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_quantized_without_dense_copy_matches_with_it(dtype, tmp_path, monkeypatch):
+    """quant.dense_copy=false gives the tokens of the model that keeps dense copies: decode rows within the packed
+    kernel's limit take the same kernel in both, and prefill the dense matmul on bit-identical weights (the kept
+    copy vs the per-call Triton dequant)."""
+    monkeypatch.setenv("SYNODIC_QUANT_STORE", str(tmp_path))
+    q = ["model=tiny_mamba2", f"model.dtype={dtype}", "quant=mxfp4", "quant.method=rtn", "quant.artifact=none"]
+    assert _serve([*q, "quant.dense_copy=false"]) == _serve([*q, "quant.dense_copy=true"])
