@@ -157,11 +157,13 @@ class QuantLinear(nn.Module):
                 raise ValueError(f"backend='triton': the packed kernel reads {', '.join(KERNEL_FORMATS)}, "
                                  f"not {self.fmt}")
             return True
+        if not ok:
+            return False
         if x.dtype in (torch.bfloat16, torch.float16):
             rows = (KERNEL_MAX_ROWS if self.dense else PACKED_ONLY_MAX_ROWS)[self.fmt]
         else:
             rows = KERNEL_MAX_ROWS_FP32
-        return ok and x.numel() // self.in_features <= rows
+        return x.numel() // self.in_features <= rows
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The dequantized weight in dtype: the kept copy, or (dense=False) decoded for this call — by the Triton

@@ -615,3 +615,6 @@ def test_auto_rows_with_and_without_dense_copy():
             assert rel_rmse(y_lean, y) < 1e-2
         else:
             assert torch.equal(y_lean, y)
+    other = QuantLinear(w, None, mode="w4a16", fmt="int4_g64", method="rtn", dense=False)  # no packed kernel
+    x = torch.randn(2, 256, device="cuda").to(torch.bfloat16)
+    assert not other.uses_kernel(x) and other(x).shape == (2, 64)
