@@ -541,7 +541,11 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       MXFP8 0.84x / 0.71x, where "dot" (`_dot_config`) gave 0.62x / 0.57x, 0.44x / 0.41x, 0.74x / 0.65x in the same
       run, ~4 programs per SM; MXFP4 at M = 3..16: [64 x 256] tiles, 2 stages (dotp tile grid of 2026-12-01 at
       M = 4, 16, 32: 27.8-28.1 / 30.3-30.5 us where [64 x 128] took 29.6-30.4 / 31.9-32.6 us (4096x14336 /
-      14336x4096), 1.10-1.15x / 0.97-1.00x bf16; at M = 32 and for NVFP4 [64 x 128] stayed best)."""
+      14336x4096), 1.10-1.15x / 0.97-1.00x bf16; at M = 32 and for NVFP4 [64 x 128] stayed best);
+      4-bit at M = 33..64 (the rows a layer without a dense copy sends to the kernel; dotp grid of 10 tiles at M = 32
+      and 64, 2026-12-01 04:30 UTC): MXFP4 [128 x 64], 4 stages, 52.9 / 53.0 us where [64 x 128] took 56.7 / 58.3,
+      NVFP4 [64 x 256], 2 stages, 66.2 / 68.2 us against 69.2 / 72.3 (4096x14336 / 14336x4096); at M = 32 the
+      defaults above stayed within 1 % of the best."""
     packed = FMT_IDS[fmt] <= 1
     if M == 1 and not fp32_act:
         bn, bk, nw, per_sm, prefetch = _GEMVH_M1[fmt]
@@ -557,6 +561,10 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
         bn, bk = (16, 512) if packed else (32, 128)
         split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 16, 1)
         return dict(KERNEL="gemv32", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=2)
+    if packed and 32 < M <= 64:  # dotp grid at M = 64 (see the docstring)
+        bn, bk, st = (128, 64, 4) if fmt == "mxfp4" else (64, 256, 2)
+        split = _auto_split(triton.cdiv(N, bn) * triton.cdiv(M, _bm(M)), K, bk, sms, 4, 4)
+        return dict(KERNEL="dotp", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=st)
     wide = fmt == "mxfp4" and M <= 16
     bk = 256 if wide else 128 if packed else 64
     split = _auto_split(triton.cdiv(N, 64) * triton.cdiv(M, _bm(M)), K, bk, sms, 4, 4)
