@@ -543,7 +543,7 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       M = 4, 16, 32: 27.8-28.1 / 30.3-30.5 us where [64 x 128] took 29.6-30.4 / 31.9-32.6 us (4096x14336 /
       14336x4096), 1.10-1.15x / 0.97-1.00x bf16; at M = 32 and for NVFP4 [64 x 128] stayed best);
       4-bit at M = 33..64 (the rows a layer without a dense copy sends to the kernel; dotp grid of 10 tiles at M = 32
-      and 64, 2026-12-01 04:30 UTC): MXFP4 [128 x 64], 4 stages, 52.9 / 53.0 us where [64 x 128] took 56.7 / 58.3,
+      and 64, 2026-12-01 03:57 UTC): MXFP4 [128 x 64], 4 stages, 52.9 / 53.0 us where [64 x 128] took 56.7 / 58.3,
       NVFP4 [64 x 256], 2 stages, 66.2 / 68.2 us against 69.2 / 72.3 (4096x14336 / 14336x4096); at M = 32 the
       defaults above stayed within 1 % of the best."""
     packed = FMT_IDS[fmt] <= 1
