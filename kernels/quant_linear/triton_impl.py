@@ -448,19 +448,24 @@ def _qdotp_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cn
     pid_n, pid_k, pid_m, offs_n, mn, rows_n, offs_m, mm, rows_m, k_lo, k_hi, g_hi = _dot_tile(
         M, N, K, K_PER_SPLIT, QBLOCK, BLOCK_M, BLOCK_N)
     offs_g = tl.arange(0, G)
-    offs_h = tl.arange(0, H)
+    offs_kb = tl.arange(0, KB)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    for k in range(k_lo, k_hi, BLOCK_K):
+        k0 = tl.multiple_of(k, BLOCK_K)  # splits start at tile multiples
         g = k0 // QBLOCK + offs_g
         mg = g < g_hi
         sc_ptrs = sc_ptr + rows_n[:, None] * stride_sn + g[None, :]
-        w_ptrs = w_ptr + rows_n[:, None, None] * stride_wn + (g * H)[None, :, None] + offs_h[None, None, :]
+        # the tile's code bytes, loaded as [BLOCK_N, KB] and then viewed per block; their start is a multiple of
+        # BLOCK_K / 2 (>= 16) bytes, which the compiler does not infer through k0 // QBLOCK (NVFP4 got 8-byte loads)
+        kb = tl.multiple_of(k0 // QBLOCK * H, 16) + offs_kb
+        w_ptrs = w_ptr + rows_n[:, None] * stride_wn + kb[None, :]
         if EVEN:  # N and K multiples of the tile: no masks (fewer predicate instructions per load)
             sc = tl.load(sc_ptrs)
             byte = tl.load(w_ptrs)
         else:
             sc = tl.load(sc_ptrs, mask=mn[:, None] & mg[None, :], other=0)
-            byte = tl.load(w_ptrs, mask=mn[:, None, None] & mg[None, :, None], other=0)
+            byte = tl.load(w_ptrs, mask=mn[:, None] & (kb < g_hi * H)[None, :], other=0)
+        byte = tl.reshape(byte, (BLOCK_N, G, H))
         f = _fold16(sc, FMT, SH, SHMUL, DOT_DT)[:, :, None]
         if PACKED:
             if ASM:  # bf16 x bf16 multiplies: HMUL2, two weights each
