@@ -551,8 +551,8 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       and 64, 2026-12-01 03:57 UTC): MXFP4 [128 x 64], 4 stages, 52.9 / 53.0 us where [64 x 128] took 56.7 / 58.3,
       NVFP4 [64 x 256], 2 stages, 66.2 / 68.2 us against 69.2 / 72.3 (4096x14336 / 14336x4096); at M = 32 the
       defaults above stayed within 1 % of the best.
-    The dotp times above predate its aligned 16-byte code loads (2026-12-01, BENCHMARKS.md), which made it 10-40 %
-    faster (NVFP4 the most); the tiles were not re-swept since."""
+    The dotp times above predate its aligned 16-byte code loads (2026-12-01, BENCHMARKS.md), which cut its time by
+    6-36 % (NVFP4 the most); the tiles were not re-swept since."""
     packed = FMT_IDS[fmt] <= 1
     if M == 1 and not fp32_act:
         bn, bk, nw, per_sm, prefetch = _GEMVH_M1[fmt]
