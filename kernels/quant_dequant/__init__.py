@@ -16,11 +16,12 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import pick_backend
+from ..quant_linear import KERNEL_FORMATS
 from .ref import dequant_ref
 
 __all__ = ["DEQUANT_FORMATS", "dequant", "dequant_ref"]
 
-DEQUANT_FORMATS = ("mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2")
+DEQUANT_FORMATS = KERNEL_FORMATS  # the formats the packed kernels read, and so the ones stored without a dense copy
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 

@@ -15,13 +15,14 @@ import triton.language as tl
 
 from .._tl import _round_bf16
 from ..quant_linear.codec import _e4m3, _e5m2, _scale
-
-_FMT = {"mxfp4": 0, "nvfp4": 1, "mxfp8_e4m3": 2, "mxfp8_e5m2": 3}
+from ..quant_linear.triton_impl import FMT_IDS
 
 
 @triton.jit
 def _e2m1(c):
-    """int32 E2M1 codes (0..15) -> fp32: e = 0 is m * 0.5, else 2^(e-1) (1 + m / 2); sign by an integer OR."""
+    """int32 E2M1 codes (0..15) -> fp32: e = 0 is m * 0.5, else 2^(e-1) (1 + m / 2); sign by an integer OR.
+    The exact value itself (not triton_impl's _bits_lo / _bits_hi, value * 2^-126 for kernels whose scale carries
+    the 2^126): here it meets an arbitrary fp32 block scale, as in the reference."""
     e = (c >> 1) & 3
     m = c & 1
     mag = tl.where(e == 0, m.to(tl.float32) * 0.5, (((e + 126) << 23) | (m << 22)).to(tl.float32, bitcast=True))
@@ -102,6 +103,6 @@ def dequant_triton(q, dtype: torch.dtype, config: tuple[int, int, int] | None = 
         view = out.view(torch.int16) if rnd else out
     grid = (triton.cdiv(N, block_n), triton.cdiv(nblk, G))
     _dequant_kernel[grid](data, scale, p, view, N, nblk, data.stride(0), scale.stride(0), view.stride(0),
-                          FMT=_FMT[q.fmt], QBLOCK=q.spec.block, BLOCK_N=block_n, G=G, OUT=_OUT[dtype], ROUND=rnd,
+                          FMT=FMT_IDS[q.fmt], QBLOCK=q.spec.block, BLOCK_N=block_n, G=G, OUT=_OUT[dtype], ROUND=rnd,
                           num_warps=num_warps)
     return out
