@@ -516,6 +516,15 @@ _GEMVH_M1 = {"mxfp4": (64, 512, 4, 8, 0), "nvfp4": (32, 512, 4, 4, 1),
 _GEMVH_M2 = {"mxfp4": (32, 512, 4), "nvfp4": (16, 512, 1), "mxfp8_e4m3": (32, 256, 1), "mxfp8_e5m2": (32, 256, 1)}
 
 
+# dotp (M >= 3; M >= 2 for fp32 activations) per format: (up to M rows, (BLOCK_N, BLOCK_K, num_stages)) on 4 warps,
+# the first entry whose bound covers M; see default_config
+_ANY_M = 1 << 62
+_DOTP = {"mxfp4": ((16, (64, 256, 3)), (32, (128, 256, 2)), (64, (128, 64, 4)), (_ANY_M, (64, 128, 4))),
+         "nvfp4": ((32, (64, 128, 4)), (64, (64, 256, 2)), (_ANY_M, (64, 128, 4))),
+         "mxfp8_e4m3": ((32, (64, 128, 3)), (_ANY_M, (64, 64, 4))),
+         "mxfp8_e5m2": ((32, (64, 128, 3)), (_ANY_M, (64, 64, 4)))}
+
+
 def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: bool = False) -> dict:
     """Launch config (no timing at run time: decode steps stay capturable in CUDA graphs), from the H200 sweeps
     of 2026-11-30 (bench_quant --shapes 4096x14336,14336x4096), against the bf16 torch linear in the same run:
@@ -541,18 +550,19 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       one warp against 19.3 / 19.2); at M = 1 every one-warp tile lost;
       M = 1, fp32 activations, "gemv32" (fp32 arithmetic; 1.41-1.47x 4-bit, 1.03x MXFP8): 4-bit [16 x 512],
       MXFP8 [32 x 128], 4 warps, ~16 programs per SM;
-      M >= 3 (M >= 2 for fp32 activations), "dotp" (sweep of 2026-11-30 09:22 UTC, bench_quant --ms 32):
-      [64 x 128] tiles (MXFP8 [64 x 64]) on 4 warps, 4 stages; M = 32: MXFP4 0.94x / 0.84x, NVFP4 0.70x / 0.63x,
-      MXFP8 0.84x / 0.71x, where "dot" (`_dot_config`) gave 0.62x / 0.57x, 0.44x / 0.41x, 0.74x / 0.65x in the same
-      run, ~4 programs per SM; MXFP4 at M = 3..16: [64 x 256] tiles, 2 stages (dotp tile grid of 2026-12-01 at
-      M = 4, 16, 32: 27.8-28.1 / 30.3-30.5 us where [64 x 128] took 29.6-30.4 / 31.9-32.6 us (4096x14336 /
-      14336x4096), 1.10-1.15x / 0.97-1.00x bf16; at M = 32 and for NVFP4 [64 x 128] stayed best);
+      M >= 3 (M >= 2 for fp32 activations), "dotp", tiles from `_DOTP`: a grid of 11 tiles (9 for MXFP8) at
+      M = 4, 16, 32, timed after dotp's aligned code loads (2026-12-01 05:35 UTC, BENCHMARKS.md, "sixteenth");
+      per format the tile with the lowest mean time relative to the old default over both shapes: MXFP4 [64 x 256]
+      3 stages to M = 16 (20.8 / 22.9 us at M = 4), [128 x 256] 2 stages to 32 (27.4 / 31.0 us where [64 x 128]
+      took 29.7 / 31.8); NVFP4 keeps [64 x 128] 4 stages to 32 (its grid's best, [128 x 256] 2 stages, took 23.8 /
+      26.9 us at M = 4 where [64 x 128] took 26.4 / 27.9, but made `nemotron_h_8b` decode at batch 4 / 16 slower
+      end to end: 4.42 / 5.18 ms against 3.89 / 4.57); MXFP8 [64 x 128] 3 stages to 32 (26.6 / 29.4 us at M = 4
+      where [64 x 64] took 31.3 / 35.3; E5M2 takes E4M3's tiles, not swept on its own);
       4-bit at M = 33..64 (the rows a layer without a dense copy sends to the kernel; dotp grid of 10 tiles at M = 32
-      and 64, 2026-12-01 03:57 UTC): MXFP4 [128 x 64], 4 stages, 52.9 / 53.0 us where [64 x 128] took 56.7 / 58.3,
-      NVFP4 [64 x 256], 2 stages, 66.2 / 68.2 us against 69.2 / 72.3 (4096x14336 / 14336x4096); at M = 32 the
-      defaults above stayed within 1 % of the best.
-    The dotp times above predate its aligned 16-byte code loads (2026-12-01, BENCHMARKS.md), which cut its time by
-    6-36 % (NVFP4 the most); the tiles were not re-swept since."""
+      and 64, 2026-12-01 03:57 UTC, before the aligned loads): MXFP4 [128 x 64], 4 stages, 52.9 / 53.0 us where
+      [64 x 128] took 56.7 / 58.3, NVFP4 [64 x 256], 2 stages, 66.2 / 68.2 us against 69.2 / 72.3 (4096x14336 /
+      14336x4096); MXFP8 above 32 rows and 4-bit above 64 (a forced kernel) the earlier [64 x 64] / [64 x 128],
+      4 stages (sweep of 2026-11-30 09:22 UTC)."""
     packed = FMT_IDS[fmt] <= 1
     if M == 1 and not fp32_act:
         bn, bk, nw, per_sm, prefetch = _GEMVH_M1[fmt]
@@ -568,15 +578,9 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
         bn, bk = (16, 512) if packed else (32, 128)
         split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 16, 1)
         return dict(KERNEL="gemv32", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=2)
-    if packed and 32 < M <= 64:  # dotp grid at M = 64 (see the docstring)
-        bn, bk, st = (128, 64, 4) if fmt == "mxfp4" else (64, 256, 2)
-        split = _auto_split(triton.cdiv(N, bn) * triton.cdiv(M, _bm(M)), K, bk, sms, 4, 4)
-        return dict(KERNEL="dotp", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=st)
-    wide = fmt == "mxfp4" and M <= 16
-    bk = 256 if wide else 128 if packed else 64
-    split = _auto_split(triton.cdiv(N, 64) * triton.cdiv(M, _bm(M)), K, bk, sms, 4, 4)
-    return dict(KERNEL="dotp", BLOCK_N=64, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4,
-                num_stages=2 if wide else 4)
+    bn, bk, st = next(tile for max_m, tile in _DOTP[fmt] if M <= max_m)
+    split = _auto_split(triton.cdiv(N, bn) * triton.cdiv(M, _bm(M)), K, bk, sms, 4, 4)
+    return dict(KERNEL="dotp", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=st)
 
 
 def _dot_config(M: int, N: int, K: int, fmt: str, sms: int) -> dict:

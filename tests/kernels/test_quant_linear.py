@@ -26,6 +26,8 @@ def make(N, K, M, dtype, device, seed):
 CASES = [  # fmt, N, K, M, dtype, act_quant, config
     ("mxfp4", 40, 96, 1, torch.float32, None, None),
     ("mxfp4", 40, 288, 5, torch.bfloat16, None, None),  # the M = 3..16 MXFP4 default: [64 x 256] tiles, K masked
+    ("mxfp4", 136, 288, 20, torch.bfloat16, None, None),  # M = 17..32: MXFP4 [128 x 256], N and K masked
+    ("mxfp8_e4m3", 72, 160, 9, torch.bfloat16, None, None),  # M = 3..32: MXFP8 [64 x 128], 3 stages
     ("mxfp4", 136, 160, 40, torch.bfloat16, None, None),  # the M = 33..64 defaults: MXFP4 [128 x 64], N and K masked
     ("nvfp4", 72, 272, 40, torch.bfloat16, None, None),  # NVFP4 [64 x 256]
     ("mxfp4", 24, 160, 3, torch.float32, "mxfp4", dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
@@ -499,8 +501,12 @@ def test_default_one_row_kernel_follows_activation_dtype():
     assert resolve_config(2, 14336, 4096, "nvfp4", None)["num_warps"] == 1  # one-warp programs at M = 2
     assert resolve_config(2, 14336, 4096, "mxfp8_e4m3", None)["num_warps"] == 1
     assert resolve_config(2, 14336, 4096, "mxfp4", None)["num_warps"] == 4
-    # 4-bit at M = 33..64: wider N tiles for MXFP4, longer K tiles for NVFP4; M = 32 keeps [64 x 128]
-    assert [resolve_config(m, 4096, 14336, "mxfp4", None)["BLOCK_N"] for m in (32, 33, 64, 65)] == [64, 128, 128, 64]
+    # dotp tiles by rows (_DOTP): MXFP4 [64 x 256] to 16 rows, [128 x 256] to 32, [128 x 64] to 64; NVFP4 [64 x 128]
+    # to 32, [64 x 256] to 64; MXFP8 [64 x 128] to 32; a forced kernel above 64 rows the generic [64 x 128]
+    assert [resolve_config(m, 4096, 14336, "mxfp4", None)["BLOCK_K"] for m in (16, 17, 33)] == [256, 256, 64]
+    assert [resolve_config(m, 4096, 14336, "nvfp4", None)["BLOCK_K"] for m in (3, 32, 33, 65)] == [128, 128, 256, 128]
+    assert [resolve_config(m, 4096, 14336, "mxfp8_e4m3", None)["BLOCK_K"] for m in (3, 32, 33)] == [128, 128, 64]
+    assert [resolve_config(m, 4096, 14336, "mxfp4", None)["BLOCK_N"] for m in (32, 33, 64, 65)] == [128, 128, 128, 64]
     assert resolve_config(48, 4096, 14336, "nvfp4", None)["BLOCK_K"] == 256
 
 
