@@ -499,16 +499,22 @@ CONFIG_KEYS = {"KERNEL", "BLOCK_N", "BLOCK_K", "BLOCK_M", "SPLIT_K", "SEM", "num
                "TWO_MUL", "PREFETCH"}
 
 
-def _auto_split(progs: int, K: int, bk: int, sms: int, per_sm: int, min_iters: int) -> int:
-    """Largest power-of-two K split keeping <= per_sm programs per SM and >= min_iters K tiles each."""
+def _auto_split(progs: int, K: int, bk: int, sms: int, per_sm: int, min_iters: int, ceil: bool = False,
+                min_per_sm: int = 0) -> int:
+    """Largest power-of-two K split keeping <= per_sm programs per SM and >= min_iters K tiles each (ceil: counting
+    a split's last, partial tile, as the launch rounds a split up to whole tiles); while fewer than min_per_sm
+    programs per SM run, splits may go down to one tile."""
     split = 1
-    while split < 64 and progs * split * 2 <= per_sm * sms and K // (split * 2) >= min_iters * bk:
+    while split < 64 and progs * split * 2 <= per_sm * sms:
+        tiles = triton.cdiv(triton.cdiv(K, split * 2), bk) if ceil else K // (split * 2) // bk
+        if tiles < (1 if progs * split < min_per_sm * sms else min_iters):
+            break
         split *= 2
     return split
 
 
 # gemvh at M = 1 per format (see default_config): (BLOCK_N, BLOCK_K, num_warps, programs per SM, PREFETCH)
-_GEMVH_M1 = {"mxfp4": (64, 512, 4, 8, 0), "nvfp4": (32, 512, 4, 4, 1),
+_GEMVH_M1 = {"mxfp4": (64, 512, 4, 11, 0), "nvfp4": (32, 512, 4, 4, 1),
              "mxfp8_e4m3": (16, 512, 2, 8, 0), "mxfp8_e5m2": (16, 512, 2, 8, 0)}
 
 
@@ -548,6 +554,11 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       02:27 UTC): NVFP4 [16 x 512] 21.9 / 22.4 us where the 4-warp [32 x 512] took 23.7 / 23.1, MXFP8 [32 x 256]
       26.1 / 20.7 us where 4 warps took 27.1 / 31.2 (4096x14336 / 14336x4096); MXFP4 kept 4 warps (20.6 / 20.2 on
       one warp against 19.3 / 19.2); at M = 1 every one-warp tile lost;
+      K splits on `nemotron_h_8b`'s shapes (A/B/A/B of old and new splits, 2026-12-01 05:59 UTC, BENCHMARKS.md):
+      at M = 1 each split of at least 2 K tiles (counting a partial one) unless fewer than 2 programs per SM would
+      run, and MXFP4 up to ~11 programs per SM: 18560x4096 / 21504x4096 split 4 (18.3 -> 17.2 / 19.8 -> 18.8 us),
+      4096x8192 split 8 (10.8 -> 9.4), 6144x4096 split 4 (9.2 -> 8.2), 4096x4096 kept at 8 (split 4 took 7.5 against
+      7.0); NVFP4's dotp up to 6 programs per SM (others 4): 18560x4096 split 2 at M = 4 (37.6 -> 32.4 us);
       M = 1, fp32 activations, "gemv32" (fp32 arithmetic; 1.41-1.47x 4-bit, 1.03x MXFP8): 4-bit [16 x 512],
       MXFP8 [32 x 128], 4 warps, ~16 programs per SM;
       M >= 3 (M >= 2 for fp32 activations), "dotp", tiles from `_DOTP`: a grid of 11 tiles (9 for MXFP8) at
@@ -567,7 +578,7 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
     if M == 1 and not fp32_act:
         bn, bk, nw, per_sm, prefetch = _GEMVH_M1[fmt]
         cfg = dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, BLOCK_M=1, SPLIT_K=_auto_split(triton.cdiv(N, bn), K, bk,
-                   sms, per_sm, 1), SEM=True, num_warps=nw, num_stages=2)
+                   sms, per_sm, 2, ceil=True, min_per_sm=2), SEM=True, num_warps=nw, num_stages=2)
         return dict(cfg, PREFETCH=1) if prefetch else cfg
     if M == 2 and not fp32_act:
         bn, bk, nw = _GEMVH_M2[fmt]
@@ -579,7 +590,7 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
         split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 16, 1)
         return dict(KERNEL="gemv32", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=2)
     bn, bk, st = next(tile for max_m, tile in _DOTP[fmt] if M <= max_m)
-    split = _auto_split(triton.cdiv(N, bn) * triton.cdiv(M, _bm(M)), K, bk, sms, 4, 4)
+    split = _auto_split(triton.cdiv(N, bn) * triton.cdiv(M, _bm(M)), K, bk, sms, 6 if fmt == "nvfp4" else 4, 4)
     return dict(KERNEL="dotp", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=st)
 
 

@@ -508,6 +508,11 @@ def test_default_one_row_kernel_follows_activation_dtype():
     assert [resolve_config(m, 4096, 14336, "mxfp8_e4m3", None)["BLOCK_K"] for m in (3, 32, 33)] == [128, 128, 64]
     assert [resolve_config(m, 4096, 14336, "mxfp4", None)["BLOCK_N"] for m in (32, 33, 64, 65)] == [128, 128, 128, 64]
     assert resolve_config(48, 4096, 14336, "nvfp4", None)["BLOCK_K"] == 256
+    # K splits: at M = 1 >= 2 K tiles a split unless < 2 programs per SM; NVFP4's dotp up to 6 programs per SM
+    split = {(m, n, k, f): resolve_config(m, n, k, f, None)["SPLIT_K"] for m, n, k, f in (
+        (1, 18560, 4096, "mxfp4"), (1, 4096, 8192, "mxfp4"), (1, 4096, 4096, "mxfp4"), (1, 4096, 14336, "mxfp4"),
+        (4, 18560, 4096, "nvfp4"), (4, 18560, 4096, "mxfp4"))}
+    assert list(split.values()) == [4, 8, 8, 16, 2, 1]
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8_e4m3"])
