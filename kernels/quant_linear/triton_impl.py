@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import tuned
 from .codec import _SIGN2, _decode, _e4m3, _e8m0, _mxfp4_fake, _mxfp4_from_amax, _scale, _shl, _store_out
 from .gemvh import _qgemvh_kernel, gemvh_omul
 
@@ -677,6 +678,8 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     M, K = x2d.shape
     N = data.shape[0]
     f32 = x2d.dtype == torch.float32
+    if config is None and not f32 and x2d.is_cuda:  # this GPU's tuned table (tuned.py), else the heuristic
+        config = tuned.lookup(_device_name(x2d.device), fmt, N, K, M)
     cfg = resolve_config(M, N, K, fmt, config, _sms(x2d.device), f32)
     kern = cfg["KERNEL"]
     if kern == "gemv32" and M != 1:  # the fp32 CUDA-core GEMV reads one row; more rows take the M >= 2 default
@@ -782,6 +785,14 @@ def code_words(data: torch.Tensor) -> torch.Tensor:
 
 
 _SMS: dict = {}
+_NAMES: dict = {}
+
+
+def _device_name(device: torch.device) -> str:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _NAMES:
+        _NAMES[idx] = torch.cuda.get_device_name(idx)
+    return _NAMES[idx]
 
 
 def _sms(device: torch.device) -> int:

@@ -1,0 +1,55 @@
+"""Per-GPU launch configs for the packed kernels, tuned offline on the presets' linear shapes.
+
+The heuristics of `triton_impl.default_config` are fitted on a few shapes; the best K split and tile of a given
+(N, K) differ by 5-20 % between shapes with no rule that fits them all (BENCHMARKS.md, 2026-12-01). As serving
+engines do for their fused-MoE kernels, a table measured once per GPU (`python -m synodic.kernels.tune_quant`)
+maps (format, N, K, row bucket) to the config that won; a call with no explicit config takes its entry when the
+device's table has one, and the heuristic otherwise. The table is a file, not a run-time timing: decode steps
+stay capturable in CUDA graphs and the same shapes always launch the same config.
+
+File: `tuned/<device name, non-alphanumerics as _>.json`, {"meta": {...}, "configs": {"fmt,N,K,M": config}}.
+"""
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+TABLE_DIR = Path(__file__).parent / "tuned"
+M_BUCKETS = (1, 2, 4, 16, 32)  # the row counts tuned; a call of M rows takes the first bucket >= M
+
+
+def bucket(M: int) -> int | None:
+    """The tuned row count that stands for a call of M rows (1 and 2 exactly: their kernels differ; 3-4 -> 4,
+    5-16 -> 16, 17-32 -> 32); None above the last."""
+    return next((b for b in M_BUCKETS if M <= b), None)
+
+
+def key(fmt: str, N: int, K: int, M: int) -> str:
+    return f"{fmt},{N},{K},{M}"
+
+
+def table_path(device_name: str, root: Path | None = None) -> Path:
+    return (root or TABLE_DIR) / (re.sub(r"[^A-Za-z0-9]+", "_", device_name).strip("_") + ".json")
+
+
+@lru_cache(maxsize=None)
+def load(path: Path) -> dict:
+    """{key: config} of a table file ({} when there is none)."""
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    configs = data.get("configs") if isinstance(data, dict) else None
+    if not isinstance(configs, dict) or not all(isinstance(v, dict) for v in configs.values()):
+        raise ValueError(f"{path}: expected {{'meta': ..., 'configs': {{'fmt,N,K,M': config}}}}")
+    return configs
+
+
+def lookup(device_name: str, fmt: str, N: int, K: int, M: int, root: Path | None = None) -> dict | None:
+    """The tuned config for a call of M rows, or None (no table for this device, no entry for the shape)."""
+    b = bucket(M)
+    if b is None:
+        return None
+    entry = load(table_path(device_name, root)).get(key(fmt, N, K, b))
+    return dict(entry) if entry is not None else None

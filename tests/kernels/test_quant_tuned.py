@@ -1,0 +1,126 @@
+"""The per-GPU tuned config tables of the packed kernels (quant_linear/tuned.py) and their tuner (tune_quant)."""
+import json
+
+import pytest
+import torch
+from synodic.kernels import tune_quant
+from synodic.kernels.quant_linear import KERNEL_FORMATS, tuned
+from synodic.kernels.quant_linear.triton_impl import resolve_config
+
+
+def test_buckets():
+    assert [tuned.bucket(m) for m in (1, 2, 3, 4, 5, 16, 17, 32, 33)] == [1, 2, 4, 4, 16, 16, 32, 32, None]
+
+
+def test_table_path_and_lookup(tmp_path):
+    assert tuned.table_path("NVIDIA H200 (x)", tmp_path).name == "NVIDIA_H200_x.json"
+    cfg = dict(KERNEL="dotp", BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, SEM=True, num_warps=4, num_stages=3)
+    tuned.table_path("GPU A", tmp_path).write_text(json.dumps({"meta": {}, "configs": {"nvfp4,96,256,4": cfg}}))
+    tuned.load.cache_clear()
+    got = tuned.lookup("GPU A", "nvfp4", 96, 256, 3, tmp_path)  # M = 3 takes the 4-row entry
+    assert got == cfg and got is not cfg  # a copy: callers may not edit the table
+    assert tuned.lookup("GPU A", "nvfp4", 96, 256, 5, tmp_path) is None  # bucket 16: no entry
+    assert tuned.lookup("GPU A", "nvfp4", 96, 256, 33, tmp_path) is None  # above the last bucket
+    assert tuned.lookup("GPU A", "mxfp4", 96, 256, 4, tmp_path) is None
+    assert tuned.lookup("GPU B", "nvfp4", 96, 256, 4, tmp_path) is None  # no table for this device
+
+
+def test_malformed_table_is_refused(tmp_path):
+    p = tuned.table_path("Bad GPU", tmp_path)
+    p.write_text(json.dumps({"configs": ["not", "a", "dict"]}))
+    tuned.load.cache_clear()
+    with pytest.raises(ValueError, match="Bad_GPU.json"):
+        tuned.lookup("Bad GPU", "mxfp4", 64, 64, 1, tmp_path)
+
+
+def test_shipped_tables_are_valid():
+    """Every shipped entry names a kernel format, a tuned row bucket, and a launch config that resolve_config takes
+    unchanged (no unknown key, a known kernel, its tile and split as tuned)."""
+    for path in sorted(tuned.TABLE_DIR.glob("*.json")):
+        configs = tuned.load.__wrapped__(path)
+        for k, cfg in configs.items():
+            fmt, N, K, M = k.split(",")
+            assert fmt in KERNEL_FORMATS and int(M) in tuned.M_BUCKETS, (path.name, k)
+            assert resolve_config(int(M), int(N), int(K), fmt, cfg) == cfg, (path.name, k)
+
+
+def test_model_shapes_of_a_preset():
+    shapes = tune_quant.model_shapes("tiny_mamba2", "mxfp4")  # 4 MLP layers (relu2: up, down), 4 Mamba-2
+    assert shapes[(1024, 384)] == 4 and shapes[(384, 1024)] == 4
+    assert all(k % 32 == 0 for _, k in shapes)
+    with pytest.raises(ValueError, match="--models 'nope'"):
+        tune_quant.model_shapes("nope", "mxfp4")
+
+
+@pytest.mark.parametrize("M,fmt", [(1, "mxfp4"), (2, "mxfp8_e4m3"), (4, "nvfp4"), (32, "mxfp4")])
+def test_candidates(M, fmt):
+    cands = tune_quant.candidates(M, 18560, 4096, fmt, 132)
+    assert cands[0] == resolve_config(M, 18560, 4096, fmt, None, 132)  # the heuristic first
+    assert len({json.dumps(c, sort_keys=True) for c in cands}) == len(cands) > 1
+    assert all(1 <= c["SPLIT_K"] <= 64 for c in cands)
+    assert all(resolve_config(M, 18560, 4096, fmt, c, 132) == c for c in cands)
+    if M >= 3:  # the format's other dotp tiles
+        assert len({(c["BLOCK_N"], c["BLOCK_K"]) for c in cands}) > 1
+
+
+def test_choose_keeps_the_heuristic_unless_clearly_faster():
+    assert tune_quant.choose({0: [10.0, 10.1, 9.9], 1: [9.8, 9.8, 9.9]}) == 0  # 2 %: noise
+    assert tune_quant.choose({0: [10.0, 10.1, 9.9], 1: [9.0, 12.0, 9.1], 2: [9.5, 9.5, 9.5]}) == 1
+    assert tune_quant.choose({0: [10.0], 1: [11.0]}) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the table is read for CUDA calls only")
+def test_table_entry_reaches_the_launch(tmp_path, monkeypatch):
+    """A call without a config takes this GPU's table entry: a deliberately invalid one is refused by the launcher."""
+    from synodic.kernels.quant_linear import quant_linear
+    from synodic.kernels.quant_linear.triton_impl import _device_name
+
+    from synodic.quant import quantize
+
+    dev = torch.device("cuda")
+    q = quantize(torch.randn(96, 256, device=dev), "mxfp4")
+    x = torch.randn(1, 256, device=dev).to(torch.bfloat16)
+    bad = dict(KERNEL="gemvh", BLOCK_N=32, BLOCK_K=48, SPLIT_K=1, SEM=True, num_warps=4, num_stages=2)
+    monkeypatch.setattr(tuned, "TABLE_DIR", tmp_path)
+    tuned.table_path(_device_name(dev)).write_text(json.dumps({"meta": {}, "configs": {"mxfp4,96,256,1": bad}}))
+    tuned.load.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="BLOCK_K=48"):
+            quant_linear(x, q, backend="triton")
+        quant_linear(torch.randn(2, 256, device=dev).to(torch.bfloat16), q, backend="triton")  # no entry: heuristic
+    finally:
+        tuned.load.cache_clear()
+
+
+def test_tune_writes_a_table(tmp_path, device, monkeypatch):
+    """The tuner end to end on one small shape (kernels checked against the reference, timer faked): a K split 10 %
+    faster than the heuristic's at one row enters the table and resolves unchanged; 1 % at four rows is noise and
+    does not; the file carries its meta."""
+    import synodic.kernels.quant_linear as ql
+
+    heuristic = {m: resolve_config(m, 64, 1024, "mxfp4", None) for m in (1, 4)}
+    seen = {}
+    real = ql.quant_linear
+
+    def spy(x, q, *a, config=None, **kw):  # what the timer is about to time
+        seen.update(cfg=config, M=x.shape[0])
+        return real(x, q, *a, config=config, **kw)
+
+    def timer(fns, calls):
+        fns[0]()
+        base = heuristic[seen["M"]]
+        if seen["cfg"] == base:
+            return 10.0
+        return 9.0 if seen["M"] == 1 and seen["cfg"]["SPLIT_K"] != base["SPLIT_K"] else 9.9
+
+    monkeypatch.setattr(ql, "quant_linear", spy)
+    path = tmp_path / "T.json"
+    configs = tune_quant.tune([("mxfp4", 64, 1024)], [1, 4], path, {"gpu": "test"}, device=torch.device(device),
+                              time_fn=timer, log=lambda s: None)
+    data = json.loads(path.read_text())
+    assert data["meta"] == {"gpu": "test"} and data["configs"] == configs
+    assert list(configs) == ["mxfp4,64,1024,1"]
+    cfg = configs["mxfp4,64,1024,1"]
+    assert cfg["SPLIT_K"] != heuristic[1]["SPLIT_K"] and resolve_config(1, 64, 1024, "mxfp4", cfg) == cfg
+    with pytest.raises(ValueError, match="--ms 3"):
+        tune_quant.tune([], [3], path, {}, device=torch.device(device), time_fn=timer)
