@@ -30,6 +30,7 @@ def key(fmt: str, N: int, K: int, M: int) -> str:
     return f"{fmt},{N},{K},{M}"
 
 
+@lru_cache(maxsize=None)  # looked up on every packed-kernel call without a config
 def table_path(device_name: str, root: Path | None = None) -> Path:
     return (root or TABLE_DIR) / (re.sub(r"[^A-Za-z0-9]+", "_", device_name).strip("_") + ".json")
 
@@ -51,5 +52,5 @@ def lookup(device_name: str, fmt: str, N: int, K: int, M: int, root: Path | None
     b = bucket(M)
     if b is None:
         return None
-    entry = load(table_path(device_name, root)).get(key(fmt, N, K, b))
+    entry = load(table_path(device_name, root or TABLE_DIR)).get(key(fmt, N, K, b))
     return dict(entry) if entry is not None else None
