@@ -533,48 +533,24 @@ _DOTP = {"mxfp4": ((16, (64, 256, 3)), (32, (128, 256, 2)), (64, (128, 64, 4)), 
 
 
 def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: bool = False) -> dict:
-    """Launch config (no timing at run time: decode steps stay capturable in CUDA graphs), from the H200 sweeps
-    of 2026-11-30 (bench_quant --shapes 4096x14336,14336x4096), against the bf16 torch linear in the same run:
-      M = 1, bf16 / fp16 activations, the fp16x2 GEMV "gemvh" (sweeps of 12:30 and 12:35 UTC): [64 x 512] tiles
-      on 4 warps for 4-bit (MXFP4 14.1-14.4 us, 2.1-2.3x; NVFP4 18.8-19.2 us, ~1.7x), [64 x 256] for MXFP8
-      (19.3-20.6 us, ~1.6x; NVFP4 and MXFP8 replaced since, below); K split to ~8 programs per SM for 4-bit and
-      <= 7 for MXFP8 (the sweeps' best splits: 16 / 4 and 8 / 4 for 4096x14336 / 14336x4096; twice as many were
-      5-15 % slower);
-      M = 1, NVFP4: [32 x 512] on 4 warps with PREFETCH, K split to ~4 programs per SM (grid of tiles x splits x
-      PREFETCH, 2026-11-30 21:24 UTC, BENCHMARKS.md): 16.5 / 15.3 us where the MXFP4 default's tile took
-      17.5 / 17.3 us (4096x14336 / 14336x4096); NVFP4's E4M3 scales per 16 codes are twice MXFP4's, and a longer
-      K loop with the next tile in flight hides them. MXFP4 gained nothing from it (14.7 / 14.4 vs 14.4 / 14.4 us)
-      and MXFP8 lost (18.6-20.2 us without, 20.4-22.6 with);
-      M = 1, MXFP8 (the same grid): [16 x 512] on 2 warps, K split to ~8 programs per SM (split 4 / 1): 18.9 / 18.0
-      us where the earlier [64 x 256] default took 18.9 / 20.1 us;
-      M = 2, bf16 / fp16 activations, "gemvh" with both rows in one program ([32 x 512] / MXFP8 [32 x 256]; sweep
-      of 12:52 UTC): MXFP4 20.6-20.7 us (1.46-1.51x), NVFP4 23.1-24.3 us (1.29-1.31x), MXFP8 27.9-32.1 us (0.94-
-      1.12x), where "dotp" took 30-32 / 41-45 / 34-38 us; 4 rows per program (168-255 registers) were slower than
-      dotp at M = 4, and two 2-row programs decode every tile twice: M >= 3 stays on dotp (re-timed 2026-12-01: at
-      M = 3..8 two-row programs lost to dotp almost everywhere); one-warp programs at M = 2 (grid of 2026-12-01
-      02:27 UTC): NVFP4 [16 x 512] 21.9 / 22.4 us where the 4-warp [32 x 512] took 23.7 / 23.1, MXFP8 [32 x 256]
-      26.1 / 20.7 us where 4 warps took 27.1 / 31.2 (4096x14336 / 14336x4096); MXFP4 kept 4 warps (20.6 / 20.2 on
-      one warp against 19.3 / 19.2); at M = 1 every one-warp tile lost;
-      K splits on `nemotron_h_8b`'s shapes (A/B/A/B of old and new splits, 2026-12-01 05:59 UTC, BENCHMARKS.md):
-      at M = 1 each split of at least 2 K tiles (counting a partial one) unless fewer than 2 programs per SM would
-      run, and MXFP4 up to ~11 programs per SM: 18560x4096 / 21504x4096 split 4 (18.3 -> 17.2 / 19.8 -> 18.8 us),
-      4096x8192 split 8 (10.8 -> 9.4), 6144x4096 split 4 (9.2 -> 8.2), 4096x4096 kept at 8 (split 4 took 7.5 against
-      7.0); NVFP4's dotp up to 6 programs per SM (others 4): 18560x4096 split 2 at M = 4 (37.6 -> 32.4 us);
-      M = 1, fp32 activations, "gemv32" (fp32 arithmetic; 1.41-1.47x 4-bit, 1.03x MXFP8): 4-bit [16 x 512],
-      MXFP8 [32 x 128], 4 warps, ~16 programs per SM;
-      M >= 3 (M >= 2 for fp32 activations), "dotp", tiles from `_DOTP`: a grid of 11 tiles (9 for MXFP8) at
-      M = 4, 16, 32, timed after dotp's aligned code loads (2026-12-01 05:35 UTC, BENCHMARKS.md, "sixteenth");
-      per format the tile with the lowest mean time relative to the old default over both shapes: MXFP4 [64 x 256]
-      3 stages to M = 16 (20.8 / 22.9 us at M = 4), [128 x 256] 2 stages to 32 (27.4 / 31.0 us where [64 x 128]
-      took 29.7 / 31.8); NVFP4 keeps [64 x 128] 4 stages to 32 (its grid's best, [128 x 256] 2 stages, took 23.8 /
-      26.9 us at M = 4 where [64 x 128] took 26.4 / 27.9, but made `nemotron_h_8b` decode at batch 4 / 16 slower
-      end to end: 4.42 / 5.18 ms against 3.89 / 4.57); MXFP8 [64 x 128] 3 stages to 32 (26.6 / 29.4 us at M = 4
-      where [64 x 64] took 31.3 / 35.3; E5M2 takes E4M3's tiles, not swept on its own);
-      4-bit at M = 33..64 (the rows a layer without a dense copy sends to the kernel; dotp grid of 10 tiles at M = 32
-      and 64, 2026-12-01 03:57 UTC, before the aligned loads): MXFP4 [128 x 64], 4 stages, 52.9 / 53.0 us where
-      [64 x 128] took 56.7 / 58.3, NVFP4 [64 x 256], 2 stages, 66.2 / 68.2 us against 69.2 / 72.3 (4096x14336 /
-      14336x4096); MXFP8 above 32 rows and 4-bit above 64 (a forced kernel) the earlier [64 x 64] / [64 x 128],
-      4 stages (sweep of 2026-11-30 09:22 UTC)."""
+    """The heuristic launch config (no timing at run time: decode steps stay capturable in CUDA graphs); a call
+    without a config takes the GPU's tuned table entry first (`tuned.py`). Every choice below won a same-run H200
+    comparison against its alternatives and the bf16 linear; the sweeps, commands and times are in BENCHMARKS.md
+    (sessions of 2026-11-30 and 2026-12-01).
+      M = 1, bf16 / fp16 activations: "gemvh" (fp16x2 FMAs; gemv32 took ~1.5x its time). 4-bit [64 x 512] on 4
+      warps; NVFP4 [32 x 512] with PREFETCH (its E4M3 scale per 16 codes is hidden by a longer K loop with the next
+      tile in registers; MXFP4 gained nothing from it, MXFP8 lost); MXFP8 [16 x 512] on 2 warps. K split: each
+      split >= 2 K tiles (counting a partial one; one-tile splits ran 11-13 % slower on 4096x8192 and 6144x4096)
+      unless fewer than 2 programs per SM would run (4096x4096, where they won), up to ~11 programs per SM for
+      MXFP4, 4 for NVFP4, 8 for MXFP8.
+      M = 2: gemvh with both rows in one program (two 2-row programs would decode every tile twice; 4 rows per
+      program needed 168-255 registers and lost to dotp); one-warp programs for NVFP4 and MXFP8.
+      M = 1, fp32 activations: "gemv32" (fp32 arithmetic), ~16 programs per SM.
+      M >= 3 (M >= 2 for fp32 activations): "dotp" (tensor cores on bf16-decoded tiles), tiles from `_DOTP`, 4 warps,
+      up to 4 programs per SM (6 for NVFP4: its big-N model shapes ran 4-14 % faster with the second split). The
+      tiles are each format's best over a grid at M = 4, 16, 32 (and 64 for 4-bit without a dense copy) on
+      4096x14336 and 14336x4096, except NVFP4 to 32 rows: its grid winner, [128 x 256], lost 13 % end to end on
+      `nemotron_h_8b`, so [64 x 128] stays."""
     packed = FMT_IDS[fmt] <= 1
     if M == 1 and not fp32_act:
         bn, bk, nw, per_sm, prefetch = _GEMVH_M1[fmt]
