@@ -540,7 +540,7 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       M = 1, bf16 / fp16 activations: "gemvh" (fp16x2 FMAs; gemv32 took ~1.5x its time). 4-bit [64 x 512] on 4
       warps; NVFP4 [32 x 512] with PREFETCH (its E4M3 scale per 16 codes is hidden by a longer K loop with the next
       tile in registers; MXFP4 gained nothing from it, MXFP8 lost); MXFP8 [16 x 512] on 2 warps. K split: each
-      split >= 2 K tiles (counting a partial one; one-tile splits ran 11-13 % slower on 4096x8192 and 6144x4096)
+      split >= 2 K tiles (counting a partial one; one-tile splits ran 12-15 % slower on 4096x8192 and 6144x4096)
       unless fewer than 2 programs per SM would run (4096x4096, where they won), up to ~11 programs per SM for
       MXFP4, 4 for NVFP4, 8 for MXFP8.
       M = 2: gemvh with both rows in one program (two 2-row programs would decode every tile twice; 4 rows per
