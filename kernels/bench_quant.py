@@ -11,7 +11,8 @@ DualQuant's solve time for a whole 8B model, one process.
    mxfp8_e4m3, whose sweep also tries the hardware fp8 conversion, FP8_CVT=True). Each time is
    per call inside a CUDA graph of many calls that cycle over enough weight copies (> 4x L2) that every
    call reads its weight from HBM. Bytes = weight (codes + scales + s) + x + y. Per row: bf16, the run-time
-   heuristic (`us`; the fp16x2 GEMV "gemvh" for M <= 2, tl.dot above); then, if the budget
+   default (`us`; the GPU's tuned table entry for the shape if it has one, else the heuristic: the fp16x2 GEMV
+   "gemvh" for M <= 2, tl.dot above); then, if the budget
    allows, the SWEEP candidates (`sweep`, `best_us` with its config). Every config is checked against the
    torch reference before it is timed (a config off by > 2e-2 rel. RMSE is not timed).
    Load probes (M = 1, unless --no-probe): kernels that read the code bytes and block scales in exactly a
@@ -320,9 +321,9 @@ def _diag(c: Case, fmt: str, kernel: str, full: dict, us: float, probes: bool, l
 
 
 def bench_gemv(log, shapes, ms, formats, cases: dict, probes: bool = True, dequant: bool = False) -> list[dict]:
-    """bf16 vs the run-time heuristic, side by side per row; for M = 1 (gemv32) the load probe on its tile; with
+    """bf16 vs the run-time default config, side by side per row; for M = 1 (gemv32) the load probe on its tile; with
     `dequant`, the dequant-then-bf16-linear path of QuantLinear(dense=False) too."""
-    from synodic.kernels.quant_linear.triton_impl import resolve_config
+    from synodic.kernels.quant_linear.triton_impl import resolve_config, tuned_config
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for N, K in shapes:
@@ -333,12 +334,12 @@ def bench_gemv(log, shapes, ms, formats, cases: dict, probes: bool = True, dequa
                 row = {"N": N, "K": K, "M": M, "format": fmt, "bf16_us": base["us"],
                        "bf16_GB_per_s": base["GB_per_s"], "bf16_weight_bytes": base["weight_bytes"], "sweep": [],
                        "load_diag": []}
-                full = resolve_config(M, N, K, fmt, None, _sms())
+                full = resolve_config(M, N, K, fmt, tuned_config(M, N, K, fmt, torch.device("cuda")), _sms())
                 err = c.check(fmt, None)
                 r = c.quant(fmt, None)
                 row.update({"rel_rmse_vs_ref": err, "config": full, "us": r["us"], "GB_per_s": r["GB_per_s"],
                             "speedup": base["us"] / r["us"], "weight_bytes": r["weight_bytes"]})
-                log(f"{N}x{K} M={M} {fmt} heuristic {_short(full)}: {r['us']:.1f} us ({r['GB_per_s']:.0f} GB/s) vs "
+                log(f"{N}x{K} M={M} {fmt} default {_short(full)}: {r['us']:.1f} us ({r['GB_per_s']:.0f} GB/s) vs "
                     f"bf16 {base['us']:.1f} us ({base['GB_per_s']:.0f} GB/s) -> {row['speedup']:.2f}x  err {err:.1e}"
                     f"{'  BROKEN' if err > CHECK_TOL else ''}")
                 if dequant:
@@ -564,7 +565,7 @@ def main(argv=None) -> None:
            "mode": "W4A16 (mxfp4, nvfp4) / W8A16 (mxfp8_e4m3) weight-only, DualQuant layout (x * s fused), "
                    "bf16 activations",
            "notes": ["times per call inside a CUDA graph; weights rotated over > 4x L2 so each call reads HBM",
-                     "us/speedup: the run-time heuristic; best_*: the fastest correct config of the sweep (the "
+                     "us/speedup: the run-time default (tuned table, else heuristic); best_*: the fastest correct config of the sweep (the "
                      "heuristic included)",
                      "load_diag (M = 1): per timed GEMV tile, code + scale bytes / kernel time, and the load probe "
                      "on that tile (probe32: gemv32's int32-word loads, XOR only)",

@@ -654,8 +654,8 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
     M, K = x2d.shape
     N = data.shape[0]
     f32 = x2d.dtype == torch.float32
-    if config is None and not f32 and x2d.is_cuda:  # this GPU's tuned table (tuned.py), else the heuristic
-        config = tuned.lookup(_device_name(x2d.device), fmt, N, K, M)
+    if config is None:
+        config = tuned_config(M, N, K, fmt, x2d.device, f32)
     cfg = resolve_config(M, N, K, fmt, config, _sms(x2d.device), f32)
     kern = cfg["KERNEL"]
     if kern == "gemv32" and M != 1:  # the fp32 CUDA-core GEMV reads one row; more rows take the M >= 2 default
@@ -762,6 +762,14 @@ def code_words(data: torch.Tensor) -> torch.Tensor:
 
 _SMS: dict = {}
 _NAMES: dict = {}
+
+
+def tuned_config(M: int, N: int, K: int, fmt: str, device: torch.device, fp32_act: bool = False) -> dict | None:
+    """The device's tuned table entry for a call without a config (CUDA, bf16 / fp16 activations), or None: the
+    heuristic (`default_config`) then decides."""
+    if fp32_act or device.type != "cuda":
+        return None
+    return tuned.lookup(_device_name(device), fmt, N, K, M)
 
 
 def _device_name(device: torch.device) -> str:

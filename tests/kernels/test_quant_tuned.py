@@ -33,6 +33,13 @@ def test_malformed_table_is_refused(tmp_path):
         tuned.lookup("Bad GPU", "mxfp4", 64, 64, 1, tmp_path)
 
 
+def test_tuned_config_only_for_cuda_low_precision_calls():
+    from synodic.kernels.quant_linear.triton_impl import tuned_config
+
+    assert tuned_config(2, 4096, 8192, "mxfp8_e4m3", torch.device("cpu")) is None
+    assert tuned_config(2, 4096, 8192, "mxfp8_e4m3", torch.device("cuda"), fp32_act=True) is None
+
+
 def test_shipped_tables_are_valid():
     """Every shipped entry names a kernel format, a tuned row bucket, and a launch config that resolve_config takes
     unchanged (no unknown key, a known kernel, its tile and split as tuned)."""
