@@ -565,8 +565,8 @@ def main(argv=None) -> None:
            "mode": "W4A16 (mxfp4, nvfp4) / W8A16 (mxfp8_e4m3) weight-only, DualQuant layout (x * s fused), "
                    "bf16 activations",
            "notes": ["times per call inside a CUDA graph; weights rotated over > 4x L2 so each call reads HBM",
-                     "us/speedup: the run-time default (tuned table, else heuristic); best_*: the fastest correct config of the sweep (the "
-                     "heuristic included)",
+                     "us/speedup: the run-time default (tuned table, else heuristic); best_*: the fastest correct "
+                     "config of the sweep (the heuristic included)",
                      "load_diag (M = 1): per timed GEMV tile, code + scale bytes / kernel time, and the load probe "
                      "on that tile (probe32: gemv32's int32-word loads, XOR only)",
                      "Hopper has no FP4 tensor cores: W4A4 would be emulated (fake-quantized activations), "
