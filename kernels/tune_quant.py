@@ -11,7 +11,8 @@ times (one CUDA graph of calls cycling over weight copies > 4x L2). The three fa
 alternating order; a candidate enters the table only if its median beats the heuristic's median by
 MIN_GAIN, so timing noise leaves the heuristic in place. Shapes go heaviest first (count x N x K over the
 models); the table file is rewritten (atomically) after every shape, so a run cut short keeps what it measured,
-and an existing table's entries for other keys are kept.
+and an existing table's entries for other keys are kept (its "meta" lists every run: GPU, date, versions,
+command).
 """
 from __future__ import annotations
 
@@ -107,6 +108,9 @@ def tune(shapes: list[tuple[str, int, int]], ms: list[int], path: Path, meta: di
     if bad:
         raise ValueError(f"--ms {bad[0]}: expected row counts among the table's buckets {tuned_mod.M_BUCKETS}")
     configs = dict(tuned_mod.load.__wrapped__(path)) if path.exists() else {}
+    # one meta record per run: a table merged over runs says which run measured what
+    runs = json.loads(path.read_text())["meta"]["runs"] if path.exists() else []
+    meta = {"runs": [*runs, meta]}
     sms = _sms(device)
     gen = torch.Generator(device=device).manual_seed(0)
     t0 = time.time()

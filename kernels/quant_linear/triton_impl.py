@@ -514,6 +514,22 @@ def _auto_split(progs: int, K: int, bk: int, sms: int, per_sm: int, min_iters: i
     return split
 
 
+def _split(kern: str, fmt: str, M: int, N: int, K: int, bn: int, bk: int, sms: int, rows: int | None = None,
+           prefetch: bool = False) -> int:
+    """The K split of a launch, one rule per kernel (the defaults' and any config without SPLIT_K; see
+    default_config). rows: x rows per program (BLOCK_M; default gemvh min(2, M), dot / dotp _bm(M)); prefetch:
+    gemvh's PREFETCH (fewer, longer programs)."""
+    if kern in ("dot", "dotp"):
+        progs = triton.cdiv(N, bn) * triton.cdiv(M, rows or _bm(M))
+        return _auto_split(progs, K, bk, sms, 6 if kern == "dotp" and fmt == "nvfp4" else 4, 4)
+    if kern == "gemv32":
+        return _auto_split(triton.cdiv(N, bn), K, bk, sms, 16, 1)
+    if (rows or min(2, M)) == 1:
+        per_sm = 4 if prefetch else _GEMVH_M1[fmt][3]
+        return _auto_split(triton.cdiv(N, bn), K, bk, sms, per_sm, 2, ceil=True, min_per_sm=2)
+    return _auto_split(triton.cdiv(N, bn), K, bk, sms, 4 if prefetch else 8 if FMT_IDS[fmt] <= 1 else 7, 1)
+
+
 # gemvh at M = 1 per format (see default_config): (BLOCK_N, BLOCK_K, num_warps, programs per SM, PREFETCH)
 _GEMVH_M1 = {"mxfp4": (64, 512, 4, 11, 0), "nvfp4": (32, 512, 4, 4, 1),
              "mxfp8_e4m3": (16, 512, 2, 8, 0), "mxfp8_e5m2": (16, 512, 2, 8, 0)}
@@ -553,22 +569,22 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       `nemotron_h_8b`, so [64 x 128] stays."""
     packed = FMT_IDS[fmt] <= 1
     if M == 1 and not fp32_act:
-        bn, bk, nw, per_sm, prefetch = _GEMVH_M1[fmt]
-        cfg = dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, BLOCK_M=1, SPLIT_K=_auto_split(triton.cdiv(N, bn), K, bk,
-                   sms, per_sm, 2, ceil=True, min_per_sm=2), SEM=True, num_warps=nw, num_stages=2)
+        bn, bk, nw, _, prefetch = _GEMVH_M1[fmt]
+        cfg = dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, BLOCK_M=1,
+                   SPLIT_K=_split("gemvh", fmt, M, N, K, bn, bk, sms, 1, bool(prefetch)), SEM=True, num_warps=nw,
+                   num_stages=2)
         return dict(cfg, PREFETCH=1) if prefetch else cfg
     if M == 2 and not fp32_act:
         bn, bk, nw = _GEMVH_M2[fmt]
-        split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 8 if packed else 7, 1)
-        return dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, BLOCK_M=2, SPLIT_K=split, SEM=True, num_warps=nw,
-                    num_stages=2)
+        return dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, BLOCK_M=2,
+                    SPLIT_K=_split("gemvh", fmt, M, N, K, bn, bk, sms, 2), SEM=True, num_warps=nw, num_stages=2)
     if M == 1:
         bn, bk = (16, 512) if packed else (32, 128)
-        split = _auto_split(triton.cdiv(N, bn), K, bk, sms, 16, 1)
-        return dict(KERNEL="gemv32", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=2)
+        return dict(KERNEL="gemv32", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=_split("gemv32", fmt, M, N, K, bn, bk, sms),
+                    SEM=True, num_warps=4, num_stages=2)
     bn, bk, st = next(tile for max_m, tile in _DOTP[fmt] if M <= max_m)
-    split = _auto_split(triton.cdiv(N, bn) * triton.cdiv(M, _bm(M)), K, bk, sms, 6 if fmt == "nvfp4" else 4, 4)
-    return dict(KERNEL="dotp", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=st)
+    return dict(KERNEL="dotp", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=_split("dotp", fmt, M, N, K, bn, bk, sms), SEM=True,
+                num_warps=4, num_stages=st)
 
 
 def _dot_config(M: int, N: int, K: int, fmt: str, sms: int) -> dict:
@@ -576,8 +592,8 @@ def _dot_config(M: int, N: int, K: int, fmt: str, sms: int) -> dict:
     [64 x 128] on 4 warps, 4 stages; MXFP8 [128 x 64] with the hardware fp8 conversion (FP8_CVT)."""
     packed = FMT_IDS[fmt] <= 1
     bn, bk = (64, 128) if packed else (128, 64)
-    split = _auto_split(triton.cdiv(N, bn) * triton.cdiv(M, _bm(M)), K, bk, sms, 4, 4)
-    cfg = dict(KERNEL="dot", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, SEM=True, num_warps=4, num_stages=4)
+    cfg = dict(KERNEL="dot", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=_split("dot", fmt, M, N, K, bn, bk, sms), SEM=True,
+               num_warps=4, num_stages=4)
     if not packed:
         cfg["FP8_CVT"] = True
     return cfg
@@ -613,12 +629,8 @@ def resolve_config(M: int, N: int, K: int, fmt: str, config: dict | None, sms: i
     cfg = dict(base, **config)
     # a config that changes the tile gets its split chosen here; otherwise the default's own split stands
     if "SPLIT_K" not in config and set(config) & {"KERNEL", "BLOCK_N", "BLOCK_K", "BLOCK_M", "PREFETCH"}:
-        if cfg["KERNEL"] in ("dot", "dotp"):
-            progs = triton.cdiv(N, cfg["BLOCK_N"]) * triton.cdiv(M, cfg.get("BLOCK_M", _bm(M)))
-            cfg["SPLIT_K"] = _auto_split(progs, K, cfg["BLOCK_K"], sms, 4, 4)
-        else:  # gemvh: the default's programs per SM (see default_config; fewer, longer ones with PREFETCH)
-            per_sm = 16 if cfg["KERNEL"] == "gemv32" else 4 if cfg.get("PREFETCH") else 8 if FMT_IDS[fmt] <= 1 else 7
-            cfg["SPLIT_K"] = _auto_split(triton.cdiv(N, cfg["BLOCK_N"]), K, cfg["BLOCK_K"], sms, per_sm, 1)
+        cfg["SPLIT_K"] = _split(cfg["KERNEL"], fmt, M, N, K, cfg["BLOCK_N"], cfg["BLOCK_K"], sms, cfg.get("BLOCK_M"),
+                                bool(cfg.get("PREFETCH")))
     return cfg
 
 

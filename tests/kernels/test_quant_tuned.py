@@ -125,9 +125,12 @@ def test_tune_writes_a_table(tmp_path, device, monkeypatch):
     configs = tune_quant.tune([("mxfp4", 64, 1024)], [1, 4], path, {"gpu": "test"}, device=torch.device(device),
                               time_fn=timer, log=lambda s: None)
     data = json.loads(path.read_text())
-    assert data["meta"] == {"gpu": "test"} and data["configs"] == configs
+    assert data["meta"] == {"runs": [{"gpu": "test"}]} and data["configs"] == configs
     assert list(configs) == ["mxfp4,64,1024,1"]
     cfg = configs["mxfp4,64,1024,1"]
     assert cfg["SPLIT_K"] != heuristic[1]["SPLIT_K"] and resolve_config(1, 64, 1024, "mxfp4", cfg) == cfg
     with pytest.raises(ValueError, match="--ms 3"):
         tune_quant.tune([], [3], path, {}, device=torch.device(device), time_fn=timer)
+    tune_quant.tune([("mxfp4", 64, 1024)], [], path, {"gpu": "again"}, device=torch.device(device), time_fn=timer)
+    data = json.loads(path.read_text())  # a second run keeps the first's entries and appends its own record
+    assert data["meta"] == {"runs": [{"gpu": "test"}, {"gpu": "again"}]} and data["configs"] == configs
