@@ -72,6 +72,7 @@ class _Case:
         self.variant, self.batch, self.rot, self.L, self.config = variant, batch, rot, L, config
         self.ring = None  # v2 ring_by_cursor (None: the launcher's default)
         self.flush = None  # v2 flush_config of a split step (None: the launcher's default)
+        self.dots = None  # GDN v2 ring_dots (None: the launcher's default)
         if variant == "eager":
             self.state = S0
         else:
@@ -186,7 +187,7 @@ class GDNCase(_Case):
             return gdn_replay_decode(**self._cursor_cache(r), q=s["q"], k=s["k"], v=s["v"],
                                      g=s["g"], beta=s["beta"], slot_ids=s["slot_ids"], L=self.L, advance=False,
                                      backend="triton", config=self.config, impl="v2", ring_by_cursor=self.ring,
-                                     flush_config=self.flush)
+                                     flush_config=self.flush, ring_dots=self.dots)
         return gdn_replay_decode(**self.c, q=s["q"], k=s["k"], v=s["v"], g=s["g"], beta=s["beta"],
                                  slot_ids=s["slot_ids"], L=self.L, route=self.route, backend="triton",
                                  config=self.config)
@@ -326,6 +327,8 @@ def main(argv=None):
     ap.add_argument("--sweep", default="", help="batches at which to time a few replay configs")
     ap.add_argument("--ring-sweep", default="", help="batches at which to time the v2 kernels' default configs "
                     "reading the whole ring vs only the entries below the cursor (ring_by_cursor False / True)")
+    ap.add_argument("--dots-sweep", default="", help="batches at which to time the GDN v2 kernels' default configs "
+                    "without and with the key-head prologue (ring_dots False / True)")
     ap.add_argument("--stagger", action="store_true", help="add the v2 rows with staggered cursors (*_v2_stag)")
     ap.add_argument("--flush-sweep", default="", help="batches at which to time the split (dual) v2 rows over "
                     "flush launch configs (tiles per program)")
@@ -343,6 +346,7 @@ def main(argv=None):
     sweep_batches = [int(b) for b in args.sweep.split(",") if b]
     ring_batches = [int(b) for b in args.ring_sweep.split(",") if b]
     flush_batches = [int(b) for b in args.flush_sweep.split(",") if b]
+    dots_batches = [int(b) for b in args.dots_sweep.split(",") if b]
     stag = (lambda vs: vs + [v + "_stag" for v in vs if v.endswith("_v2")]) if args.stagger else (lambda vs: vs)
     ops = []
     if "mamba2" in args.ops:
@@ -391,6 +395,8 @@ def main(argv=None):
                     _sweep(res, case, eager_us, "config", G_V2_SMALL_SWEEP if cls is GDNCase and batch <= 8 else grid)
                 if batch in ring_batches and "_v2" in v:
                     _sweep(res, case, eager_us, "ring", (False, True))
+                if batch in dots_batches and cls is GDNCase and "_v2" in v:
+                    _sweep(res, case, eager_us, "dots", (False, True, False, True))
                 if batch in flush_batches and "dual" in v and "_v2" in v and not v.endswith("_row"):
                     _sweep(res, case, eager_us, "flush", G_FLUSH_SWEEP if cls is GDNCase else M_FLUSH_SWEEP)
                 del case
@@ -402,9 +408,10 @@ def main(argv=None):
 
 
 def _sweep(res, case, eager_us, attr, values):
-    """Time the case with case.<attr> ("config", "ring" or "flush") set to each value, then back to None (the
-    launcher's default); rows go to res["sweep"] under the key "config" / "ring_by_cursor" / "flush_config"."""
-    key = {"config": "config", "ring": "ring_by_cursor", "flush": "flush_config"}[attr]
+    """Time the case with case.<attr> ("config", "ring", "flush" or "dots") set to each value, then back to None
+    (the launcher's default); rows go to res["sweep"] under the key "config" / "ring_by_cursor" / "flush_config" /
+    "ring_dots"."""
+    key = {"config": "config", "ring": "ring_by_cursor", "flush": "flush_config", "dots": "ring_dots"}[attr]
     for val in values:
         setattr(case, attr, val)
         t = time_cycle(case)
@@ -437,7 +444,8 @@ def _write(res, path):
         print("|---|---|---|---|---|---|")
         for s in res["sweep"]:
             what = (tuple(s["config"]) if "config" in s else f"flush_config={tuple(s['flush_config'])}"
-                    if "flush_config" in s else f"ring_by_cursor={s['ring_by_cursor']}")
+                    if "flush_config" in s else f"ring_dots={s['ring_dots']}" if "ring_dots" in s
+                    else f"ring_by_cursor={s['ring_by_cursor']}")
             print(f"| {s['op']} | {s['variant']} | {s['batch']} | {what} | {s['us']:.1f} | {s['speedup']:.2f} |")
     print()
     print(res["table_md"])

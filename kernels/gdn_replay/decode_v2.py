@@ -35,27 +35,30 @@ from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _
 from ..mamba2_replay.common import is_fp8, ring_by_cursor_default
 from ..mamba2_replay.triton_impl import _serial_fold
 from ..mamba2_replay.triton_v2 import FOLDS, _fold_bf16x3, _store_tile, decode_config, resolve_flush_config
+from .verify_v2 import _gdn_verify_keys_kernel
 
 
 @triton.jit
 def _gdn_replay_decode_v2_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     ru_ptr, rk_ptr, rg_ptr, wp_ptr,
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, sid_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, sid_ptr, kq_ptr,
     sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
     HV: tl.constexpr, Hk: tl.constexpr, V: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
     LP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, USE_L2: tl.constexpr,
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
     ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr, TPP: tl.constexpr = 1,
-    RING_BY_CURSOR: tl.constexpr = False,
+    RING_BY_CURSOR: tl.constexpr = False, DOTS: tl.constexpr = False, RW: tl.constexpr = 1,
 ):
     """ROUTE 0: every row (both routes, one kernel); 1: output-only rows only (a flushing row is left
     alone: no output, no append); 2: flushing rows only, TPP (value head, V-tile)s per program, grid
     (cdiv(HV * V-tiles, TPP), batch): the cursor is read first and a program of a non-flushing row exits
     (as in ``mamba2_replay.triton_v2``). RING_BY_CURSOR (routes 0, 1): the cursor is read right after the
     checkpoint tile is issued and ring entries at or past it are never read (a plain step reads wp entries,
-    not L); route 1 then also skips a flushing row before its tile."""
+    not L); route 1 then also skips a flushing row before its tile. DOTS (routes 0, 1): the key-head
+    quantities come from the prologue's record at kq_ptr (``verify_v2._gdn_verify_keys_kernel`` with T = 1,
+    which also appended k), so the [L, K] key ring is read only by a flush that folds it as a dot."""
     REP: tl.constexpr = HV // Hk
     if ROUTE == 2:
         NUM_T: tl.constexpr = (V + BV - 1) // BV
@@ -67,11 +70,11 @@ def _gdn_replay_decode_v2_kernel(
                 if tile < HV * NUM_T:
                     hv = tile // NUM_T
                     _gdn_decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
-                                       q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
+                                       q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, kq_ptr,
                                        sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h,
                                        scale, row, hv, tile % NUM_T, hv // REP, slot, valid, HV, Hk, V, K, L, LP,
                                        BV, BK, USE_L2, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU,
-                                       ROUND_RK, ROUND_OUT, FOLD, ROUTE, False)
+                                       ROUND_RK, ROUND_OUT, FOLD, ROUTE, False, False, RW)
     else:
         row, hv, vt, hk = _head_tile(V, BV, REP)
         slot, valid = _slot_of(sid_ptr, row)
@@ -80,16 +83,17 @@ def _gdn_replay_decode_v2_kernel(
             run = tl.where(valid, tl.load(wp_ptr + slot, mask=valid, other=0), 0) < L - 1
         if run:
             _gdn_decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
-                               q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
+                               q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, kq_ptr,
                                sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
                                row, hv, vt, hk, slot, valid, HV, Hk, V, K, L, LP, BV, BK, USE_L2, CK_FP8, HAS_LO,
-                               LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU, ROUND_RK, ROUND_OUT, FOLD, ROUTE, RING_BY_CURSOR)
+                               LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU, ROUND_RK, ROUND_OUT, FOLD, ROUTE, RING_BY_CURSOR,
+                               DOTS, RW)
 
 
 @triton.jit
 def _gdn_decode_v2_row(
     ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, kq_ptr,
     sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
     row, hv, vt, hk, slot, valid,
     HV: tl.constexpr, Hk: tl.constexpr, V: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
@@ -97,8 +101,10 @@ def _gdn_decode_v2_row(
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
     ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
+    DOTS: tl.constexpr, RW: tl.constexpr,
 ):
     REP: tl.constexpr = HV // Hk
+    KEYS: tl.constexpr = DOTS and ROUTE != 2  # key-head quantities from the prologue's record
 
     # masks from scalar limits; the K axis is masked only when K is not a power of two
     offs_v, offs_k, offs_l, vm, km, rl = _limit_masks(vt, valid, V, BV, K, BK, L, LP)
@@ -128,30 +134,43 @@ def _gdn_decode_v2_row(
     rk_base = rk_ptr + skh * L * K
     rg_base = rg_ptr + sh * L
     ru_raw = tl.load(ru_base + offs_l[:, None] * V + offs_v[None, :], mask=ru_mask, other=0.0)
-    rk_raw = tl.load(rk_base + offs_l[:, None] * K + offs_k[None, :], mask=rk_mask, other=0.0)
+    if KEYS:  # record: [k (BK) | q (BK) | k_j . k (LP) | k_j . q (LP) | 2 x TP unused | k . q]
+        rec = kq_ptr + (row * Hk + hk) * RW
+        dk = tl.load(rec + 2 * BK + offs_l)
+        dq = tl.load(rec + 2 * BK + LP + offs_l)
+        rk_raw = dk  # not read (the key ring stays in memory)
+    else:
+        rk_raw = tl.load(rk_base + offs_l[:, None] * K + offs_k[None, :], mask=rk_mask, other=0.0)
     rg_raw = tl.load(rg_base + offs_l, mask=rl, other=0.0)
     # ---- 3) cursor (one scalar) and this token's inputs ----
     if not RING_BY_CURSOR:
         wp = tl.load(wp_ptr + slot, mask=valid, other=0)
-    kt_raw = tl.load(k_ptr + row * sk_b + hk * sk_h + offs_k, mask=km, other=0.0)
-    qt = tl.load(q_ptr + row * sq_b + hk * sq_h + offs_k, mask=km, other=0.0).to(tl.float32)
+    if KEYS:  # normalised (q scaled) by the prologue
+        kt = tl.load(rec + offs_k)
+        qt = tl.load(rec + BK + offs_k)
+        kq = tl.load(rec + 2 * BK + 2 * LP + 4)
+    else:
+        kt = tl.load(k_ptr + row * sk_b + hk * sk_h + offs_k, mask=km, other=0.0).to(tl.float32)
+        qt = tl.load(q_ptr + row * sq_b + hk * sq_h + offs_k, mask=km, other=0.0).to(tl.float32)
     vt_ = tl.load(v_ptr + row * sv_b + hv * sv_h + offs_v, mask=vm, other=0.0).to(tl.float32)
     gt = tl.load(g_ptr + row * sg_b + hv * sg_h).to(tl.float32)
     bt = tl.load(beta_ptr + row * sbt_b + hv * sbt_h).to(tl.float32)
 
     # ---- compute: ring entries j >= wp masked in arithmetic (where, not *0: stale entries may be NaN) ----
-    kt = kt_raw.to(tl.float32)
-    if USE_L2:
-        kt = kt / tl.sqrt(tl.sum(kt * kt, axis=0) + 1e-6)
-        qt = qt / tl.sqrt(tl.sum(qt * qt, axis=0) + 1e-6)
-    qt = qt * scale
+    if not KEYS:
+        if USE_L2:
+            kt = kt / tl.sqrt(tl.sum(kt * kt, axis=0) + 1e-6)
+            qt = qt / tl.sqrt(tl.sum(qt * qt, axis=0) + 1e-6)
+        qt = qt * scale
     lm = offs_l < wp                               # wp = 0 on a padding row
     rg = tl.where(lm, rg_raw, 0.0)
     Gam = tl.cumsum(rg, axis=0)
     Gt = tl.sum(rg, axis=0) + gt
     flush = valid & (wp >= L - 1)
     if ROUTE == 1:
-        ut, ot = _gdn_output_only(S0, ru_raw, rk_raw, lm, Gt, Gam, kt, qt, vt_, bt)
+        if not KEYS:
+            dk, dq, kq = _ring_dots(rk_raw, lm, kt, qt)
+        ut, ot = _gdn_output_only(S0, ru_raw, dk, dq, kq, lm, Gt, Gam, kt, qt, vt_, bt)
     elif ROUTE == 2:
         ut, ot = _gdn_flush(S0, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ru_raw, rk_raw, lm, Gt, Gam,
                             gt, bt, vt_, kt, qt, ru_base, rk_base, rg_base, wp, offs_v, offs_k, vm, km, V, K, L,
@@ -165,11 +184,15 @@ def _gdn_decode_v2_row(
                     S = S * tl.load(cks_ptr + sh * V + offs_v, mask=vm, other=0.0)[:, None]
             else:
                 S = S0
+            if KEYS and FOLD != 0:  # a dot fold reads the key ring as a tile
+                rk_raw = tl.load(rk_base + offs_l[:, None] * K + offs_k[None, :], mask=rk_mask, other=0.0)
             ut, ot = _gdn_flush(S, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ru_raw, rk_raw, lm, Gt,
                                 Gam, gt, bt, vt_, kt, qt, ru_base, rk_base, rg_base, wp, offs_v, offs_k, vm, km, V, K,
                                 L, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, FOLD)
         else:
-            ut, ot = _gdn_output_only(S0, ru_raw, rk_raw, lm, Gt, Gam, kt, qt, vt_, bt)
+            if not KEYS:
+                dk, dq, kq = _ring_dots(rk_raw, lm, kt, qt)
+            ut, ot = _gdn_output_only(S0, ru_raw, dk, dq, kq, lm, Gt, Gam, kt, qt, vt_, bt)
     # ---- append at ring position wp (output-only route of a real row) ----
     app = valid & (wp < L - 1)
     wpa = tl.where(app, wp, 0)
@@ -181,8 +204,10 @@ def _gdn_decode_v2_row(
         kt_st = _round_bf16(kt)
     tl.store(ru_base + wpa * V + offs_v, ut_st.to(ru_ptr.dtype.element_ty), mask=offs_v < tl.where(app, V, 0))
     tl.store(rg_base + wpa, gt, mask=app & (vt == 0))
-    k_writer = app & (vt == 0) & ((hv % REP) == 0)
-    tl.store(rk_base + wpa * K + offs_k, kt_st.to(rk_ptr.dtype.element_ty), mask=offs_k < tl.where(k_writer, K, 0))
+    if not KEYS:  # (the prologue appended k)
+        k_writer = app & (vt == 0) & ((hv % REP) == 0)
+        tl.store(rk_base + wpa * K + offs_k, kt_st.to(rk_ptr.dtype.element_ty),
+                 mask=offs_k < tl.where(k_writer, K, 0))
     # ---- output ----
     ot = tl.where(valid, ot, 0.0)
     if ROUND_OUT:
@@ -225,18 +250,25 @@ def _gdn_flush(S, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ru_ra
 
 
 @triton.jit
-def _gdn_output_only(S0, ru_raw, rk_raw, lm, Gt, Gam, kt, qt, vt_, bt):
-    """Adjoint route: S k and S q from S0 and the ring, then the delta rule's u_t; returns (u_t, o)."""
+def _ring_dots(rk_raw, lm, kt, qt):
+    """The key-head quantities in the program: k_j . k and k_j . q over the ring [LP] (0 past the cursor), k . q."""
     rk = tl.where(lm[:, None], rk_raw.to(tl.float32), 0.0)                   # [LP, BK]
+    return tl.sum(rk * kt[None, :], axis=1), tl.sum(rk * qt[None, :], axis=1), tl.sum(kt * qt, axis=0)
+
+
+@triton.jit
+def _gdn_output_only(S0, ru_raw, dk, dq, kq, lm, Gt, Gam, kt, qt, vt_, bt):
+    """Adjoint route: S k and S q from S0, the ring u tile and the ring's key dot products dk / dq (and k . q),
+    then the delta rule's u_t; returns (u_t, o)."""
     ru = tl.where(lm[:, None], ru_raw.to(tl.float32), 0.0)                   # [LP, BV]
     er = tl.where(lm, tl.exp(Gt - Gam), 0.0)
-    wk = er * tl.sum(rk * kt[None, :], axis=1)                                 # [LP]
-    wq = er * tl.sum(rk * qt[None, :], axis=1)
+    wk = er * dk                                                               # [LP]
+    wq = er * dq
     eG = tl.exp(Gt)
     Sk = eG * tl.sum(S0 * kt[None, :], axis=1) + tl.sum(wk[:, None] * ru, axis=0)
     Sq = eG * tl.sum(S0 * qt[None, :], axis=1) + tl.sum(wq[:, None] * ru, axis=0)
     ut = bt * (vt_ - Sk)
-    return ut, Sq + ut * tl.sum(kt * qt, axis=0)
+    return ut, Sq + ut * kq
 
 
 def pick_config_v2(batch: int, HV: int, V: int, lo: bool) -> tuple[int, int]:
@@ -285,14 +317,22 @@ def split_default(ckpt_lo, rows: int) -> bool:
     return ckpt_lo is not None and rows >= 4096
 
 
+def ring_dots_default(rows: int) -> bool:
+    """Whether a decode step first runs the key-head prologue (``verify_v2._gdn_verify_keys_kernel``, T = 1: the
+    normalised k and q, the ring's k_j . k and k_j . q, once per (row, key head)) instead of every (value head,
+    V-tile) program reading the [L, K] key ring and forming them itself. Not measured yet: off."""
+    return False
+
+
 def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,
                      use_qk_l2norm, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
-                     flush_config=None, ring_by_cursor: bool | None = None):
+                     flush_config=None, ring_by_cursor: bool | None = None, ring_dots: bool | None = None):
     """q/k [b,Hk,K], v [b,HV,V], g/beta [b,HV], o [b,HV,V] (written). Inner strides 1.
     split: None = `split_default`; True = output-only launch (config) + flush launch (`resolve_flush_config`),
     False = one fused launch (config). ring_by_cursor: the fused / output-only launch reads the cursor before
     the ring and never reads entries at or past it (kernel RING_BY_CURSOR);
-    None = `mamba2_replay.common.ring_by_cursor_default`."""
+    None = `mamba2_replay.common.ring_by_cursor_default`. ring_dots: the key-head prologue first (kernel DOTS);
+    None = `ring_dots_default`."""
     slots, HV, V, K = ckpt.shape
     Hk = ring_k.shape[1]
     b = slot_ids.shape[0]
@@ -304,6 +344,8 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
         split = split_default(ckpt_lo, b * HV)
     if ring_by_cursor is None:
         ring_by_cursor = ring_by_cursor_default(split)
+    if ring_dots is None:
+        ring_dots = ring_dots_default(b * HV)
     # 4 tiles per program: with staggered cursors (1/L of the rows flush each step) 16 put the flush on a few long
     # programs: 146.7 vs 201.1 µs staggered, 130.8 vs 128.4 aligned (H200, batch 256, dual_bf16,
     # bench_replay --stagger --flush-sweep 2026-11-30 18:52 UTC)
@@ -315,14 +357,22 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     low = (torch.bfloat16, torch.float8_e4m3fn)
     dummy = ckpt
+    sc = float(K ** -0.5 if scale is None else scale)
+    LP, BK = max(16, triton.next_power_of_2(L)), triton.next_power_of_2(K)
+    RW = 2 * BK + 2 * LP + 4 * 2  # the prologue's record at T = 1 (TP = 2)
+    kq = dummy
+    if ring_dots:
+        kq = torch.empty(b, Hk, RW, dtype=torch.float32, device=v.device)
+        _gdn_verify_keys_kernel[(Hk, b)](
+            ring_k, write_pos, q, k, slot_ids, kq, q.stride(0), 0, q.stride(1), k.stride(0), 0, k.stride(1), sc,
+            Hk=Hk, K=K, L=L, T=1, TP=2, LP=LP, BK=BK, RW=RW, USE_L2=bool(use_qk_l2norm),
+            ROUND_RK=interp and ring_k.dtype == torch.bfloat16, ROOM=L - 1, num_warps=4 if BK >= 128 else 2)
     args = (ckpt, ckpt_scale if ckpt_scale is not None else dummy,
             ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
-            ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, o, slot_ids,
+            ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, o, slot_ids, kq,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), o.stride(0), o.stride(1),
-            float(K ** -0.5 if scale is None else scale))
-    meta = dict(HV=HV, Hk=Hk, V=V, K=K, L=L, LP=max(16, triton.next_power_of_2(L)),
-                BK=triton.next_power_of_2(K), USE_L2=bool(use_qk_l2norm),
+            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), o.stride(0), o.stride(1), sc)
+    meta = dict(HV=HV, Hk=Hk, V=V, K=K, L=L, LP=LP, BK=BK, USE_L2=bool(use_qk_l2norm), DOTS=bool(ring_dots), RW=RW,
                 CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
                 ROUND_CK=interp and ckpt.dtype in low,
                 ROUND_LO=interp and ckpt_lo is not None and ckpt_lo.dtype in low,

@@ -47,11 +47,12 @@ def _gdn_verify_keys_kernel(
     rk_ptr, wp_ptr, q_ptr, k_ptr, sid_ptr, kq_ptr,
     sq_b, sq_t, sq_h, sk_b, sk_t, sk_h, scale,
     Hk: tl.constexpr, K: tl.constexpr, L: tl.constexpr, T: tl.constexpr, TP: tl.constexpr, LP: tl.constexpr,
-    BK: tl.constexpr, RW: tl.constexpr, USE_L2: tl.constexpr, ROUND_RK: tl.constexpr,
+    BK: tl.constexpr, RW: tl.constexpr, USE_L2: tl.constexpr, ROUND_RK: tl.constexpr, ROOM: tl.constexpr = 0,
 ):
     """Per (key head, row, token s) a record of RW fp32: [k_s (BK) | q_s (BK) | k_j . k_s (LP, 0 for
     j >= wp) | k_j . q_s (LP) | k_r . k_s (TP) | k_r . q_s (TP) | k_s . q_s]; and the window's
-    normalised k at ring[wp : wp+T]."""
+    normalised k at ring[wp : wp+T] where wp + T <= ROOM (0: L; a decode step passes L - 1: a flushing row
+    appends nothing)."""
     hk = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     slot, valid = _slot_of(sid_ptr, row)
@@ -70,7 +71,7 @@ def _gdn_verify_keys_kernel(
     rk = tl.where(lm[:, None], rk_raw.to(tl.float32), 0.0)                              # [LP, BK]
     if USE_L2:
         kw = kw / tl.sqrt(tl.sum(kw * kw, axis=1) + 1e-6)[:, None]
-    app = valid & (wp + T <= L)
+    app = valid & (wp + T <= (L if ROOM == 0 else ROOM))
     wpa = tl.where(app, wp, 0)
     rec = kq_ptr + (row * Hk + hk) * T * RW
     for s in tl.static_range(T):

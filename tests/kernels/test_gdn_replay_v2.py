@@ -36,7 +36,7 @@ def inputs(gen, b, HV, Hk, V, K, dtype=torch.float32):
     return dict(q=q, k=k, v=v, g=g, beta=beta)
 
 
-def v2_step(c, step, config, split=None, ring_by_cursor=None, **kw):
+def v2_step(c, step, config, split=None, ring_by_cursor=None, ring_dots=None, **kw):
     """Even steps through the public dispatch, odd steps straight into the launcher with a
     NaN-poisoned output buffer (every element, padding rows included, must be written).
     split: None / False / True, or a flush launch config (split=True with that config)."""
@@ -44,12 +44,13 @@ def v2_step(c, step, config, split=None, ring_by_cursor=None, **kw):
     split = True if flush else split
     if step % 2 == 0:
         return gdn_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="v2", config=config,
-                                 split=split, flush_config=flush, ring_by_cursor=ring_by_cursor)
+                                 split=split, flush_config=flush, ring_by_cursor=ring_by_cursor, ring_dots=ring_dots)
     o = torch.full_like(kw["v"], float("nan"))
     launch_decode_v2(c["ckpt"], c["ring_u"], c["ring_k"], c["ring_g"], c["write_pos"], kw["q"], kw["k"], kw["v"],
                      kw["g"], kw["beta"], kw["slot_ids"], o, L=L, scale=None, use_qk_l2norm=True,
                      ckpt_scale=c.get("ckpt_scale"), ckpt_lo=c.get("ckpt_lo"), ckpt_lo_scale=c.get("ckpt_lo_scale"),
-                     config=config, split=split, flush_config=flush, ring_by_cursor=ring_by_cursor)
+                     config=config, split=split, flush_config=flush, ring_by_cursor=ring_by_cursor,
+                     ring_dots=ring_dots)
     return o
 
 
@@ -71,8 +72,15 @@ CASES = [  # (HV, Hk, V, K, mode, config (BLOCK_V, warps[, fold]) or None = pick
 ]
 
 
-@pytest.mark.parametrize("HV,Hk,V,K,mode,config,split,ring_by_cursor", [c + (None,) * (8 - len(c)) for c in CASES])
-def test_v2_decode_matches_ref_across_flushes(HV, Hk, V, K, mode, config, split, ring_by_cursor, device):
+# the same with the key-head prologue (ring_dots): fused and split steps, serial and dot folds (the dot fold reads
+# the key ring only when it flushes), 1-3 value heads per key head, an fp8 checkpoint
+DOTS_CASES = [CASES[i] for i in (0, 2, 5, 6, 7, 11)]
+
+
+@pytest.mark.parametrize("HV,Hk,V,K,mode,config,split,ring_by_cursor,ring_dots",
+                         [c + (None,) * (8 - len(c)) + (False,) for c in CASES]
+                         + [c + (None,) * (8 - len(c)) + (True,) for c in DOTS_CASES])
+def test_v2_decode_matches_ref_across_flushes(HV, Hk, V, K, mode, config, split, ring_by_cursor, ring_dots, device):
     gen = torch.Generator().manual_seed(20 + HV + len(mode))
     c, _ = fresh(gen, HV, Hk, V, K, mode)
     c = {k: v.to(device) for k, v in c.items()}
@@ -84,7 +92,7 @@ def test_v2_decode_matches_ref_across_flushes(HV, Hk, V, K, mode, config, split,
         kw = {k: t.to(device) for k, t in inputs(gen, len(sid), HV, Hk, V, K).items()}
         kw["slot_ids"] = sid
         wp = c["write_pos"].clone()
-        o = v2_step(c, step, config, split, ring_by_cursor, **kw)
+        o = v2_step(c, step, config, split, ring_by_cursor, ring_dots, **kw)
         o_ref = gdn_replay_decode(**c_ref, **kw, L=L, advance=False, backend="ref")
         assert torch.equal(c["write_pos"], wp)  # v2 never moves the cursor
         assert not torch.isnan(o).any(), step
@@ -118,10 +126,11 @@ def test_v2_matches_eager_fp32(device):
     assert c["write_pos"].tolist() == [2, 2, 0, 2]
 
 
-@pytest.mark.parametrize("split,ring_by_cursor,fold", [(False, False, "serial"), (True, False, "serial"),
-                                                       (False, True, "serial"), (True, True, "serial"),
-                                                       (False, None, "bf16x3"), (True, None, "bf16x3")])
-def test_v2_full_ring_and_cursor_at_L(split, ring_by_cursor, fold, device):
+@pytest.mark.parametrize("split,ring_by_cursor,fold,ring_dots", [
+    (False, False, "serial", False), (True, False, "serial", False), (False, True, "serial", False),
+    (True, True, "serial", False), (False, None, "bf16x3", False), (True, None, "bf16x3", False),
+    (False, None, "serial", True), (False, None, "bf16x3", True), (True, None, "bf16x3", True)])
+def test_v2_full_ring_and_cursor_at_L(split, ring_by_cursor, fold, ring_dots, device):
     """Cursor at L (a verify committed a full window): the step flushes all L entries + this token;
     at L-1 it flushes too; bf16 ring / activations (bf16x3: the fold on bf16 tensor cores, fp32-exact)."""
     HV, Hk, V, K = 6, 3, 5, 7
@@ -135,7 +144,7 @@ def test_v2_full_ring_and_cursor_at_L(split, ring_by_cursor, fold, device):
     c_ref = {k: v.clone() for k, v in c.items()}
     sid = torch.tensor([0, 1, -1, 2, 3], dtype=torch.int32, device=device)
     kw = {k: t.to(device) for k, t in inputs(gen, 5, HV, Hk, V, K, dtype=torch.bfloat16).items()}
-    o = v2_step(c, 1, (4, 2, fold), split, ring_by_cursor, **kw, slot_ids=sid)
+    o = v2_step(c, 1, (4, 2, fold), split, ring_by_cursor, ring_dots, **kw, slot_ids=sid)
     o_ref = gdn_replay_decode(**c_ref, **kw, slot_ids=sid, L=L, advance=False, backend="ref")
     assert o.dtype == torch.bfloat16
     assert rel(o, o_ref) <= 1e-2  # bf16 outputs
