@@ -22,7 +22,7 @@ M2_PTRS = dict(ck_ptr="*fp32", cks_ptr="*fp32", los_ptr="*fp32", rx_ptr="*bf16",
                D_ptr="*fp32", bias_ptr="*fp32", z_ptr="*bf16", y_ptr="*bf16", sid_ptr="*i32", rwp_ptr="*i32")
 GDN_PTRS = dict(ck_ptr="*fp32", cks_ptr="*fp32", los_ptr="*fp32", ru_ptr="*bf16", rk_ptr="*bf16", rg_ptr="*fp32",
                 wp_ptr="*i32", q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", g_ptr="*fp32", beta_ptr="*fp32",
-                o_ptr="*bf16", sid_ptr="*i32")
+                o_ptr="*bf16", sid_ptr="*i32", kq_ptr="*fp32")
 
 
 def compile_usage(fn, ptrs: dict, constexprs: dict, num_warps: int) -> dict:

@@ -184,9 +184,11 @@ def _gdn_decode_v2_row(
                     S = S * tl.load(cks_ptr + sh * V + offs_v, mask=vm, other=0.0)[:, None]
             else:
                 S = S0
-            if KEYS and FOLD != 0:  # a dot fold reads the key ring as a tile
-                rk_raw = tl.load(rk_base + offs_l[:, None] * K + offs_k[None, :], mask=rk_mask, other=0.0)
-            ut, ot = _gdn_flush(S, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ru_raw, rk_raw, lm, Gt,
+            if KEYS and FOLD != 0:  # a dot fold reads the key ring as a tile (a new name: rk_raw is the record's)
+                rk_fold = tl.load(rk_base + offs_l[:, None] * K + offs_k[None, :], mask=rk_mask, other=0.0)
+            else:
+                rk_fold = rk_raw
+            ut, ot = _gdn_flush(S, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ru_raw, rk_fold, lm, Gt,
                                 Gam, gt, bt, vt_, kt, qt, ru_base, rk_base, rg_base, wp, offs_v, offs_k, vm, km, V, K,
                                 L, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, FOLD)
         else:
