@@ -70,12 +70,14 @@ def rows() -> list[dict]:
             u = compile_usage(m2, dict(M2_PTRS, lo_ptr="*bf16" if lo else "*fp32"), c, warps)
             out.append(dict(kernel="mamba2", checkpoint=f"dual_{lo}" if lo else "fp32", route=route,
                             tile=64, warps=warps, fold=m2_fold, **u))
-        for route, warps, tpp in ((0, 1, 1), (1, 1, 1), (2, 1, 16)):
+        for route, warps, tpp, dots in ((0, 1, 1, False), (0, 1, 1, True), (1, 1, 1, False), (1, 1, 1, True),
+                                        (2, 1, 16, False)):
             c = dict(HV=32, Hk=16, V=128, K=128, L=16, LP=16, BV=32, BK=128, USE_L2=True, ROUND_RU=False,
-                     ROUND_RK=False, FOLD=FOLDS[gdn_fold], ROUTE=route, TPP=tpp, **flags)
+                     ROUND_RK=False, FOLD=FOLDS[gdn_fold], ROUTE=route, TPP=tpp, DOTS=dots, RW=2 * 128 + 2 * 16 + 8,
+                     **flags)
             u = compile_usage(gdn, dict(GDN_PTRS, lo_ptr="*bf16" if lo else "*fp32"), c, warps)
-            out.append(dict(kernel="gdn", checkpoint=f"dual_{lo}" if lo else "fp32", route=route,
-                            tile=32, warps=warps, fold=gdn_fold, **u))
+            out.append(dict(kernel="gdn" + (" (ring_dots)" if dots else ""), checkpoint=f"dual_{lo}" if lo else "fp32",
+                            route=route, tile=32, warps=warps, fold=gdn_fold, **u))
     return out
 
 

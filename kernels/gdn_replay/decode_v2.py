@@ -322,8 +322,16 @@ def split_default(ckpt_lo, rows: int) -> bool:
 def ring_dots_default(rows: int) -> bool:
     """Whether a decode step first runs the key-head prologue (``verify_v2._gdn_verify_keys_kernel``, T = 1: the
     normalised k and q, the ring's k_j . k and k_j . q, once per (row, key head)) instead of every (value head,
-    V-tile) program reading the [L, K] key ring and forming them itself. Not measured yet: off."""
-    return False
+    V-tile) program reading the [L, K] key ring and forming them itself. The main kernel's registers (offline sm_90
+    compile, (32, 1 warp)): fused fp32 255 -> 221, output-only fp32 200 -> 145, output-only dual bf16 154 -> 96.
+    H200, batch 256, 24 slot sets, alternating off / on / off / on (bench_replay --ops gdn --stagger --dots-sweep
+    256, 2026-12-01 07:49 UTC), µs per step: split dual bf16 137.3 / 131.4 / 137.5 / 131.5 (aligned cursors),
+    156.6 / 147.5 / 156.3 / 148.0 (staggered); fused fp32 179.3 / 185.1 / 186.5 / 185.0 (aligned), 189.2 / 187.2 /
+    189.0 / 187.4 (staggered); fp32 as two launches 200.0 -> 190.7 and 230.5 -> 217.6 (still slower than fused).
+    In the model (qwen35_gdn_4b, batch 256, fp32, staggered, off / on / off / on, 07:50 UTC) the replay step went
+    9.419 / 9.347 / 9.438 / 9.343 ms. So on from 1024 rows (batch x value heads); below, where a step takes a few
+    µs, the extra launch is not worth it (not timed)."""
+    return rows >= 1024
 
 
 def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,
