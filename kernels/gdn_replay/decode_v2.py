@@ -319,19 +319,22 @@ def split_default(ckpt_lo, rows: int) -> bool:
     return ckpt_lo is not None and rows >= 4096
 
 
-def ring_dots_default(rows: int) -> bool:
+def ring_dots_default(split: bool) -> bool:
     """Whether a decode step first runs the key-head prologue (``verify_v2._gdn_verify_keys_kernel``, T = 1: the
     normalised k and q, the ring's k_j . k and k_j . q, once per (row, key head)) instead of every (value head,
     V-tile) program reading the [L, K] key ring and forming them itself. The main kernel's registers (offline sm_90
     compile, (32, 1 warp)): fused fp32 255 -> 221, output-only fp32 200 -> 145, output-only dual bf16 154 -> 96.
-    H200, batch 256, 24 slot sets, alternating off / on / off / on (bench_replay --ops gdn --stagger --dots-sweep
-    256, 2026-12-01 07:49 UTC), µs per step: split dual bf16 137.3 / 131.4 / 137.5 / 131.5 (aligned cursors),
-    156.6 / 147.5 / 156.3 / 148.0 (staggered); fused fp32 179.3 / 185.1 / 186.5 / 185.0 (aligned), 189.2 / 187.2 /
-    189.0 / 187.4 (staggered); fp32 as two launches 200.0 -> 190.7 and 230.5 -> 217.6 (still slower than fused).
-    In the model (qwen35_gdn_4b, batch 256, fp32, staggered, off / on / off / on, 07:50 UTC) the replay step went
-    9.419 / 9.347 / 9.438 / 9.343 ms. So on from 1024 rows (batch x value heads); below, where a step takes a few
-    µs, the extra launch is not worth it (not timed)."""
-    return rows >= 1024
+    H200, 24 slot sets, alternating off / on / off / on (bench_replay --ops gdn --stagger --dots-sweep, 2026-12-01
+    07:49 and 07:53 UTC), µs per step, aligned cursors ; staggered:
+      split dual bf16, batch 256: 137.3 / 131.4 / 137.5 / 131.5 ; 156.6 / 147.5 / 156.3 / 148.0
+                       batch 128: 73.1 / 72.5 / 73.1 / 72.4 ; 92.3 / 89.8 / 92.5 / 89.9;  batch 32: 23.8 -> 23.6
+      fused fp32,      batch 256: 179.3 / 185.1 / 186.5 / 185.0 ; 189.2 / 187.2 / 189.0 / 187.4
+                       batch 128: 91.6 / 96.9 / 91.5 / 96.8 ; 94.7 / 99.5 / 94.7 / 99.6;  batch 32: 30.0 -> 33.6
+    (fp32 as two launches with the prologue: 190.7 / 217.6 µs at batch 256, slower than fused). In the model
+    (qwen35_gdn_4b, batch 256, staggered, off / on / off / on, 07:54 UTC): dual bf16 step 8.613 / 8.400 / 8.605 /
+    8.390 ms, fp32 9.335 / 9.329 / 9.284 / 9.294 ms. So on for a split step (its output-only launch), off for the
+    fused one."""
+    return split
 
 
 def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,
@@ -342,7 +345,7 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     False = one fused launch (config). ring_by_cursor: the fused / output-only launch reads the cursor before
     the ring and never reads entries at or past it (kernel RING_BY_CURSOR);
     None = `mamba2_replay.common.ring_by_cursor_default`. ring_dots: the key-head prologue first (kernel DOTS);
-    None = `ring_dots_default`."""
+    None = `ring_dots_default` (on for a split step)."""
     slots, HV, V, K = ckpt.shape
     Hk = ring_k.shape[1]
     b = slot_ids.shape[0]
@@ -355,7 +358,7 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     if ring_by_cursor is None:
         ring_by_cursor = ring_by_cursor_default(split)
     if ring_dots is None:
-        ring_dots = ring_dots_default(b * HV)
+        ring_dots = ring_dots_default(split)
     # 4 tiles per program: with staggered cursors (1/L of the rows flush each step) 16 put the flush on a few long
     # programs: 146.7 vs 201.1 µs staggered, 130.8 vs 128.4 aligned (H200, batch 256, dual_bf16,
     # bench_replay --stagger --flush-sweep 2026-11-30 18:52 UTC)
