@@ -64,7 +64,7 @@ def candidates(M: int, N: int, K: int, fmt: str, sms: int) -> list[dict]:
         if 1 <= split <= 64:
             out.append(dict(base, SPLIT_K=split))
     if base["KERNEL"] == "dotp":
-        for _, (bn, bk, st) in _DOTP[fmt]:
+        for bn, bk, st in dict.fromkeys(e[1] for e in _DOTP[fmt]):
             tile = resolve_config(M, N, K, fmt, dict(KERNEL="dotp", BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
                                                       num_stages=st), sms)
             out.append(tile)

@@ -539,10 +539,11 @@ _GEMVH_M1 = {"mxfp4": (64, 512, 4, 11, 0), "nvfp4": (32, 512, 4, 4, 1),
 _GEMVH_M2 = {"mxfp4": (32, 512, 4), "nvfp4": (16, 512, 1), "mxfp8_e4m3": (32, 256, 1), "mxfp8_e5m2": (32, 256, 1)}
 
 
-# dotp (M >= 3; M >= 2 for fp32 activations) per format: (up to M rows, (BLOCK_N, BLOCK_K, num_stages)) on 4 warps,
-# the first entry whose bound covers M; see default_config
+# dotp (M >= 3; M >= 2 for fp32 activations) per format: (up to M rows, (BLOCK_N, BLOCK_K, num_stages)[, from K])
+# on 4 warps, the first entry whose bounds cover M (and K); see default_config
 _ANY_M = 1 << 62
-_DOTP = {"mxfp4": ((16, (64, 256, 3)), (32, (128, 256, 2)), (64, (128, 64, 4)), (_ANY_M, (64, 128, 4))),
+_DOTP = {"mxfp4": ((16, (64, 256, 3)), (32, (128, 256, 2), 8192), (32, (64, 256, 3)), (64, (128, 64, 4)),
+                   (_ANY_M, (64, 128, 4))),
          "nvfp4": ((32, (64, 128, 4)), (64, (64, 256, 2)), (_ANY_M, (64, 128, 4))),
          "mxfp8_e4m3": ((32, (64, 128, 3)), (_ANY_M, (64, 64, 4))),
          "mxfp8_e5m2": ((32, (64, 128, 3)), (_ANY_M, (64, 64, 4)))}
@@ -566,7 +567,10 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       up to 4 programs per SM (6 for NVFP4: its big-N model shapes ran 4-14 % faster with the second split). The
       tiles are each format's best over a grid at M = 4, 16, 32 (and 64 for 4-bit without a dense copy) on
       4096x14336 and 14336x4096, except NVFP4 to 32 rows: its grid winner, [128 x 256], lost 13 % end to end on
-      `nemotron_h_8b`, so [64 x 128] stays."""
+      `nemotron_h_8b`, so [64 x 128] stays; and MXFP4 at 17-32 rows below K = 8192, where [64 x 256] (3 stages)
+      beat the grid's [128 x 256] on 11 of the two presets' 12 such shapes, by 7-35 % (e.g. 21504x4096 at 32 rows
+      44.9 -> 35.7 µs, 4096x2560 15.1 -> 10.1), and lost on the bench's 14336x4096 (29.5 -> 32.9 µs; H200,
+      2026-12-01 08:10 UTC, BENCHMARKS.md)."""
     packed = FMT_IDS[fmt] <= 1
     if M == 1 and not fp32_act:
         bn, bk, nw, _, prefetch = _GEMVH_M1[fmt]
@@ -582,7 +586,7 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
         bn, bk = (16, 512) if packed else (32, 128)
         return dict(KERNEL="gemv32", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=_split("gemv32", fmt, M, N, K, bn, bk, sms),
                     SEM=True, num_warps=4, num_stages=2)
-    bn, bk, st = next(tile for max_m, tile in _DOTP[fmt] if M <= max_m)
+    bn, bk, st = next(e[1] for e in _DOTP[fmt] if M <= e[0] and K >= (e[2] if len(e) > 2 else 0))
     return dict(KERNEL="dotp", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=_split("dotp", fmt, M, N, K, bn, bk, sms), SEM=True,
                 num_warps=4, num_stages=st)
 
