@@ -72,7 +72,7 @@ class _Case:
         self.variant, self.batch, self.rot, self.L, self.config = variant, batch, rot, L, config
         self.ring = None  # v2 ring_by_cursor (None: the launcher's default)
         self.flush = None  # v2 flush_config of a split step (None: the launcher's default)
-        self.dots = None  # GDN v2 ring_dots (None: the launcher's default)
+        self.dots = None  # v2 ring_dots (None: the launcher's default)
         if variant == "eager":
             self.state = S0
         else:
@@ -144,7 +144,7 @@ class MambaCase(_Case):
             return mamba2_replay_decode(**c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
                                         dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, advance=False,
                                         backend="triton", config=self.config, impl="v2", row_wp=row_wp,
-                                        ring_by_cursor=self.ring, flush_config=self.flush)
+                                        ring_by_cursor=self.ring, flush_config=self.flush, ring_dots=self.dots)
         return mamba2_replay_decode(**self.c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
                                     dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, backend="triton",
                                     config=self.config)
@@ -327,8 +327,8 @@ def main(argv=None):
     ap.add_argument("--sweep", default="", help="batches at which to time a few replay configs")
     ap.add_argument("--ring-sweep", default="", help="batches at which to time the v2 kernels' default configs "
                     "reading the whole ring vs only the entries below the cursor (ring_by_cursor False / True)")
-    ap.add_argument("--dots-sweep", default="", help="batches at which to time the GDN v2 kernels' default configs "
-                    "without and with the key-head prologue (ring_dots False / True)")
+    ap.add_argument("--dots-sweep", default="", help="batches at which to time the v2 kernels' default configs "
+                    "without and with the key-head / group prologue (ring_dots False / True; Mamba-2: split steps)")
     ap.add_argument("--stagger", action="store_true", help="add the v2 rows with staggered cursors (*_v2_stag)")
     ap.add_argument("--flush-sweep", default="", help="batches at which to time the split (dual) v2 rows over "
                     "flush launch configs (tiles per program)")
@@ -395,7 +395,7 @@ def main(argv=None):
                     _sweep(res, case, eager_us, "config", G_V2_SMALL_SWEEP if cls is GDNCase and batch <= 8 else grid)
                 if batch in ring_batches and "_v2" in v:
                     _sweep(res, case, eager_us, "ring", (False, True))
-                if batch in dots_batches and cls is GDNCase and "_v2" in v:
+                if batch in dots_batches and "_v2" in v and (cls is GDNCase or "dual" in v):
                     _sweep(res, case, eager_us, "dots", (False, True, False, True))
                 if batch in flush_batches and "dual" in v and "_v2" in v and not v.endswith("_row"):
                     _sweep(res, case, eager_us, "flush", G_FLUSH_SWEEP if cls is GDNCase else M_FLUSH_SWEEP)

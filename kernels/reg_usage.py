@@ -19,7 +19,8 @@ import tempfile
 # (kernel, pointer dtypes (dual / fp32 checkpoint), constexprs, (tile, warps, fold) of the bench_replay defaults)
 M2_PTRS = dict(ck_ptr="*fp32", cks_ptr="*fp32", los_ptr="*fp32", rx_ptr="*bf16", rdt_ptr="*fp32", rB_ptr="*bf16",
                wp_ptr="*i32", x_ptr="*bf16", dt_ptr="*bf16", A_ptr="*fp32", B_ptr="*bf16", C_ptr="*bf16",
-               D_ptr="*fp32", bias_ptr="*fp32", z_ptr="*bf16", y_ptr="*bf16", sid_ptr="*i32", rwp_ptr="*i32")
+               D_ptr="*fp32", bias_ptr="*fp32", z_ptr="*bf16", y_ptr="*bf16", sid_ptr="*i32", rwp_ptr="*i32",
+               bc_ptr="*fp32")
 GDN_PTRS = dict(ck_ptr="*fp32", cks_ptr="*fp32", los_ptr="*fp32", ru_ptr="*bf16", rk_ptr="*bf16", rg_ptr="*fp32",
                 wp_ptr="*i32", q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", g_ptr="*fp32", beta_ptr="*fp32",
                 o_ptr="*bf16", sid_ptr="*i32", kq_ptr="*fp32")

@@ -67,7 +67,8 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
                          z=None, *, L: int, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None,
                          advance: bool = True, backend: str = "auto", config=None,
                          impl: str = "auto", split: bool | None = None, flush_config=None,
-                         row_wp=None, ring_by_cursor: bool | None = None) -> torch.Tensor:
+                         row_wp=None, ring_by_cursor: bool | None = None,
+                         ring_dots: bool | None = None) -> torch.Tensor:
     """One decode step per row: x [b,H,P], dt [b,H] raw, B/C [b,G,N], z [b,H,P] or None,
     A/D/dt_bias [H], slot_ids [b] -> y [b,H,P] (x dtype), equal to eager ``mamba2_decode``
     (dt = softplus(dt + dt_bias); y = S.C + D x, times silu(z) when z is given).
@@ -77,7 +78,9 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
     kernel at batch 256 vs v1's 1.13x on the H200), else v1. ``split`` (v2): one fused launch (False) or an
     output-only launch plus a flush launch (True, launch config ``flush_config``); None =
     ``triton_v2.split_default``. ``row_wp`` (v2, optional): write_pos[slot_ids] as int32 [b], gathered once
-    per step by the caller; lets a split step's output-only launch skip flushing rows without waiting."""
+    per step by the caller; lets a split step's output-only launch skip flushing rows without waiting.
+    ``ring_dots`` (v2, split): the group's B . C products from a prologue launch; None =
+    ``triton_v2.ring_dots_default``."""
     if impl not in ("auto", "v1", "v2"):
         raise ValueError(f"impl: expected 'auto', 'v1' or 'v2', got {impl!r}")
     if impl == "auto":
@@ -95,7 +98,7 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
         return launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
                                 z, torch.empty_like(x), L=L, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
                                 ckpt_lo_scale=ckpt_lo_scale, config=config, split=split, flush_config=flush_config,
-                                row_wp=row_wp, ring_by_cursor=ring_by_cursor)
+                                row_wp=row_wp, ring_by_cursor=ring_by_cursor, ring_dots=ring_dots)
     from .triton_impl import MODE_DECODE, launch
     x, B, C, z = _inner(x), _inner(B), _inner(C), _inner(z)
     y = torch.empty_like(x)

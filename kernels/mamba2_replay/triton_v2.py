@@ -32,6 +32,7 @@ import triton.language as tl
 
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _softplus, _tile_mask
 from .common import is_fp8, ring_by_cursor_default, split_default
+from .verify_v2 import _mamba2_verify_gram_kernel
 
 _INTERP = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
@@ -127,7 +128,7 @@ def _fold_ring(S, ct, wr, xr, rB, rdt_base, rx_base, rB_base, A_h, wp, offs_p, o
 def _mamba2_replay_decode_v2_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr, rwp_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr, rwp_ptr, bc_ptr,
     sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
     H: tl.constexpr, G: tl.constexpr, P: tl.constexpr, N: tl.constexpr, L: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
@@ -135,7 +136,7 @@ def _mamba2_replay_decode_v2_kernel(
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
     ROUTE: tl.constexpr, TPP: tl.constexpr = 1, CURSOR_FIRST: tl.constexpr = False,
     RING_BY_CURSOR: tl.constexpr = False,
-    ROW_CURSOR: tl.constexpr = False,
+    ROW_CURSOR: tl.constexpr = False, DOTS: tl.constexpr = False, RW: tl.constexpr = 1,
 ):
     """ROUTE 0: every row (both routes, one kernel); 1: output-only rows only (a flushing row is left
     alone: no output, no append; CURSOR_FIRST: its program reads the cursor before anything and exits, else it
@@ -144,7 +145,9 @@ def _mamba2_replay_decode_v2_kernel(
     2: flushing rows only, TPP (head, P-tile)s per program, grid
     (cdiv(H * P-tiles, TPP), batch): the cursor is read first and a program of a non-flushing row exits
     (few, short programs on a plain step; one per tile cost ~40 µs at batch 256 when the flush kernel's
-    registers allow 3 programs per SM)."""
+    registers allow 3 programs per SM). DOTS (route 1): B_j . C_t over the ring and B_t . C_t come from the
+    prologue's record at bc_ptr (``verify_v2._mamba2_verify_gram_kernel`` at T = 1, which also appended B), so
+    the [L, N] B ring is not read."""
     HPG: tl.constexpr = H // G
     if ROUTE == 2:
         NUM_T: tl.constexpr = (P + BP - 1) // BP
@@ -159,7 +162,8 @@ def _mamba2_replay_decode_v2_kernel(
                                    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
                                    sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
                                    row, h, tile % NUM_T, h // HPG, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z,
-                                   CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE, 0, False, False)
+                                   CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE, 0, False, False,
+                                   bc_ptr, False, RW)
     else:
         row, h, pt, g = _head_tile(P, BP, HPG)
         slot, valid = _slot_of(sid_ptr, row)
@@ -173,13 +177,14 @@ def _mamba2_replay_decode_v2_kernel(
                                x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
                                sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
                                row, h, pt, g, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8,
-                               ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE, wp_first, True, RING_BY_CURSOR)
+                               ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE, wp_first, True, RING_BY_CURSOR,
+                               bc_ptr, DOTS, RW)
         else:
             _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
                            x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
                            sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
                            row, h, pt, g, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8,
-                           ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE, 0, False, RING_BY_CURSOR)
+                           ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE, 0, False, RING_BY_CURSOR, bc_ptr, DOTS, RW)
 
 
 @triton.jit
@@ -193,11 +198,13 @@ def _decode_v2_row(
     HAS_Z: tl.constexpr, CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_OUT: tl.constexpr, FOLD: tl.constexpr,
     ROUTE: tl.constexpr, wp_known, HAS_WP: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
+    bc_ptr, DOTS: tl.constexpr, RW: tl.constexpr,
 ):
     """One (row, head, P-tile). HAS_WP: the caller already loaded the row's cursor (wp_known; any value on a
     padding row). RING_BY_CURSOR: the cursor is read right after the tile load is issued and ring entries at or
     past it are never read (a plain step moves wp entries, not L)."""
     HPG: tl.constexpr = H // G
+    KEYS: tl.constexpr = DOTS and ROUTE == 1  # the group's dot products from the prologue's record
     # row masks from scalar limits; the N axis is masked only when N is not a power of two (as in eager)
     offs_p, offs_n, offs_l, pm, nm, rl = _limit_masks(pt, valid, P, BP, N, BN, L, LP)
     tile_mask = _tile_mask(pm, nm, N, BN)
@@ -229,13 +236,19 @@ def _decode_v2_row(
     rB_base = rB_ptr + sg * L * N
     xr_raw = tl.load(rx_base + offs_l[:, None] * P + offs_p[None, :], mask=rx_mask, other=0.0)
     dtr_raw = tl.load(rdt_base + offs_l, mask=rl, other=0.0)
-    rB_raw = tl.load(rB_base + offs_l[:, None] * N + offs_n[None, :], mask=rB_mask, other=0.0)
+    if KEYS:  # record: [B_j . C_t (LP) | B_t . C_t, 0]
+        rec = bc_ptr + (row * G + g) * RW
+        BCr = tl.load(rec + offs_l)
+        BCt = tl.load(rec + LP)
+    else:
+        rB_raw = tl.load(rB_base + offs_l[:, None] * N + offs_n[None, :], mask=rB_mask, other=0.0)
     # ---- 3) cursor (one scalar) and this token's inputs ----
     if not (HAS_WP or RING_BY_CURSOR):
         wp = tl.load(wp_ptr + slot, mask=valid, other=0)
     xt_raw = tl.load(x_ptr + row * sx_b + h * sx_h + offs_p, mask=pm, other=0.0)
     v = tl.load(dt_ptr + row * sdt_b + h * sdt_h).to(tl.float32) + tl.load(bias_ptr + h).to(tl.float32)
-    Bt_raw = tl.load(B_ptr + row * sB_b + g * sB_g + offs_n, mask=nm, other=0.0)
+    if not KEYS:
+        Bt_raw = tl.load(B_ptr + row * sB_b + g * sB_g + offs_n, mask=nm, other=0.0)
     Ct = tl.load(C_ptr + row * sC_b + g * sC_g + offs_n, mask=nm, other=0.0).to(tl.float32)
     A_h = tl.load(A_ptr + h).to(tl.float32)
     D_h = tl.load(D_ptr + h).to(tl.float32)
@@ -245,17 +258,20 @@ def _decode_v2_row(
     # ---- compute: mask ring entries j >= wp in arithmetic (where, not *0: stale entries may be NaN) ----
     lm = offs_l < wp                               # wp = 0 on a padding row
     xt = xt_raw.to(tl.float32)
-    Bt = Bt_raw.to(tl.float32)
     dtt = tl.where(valid, _softplus(v), 0.0)
     dtr = tl.where(lm, dtr_raw, 0.0)
     xr = tl.where(lm[:, None], xr_raw.to(tl.float32), 0.0)                        # [LP, BP]
-    rB = tl.where(lm[:, None], rB_raw.to(tl.float32), 0.0)                        # [LP, BN]
+    if not KEYS:
+        Bt = Bt_raw.to(tl.float32)
+        rB = tl.where(lm[:, None], rB_raw.to(tl.float32), 0.0)                    # [LP, BN]
     c_r = A_h * tl.cumsum(dtr, axis=0)
     ct = A_h * (tl.sum(dtr, axis=0) + dtt)
     wr = tl.where(lm, dtr * tl.exp(ct - c_r), 0.0)                                # [LP]
     flush = valid & (wp >= L - 1)
     if ROUTE == 1:
-        yv = _output_only(S0, ct, wr, xr, rB, Bt, Ct, xt, dtt)
+        if not KEYS:
+            BCr, BCt = _ring_bc(rB, Bt, Ct)
+        yv = _output_only(S0, ct, wr, xr, BCr, BCt, Ct, xt, dtt)
     elif ROUTE == 2:
         yv = _state_route(S0, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ct, wr, xr, rB, rdt_base,
                           rx_base, rB_base, A_h, wp, dtt, xt, Bt, Ct, offs_p, offs_n, pm, nm, P, N, L, CK_FP8,
@@ -273,15 +289,17 @@ def _decode_v2_row(
                               rdt_base, rx_base, rB_base, A_h, wp, dtt, xt, Bt, Ct, offs_p, offs_n, pm, nm, P, N, L,
                               CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, FOLD)
         else:
-            yv = _output_only(S0, ct, wr, xr, rB, Bt, Ct, xt, dtt)
+            BCr, BCt = _ring_bc(rB, Bt, Ct)
+            yv = _output_only(S0, ct, wr, xr, BCr, BCt, Ct, xt, dtt)
     # ---- append at ring position wp (output-only route of a real row) ----
     app = valid & (wp < L - 1)
     wpa = tl.where(app, wp, 0)
     tl.store(rx_base + wpa * P + offs_p, xt_raw.to(rx_ptr.dtype.element_ty), mask=offs_p < tl.where(app, P, 0))
     tl.store(rdt_base + wpa, dtt, mask=app & (pt == 0))
-    b_writer = app & (pt == 0) & ((h % HPG) == 0)
-    tl.store(rB_base + wpa * N + offs_n, Bt_raw.to(rB_ptr.dtype.element_ty),
-             mask=offs_n < tl.where(b_writer, N, 0))
+    if not KEYS:  # (the prologue appended B)
+        b_writer = app & (pt == 0) & ((h % HPG) == 0)
+        tl.store(rB_base + wpa * N + offs_n, Bt_raw.to(rB_ptr.dtype.element_ty),
+                 mask=offs_n < tl.where(b_writer, N, 0))
     # ---- output (a plain-only launch leaves a flushing row to the flush launch) ----
     yv = yv + D_h * xt
     if HAS_Z:
@@ -311,10 +329,14 @@ def _state_route(S, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ct,
 
 
 @triton.jit
-def _output_only(S0, ct, wr, xr, rB, Bt, Ct, xt, dtt):
+def _ring_bc(rB, Bt, Ct):
+    """The group's dot products in the program: B_j . C_t over the ring [LP] (rB zero past the cursor), B_t . C_t."""
+    return tl.sum(rB * Ct[None, :], axis=1), tl.sum(Bt * Ct, axis=0)
+
+
+@triton.jit
+def _output_only(S0, ct, wr, xr, BCr, BCt, Ct, xt, dtt):
     """y (before D x and the gate) of the output-only route: e^{c_t} S0.C_t + ring terms + this token's."""
-    BCr = tl.sum(rB * Ct[None, :], axis=1)                                        # [LP]
-    BCt = tl.sum(Bt * Ct, axis=0)
     return (tl.exp(ct) * tl.sum(S0 * Ct[None, :], axis=1)
             + tl.sum((wr * BCr)[:, None] * xr, axis=0) + (dtt * BCt) * xt)
 
@@ -396,9 +418,16 @@ def resolve_flush_config(config, block: int, warps: int, fold: str, tpp: int = 1
     return out
 
 
+def ring_dots_default(split: bool) -> bool:
+    """Whether a split step's output-only launch takes the group's dot products from the prologue (as the GDN
+    decode's `ring_dots_default`). Not timed yet: off."""
+    return False
+
+
 def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
                      L, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
-                     flush_config=None, cursor_first: bool = False, row_wp=None, ring_by_cursor: bool | None = None):
+                     flush_config=None, cursor_first: bool = False, row_wp=None, ring_by_cursor: bool | None = None,
+                     ring_dots: bool | None = None):
     """x [b,H,P], dt [b,H], B/C [b,G,N], z [b,H,P] or None, y [b,H,P] (written). Inner strides 1.
     split: None = `split_default`; True = output-only launch (config) + flush launch (`resolve_flush_config`,
     twice config's warps by default),
@@ -409,7 +438,10 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     nothing and the others wait no longer than before (kernel CURSOR_FIRST + ROW_CURSOR); a fused step
     ignores it. H200, batch 256, dual_bf16: the flush step's output-only launch 162 -> 25 µs, a plain step's
     unchanged (166 µs; bench_replay_flush, 2026-11-30). ring_by_cursor: the fused / output-only launch reads only
-    the ring entries below the cursor (kernel RING_BY_CURSOR); None = `common.ring_by_cursor_default`."""
+    the ring entries below the cursor (kernel RING_BY_CURSOR); None = `common.ring_by_cursor_default`.
+    ring_dots (split): the output-only launch takes B_j . C_t and B_t . C_t from the group prologue
+    (``verify_v2._mamba2_verify_gram_kernel`` at T = 1) instead of reading the B ring (kernel DOTS);
+    None = `ring_dots_default`."""
     slots, H, P, N = ckpt.shape
     G = ring_B.shape[1]
     b = slot_ids.shape[0]
@@ -421,6 +453,8 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
         split = split_default(ckpt_lo, b * H)
     if ring_by_cursor is None:
         ring_by_cursor = ring_by_cursor_default(split)
+    if ring_dots is None:
+        ring_dots = ring_dots_default(split)
     # default flush launch: twice the warps (the flush holds S and the ring fold; dual [64, N] on 2 warps spills)
     # 8 tiles per program: with the per-row cursor the flush step 761 vs 798 µs at 16, plain 177.0 vs 178.4 µs
     # (H200, batch 256, dual_bf16, bench_replay_flush --flush-sweep 2026-11-30 09:22 UTC)
@@ -433,14 +467,23 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     dummy = ckpt
     zz = z if z is not None else x
+    LP, BN = max(16, triton.next_power_of_2(L)), triton.next_power_of_2(N)
+    RW = LP + 2  # the prologue's record at T = 1 (TP = 2)
+    bc = dummy
+    if split and ring_dots:
+        bc = torch.empty(b, G, RW, dtype=torch.float32, device=x.device)
+        _mamba2_verify_gram_kernel[(G, b)](
+            ring_B, write_pos, B, C, slot_ids, bc, B.stride(0), 0, B.stride(1), C.stride(0), 0, C.stride(1),
+            G=G, N=N, L=L, T=1, TP=2, LP=LP, BN=BN, ROOM=L - 1,
+            ROUND_RB=interp and ring_B.dtype == torch.bfloat16 and B.dtype != torch.bfloat16,
+            num_warps=4 if BN >= 128 else 2)
     args = (ckpt, ckpt_scale if ckpt_scale is not None else dummy,
             ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
             ring_x, ring_dt, ring_B, write_pos,
-            x, dt, A, B, C, D, dt_bias, zz, y, slot_ids, row_wp if row_wp is not None else slot_ids,
+            x, dt, A, B, C, D, dt_bias, zz, y, slot_ids, row_wp if row_wp is not None else slot_ids, bc,
             x.stride(0), x.stride(1), zz.stride(0), zz.stride(1), y.stride(0), y.stride(1),
             dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1))
-    meta = dict(H=H, G=G, P=P, N=N, L=L, LP=max(16, triton.next_power_of_2(L)),
-                BN=triton.next_power_of_2(N),
+    meta = dict(H=H, G=G, P=P, N=N, L=L, LP=LP, BN=BN, RW=RW,
                 HAS_Z=z is not None, CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
                 ROUND_CK=interp and ckpt.dtype in (torch.bfloat16, torch.float8_e4m3fn),
                 ROUND_LO=interp and ckpt_lo is not None and ckpt_lo.dtype in (torch.bfloat16, torch.float8_e4m3fn),
@@ -454,7 +497,8 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     # the two launches touch disjoint rows (by cursor), so their order is free
     _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
                                           CURSOR_FIRST=cursor_first or row_wp is not None,
-                                          ROW_CURSOR=row_wp is not None, RING_BY_CURSOR=bool(ring_by_cursor), **regs)
+                                          ROW_CURSOR=row_wp is not None, RING_BY_CURSOR=bool(ring_by_cursor),
+                                          DOTS=bool(ring_dots), **regs)
     _mamba2_replay_decode_v2_kernel[(triton.cdiv(H * triton.cdiv(P, fbp), tpp), b)](
         *args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
     return y

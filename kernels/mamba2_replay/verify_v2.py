@@ -44,10 +44,11 @@ def _mamba2_verify_gram_kernel(
     rB_ptr, wp_ptr, B_ptr, C_ptr, sid_ptr, bc_ptr,
     sB_b, sB_t, sB_g, sC_b, sC_t, sC_g,
     G: tl.constexpr, N: tl.constexpr, L: tl.constexpr, T: tl.constexpr, TP: tl.constexpr, LP: tl.constexpr,
-    BN: tl.constexpr, ROUND_RB: tl.constexpr,
+    BN: tl.constexpr, ROUND_RB: tl.constexpr, ROOM: tl.constexpr = 0,
 ):
     """Per (group, row): bc[row, g, s] = [B_j . C_s for ring j < L (0 for j >= wp) | B_r . C_s for
-    window r < TP (0 past T)], and the window's B at ring[wp : wp+T]."""
+    window r < TP (0 past T)], and the window's B at ring[wp : wp+T] where wp + T <= ROOM (0: L; a decode step
+    passes L - 1: a flushing row appends nothing)."""
     g = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     slot, valid = _slot_of(sid_ptr, row)
@@ -64,7 +65,7 @@ def _mamba2_verify_gram_kernel(
     wp = tl.load(wp_ptr + slot, mask=valid, other=0)
     lm = offs_l < wp
     rB = tl.where(lm[:, None], rB_raw.to(tl.float32), 0.0)                              # [LP, BN]
-    app = valid & (wp + T <= L)
+    app = valid & (wp + T <= (L if ROOM == 0 else ROOM))
     wpa = tl.where(app, wp, 0)
     rec = bc_ptr + (row * G + g) * T * (LP + TP)
     for s in tl.static_range(T):

@@ -48,7 +48,12 @@ def v2_step(c, step, config, split=None, **kw):
     NaN-poisoned output buffer (every element, padding rows included, must be written).
     split: None / False / True, a flush launch config (split=True with that config), or "cursor_first"
     (split=True, the output-only launch reading the cursor first; launcher steps only); a "_ring" suffix
-    (or "ring" alone: one fused launch) reads only the ring entries below the cursor."""
+    (or "ring" alone: one fused launch) reads only the ring entries below the cursor; a "_dots" suffix after
+    those ("split_dots": split=True) takes the group's dot products from the prologue (ring_dots)."""
+    dots = isinstance(split, str) and split.endswith("_dots")
+    if dots:
+        split = split[:-len("_dots")]
+        split = True if split == "split" else split
     flush = split if isinstance(split, tuple) else None
     ring = isinstance(split, str) and split.endswith("ring")
     if ring:
@@ -61,13 +66,14 @@ def v2_step(c, step, config, split=None, **kw):
     split = True if (flush or first or row_wp is not None) else split
     if step % 2 == 0:
         return mamba2_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="v2", config=config,
-                                    split=split, flush_config=flush, row_wp=row_wp, ring_by_cursor=ring)
+                                    split=split, flush_config=flush, row_wp=row_wp, ring_by_cursor=ring,
+                                    ring_dots=dots)
     y = torch.full_like(kw["x"], float("nan"))
     keys = ("x", "dt", "A", "B", "C", "D", "dt_bias", "slot_ids", "z")
     launch_decode_v2(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], *(kw[k] for k in keys), y,
                      L=L, ckpt_scale=c.get("ckpt_scale"), ckpt_lo=c.get("ckpt_lo"),
                      ckpt_lo_scale=c.get("ckpt_lo_scale"), config=config, split=split, flush_config=flush,
-                     cursor_first=first, row_wp=row_wp, ring_by_cursor=ring)
+                     cursor_first=first, row_wp=row_wp, ring_by_cursor=ring, ring_dots=dots)
     return y
 
 
@@ -89,6 +95,12 @@ CASES = [  # (H, G, P, N, mode, config (BLOCK_P, warps[, fold]) or None = the ea
     (3, 1, 5, 7, "fp32", (4, 4, "serial"), "ring"),            # the ring read only below the cursor
     (6, 3, 8, 16, "dual_bf16", None, "row_cursor_ring"),
     (3, 1, 5, 7, "dual_bf16", (4, 2, "tf32x3"), "cursor_first_ring"),
+    # the output-only launch with the group prologue (ring_dots): 1 and 3 groups, each cursor mode
+    (3, 1, 20, 16, "dual_bf16", (16, 2, "tf32x3"), "split_dots"),
+    (6, 3, 12, 16, "fp32", (8, 4), "split_dots"),
+    (6, 3, 5, 16, "single_fp8", None, "split_dots"),
+    (6, 3, 8, 16, "dual_bf16", None, "row_cursor_ring_dots"),
+    (3, 1, 5, 7, "dual_bf16", (4, 2, "tf32x3"), "cursor_first_ring_dots"),
 ]
 
 
@@ -156,7 +168,8 @@ def test_v2_matches_eager_fp32(device):
 @pytest.mark.parametrize("fold,split", [("serial", False), ("dot", False), ("tf32x3", False), ("tf32x3", True),
                                         ("tf32x3", "cursor_first"), ("tf32x3", "row_cursor"), ("bf16x3", False),
                                         ("bf16x3", "ring"), ("tf32x3", "row_cursor_ring"),
-                                        ("tf32x3", (16, 4, "bf16x3", 2)), ("tf32x3", (16, 4, "bf16x3", 1))])
+                                        ("tf32x3", (16, 4, "bf16x3", 2)), ("tf32x3", (16, 4, "bf16x3", 1)),
+                                        ("tf32x3", "split_dots"), ("tf32x3", "row_cursor_dots")])
 def test_v2_full_ring_and_cursor_at_L(fold, split, device):
     """Cursor at L (a verify committed a full window): the step flushes all L entries + this token;
     at L-1 it flushes too; bf16 ring / activations."""

@@ -58,3 +58,27 @@ def test_gdn_ring_dots_compiles_and_frees_registers():
     assert all(0 < u["regs"] <= 255 for u in usage)
     plain, plain_dots = usage[4:6]
     assert plain_dots["regs"] < plain["regs"] and plain_dots["spill_bytes"] == 0
+
+
+M2_DOTS_CODE = """
+import json
+from synodic.kernels import reg_usage
+from synodic.kernels.mamba2_replay.triton_v2 import FOLDS, _mamba2_replay_decode_v2_kernel as m2
+ptrs = dict(reg_usage.M2_PTRS, lo_ptr="*bf16")
+c = dict(H=128, G=8, P=64, N=128, L=16, LP=16, BP=64, BN=128, HAS_Z=True, FOLD=FOLDS["tf32x3"], TPP=1, ROUTE=1,
+         HAS_LO=True, CK_FP8=False, LO_FP8=False, ROUND_CK=False, ROUND_LO=False, ROUND_OUT=False, RW=18,
+         CURSOR_FIRST=True, ROW_CURSOR=True, RING_BY_CURSOR=True)
+print(json.dumps([reg_usage.compile_usage(m2, ptrs, dict(c, DOTS=d), 2) for d in (False, True)]))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists(TOOL), reason="Triton's NVIDIA backend tools are not installed")
+def test_mamba2_ring_dots_compiles_and_frees_registers():
+    """The dual step's output-only launch with the group prologue (DOTS) compiles for sm_90 and holds fewer
+    registers (no [L, N] B ring)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    res = subprocess.run([sys.executable, "-c", M2_DOTS_CODE], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    plain, dots = json.loads(res.stdout.strip().splitlines()[-1])
+    assert 0 < dots["regs"] < plain["regs"] <= 255 and dots["spill_bytes"] == 0
