@@ -420,8 +420,13 @@ def resolve_flush_config(config, block: int, warps: int, fold: str, tpp: int = 1
 
 def ring_dots_default(split: bool) -> bool:
     """Whether a split step's output-only launch takes the group's dot products from the prologue (as the GDN
-    decode's `ring_dots_default`). Not timed yet: off."""
-    return False
+    decode's `ring_dots_default`). Registers of the dual output-only launch (offline sm_90, [64, N] on 2 warps, the
+    engine's cursor mode): 168 -> 128. H200, batch 256, dual bf16, 24 slot sets, off / on / off / on
+    (bench_replay --ops mamba2 --stagger --dots-sweep 256, 2026-12-01 08:15 UTC), µs per step: with the engine's
+    per-row cursors (`_row`) 215.0 / 201.4 / 214.9 / 201.4; cursor read in the kernel 205.2 / 204.3 / 206.1 /
+    204.3; staggered 224.9 / 225.3 / 224.9 / 225.1. `nemotron_h_8b` decode at batch 256 (staggered, dual bf16):
+    12.99 -> 12.81 ms. So on for a split step."""
+    return split
 
 
 def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
