@@ -20,6 +20,9 @@ c_t = A * (sum of ring dt + dt_t):
     from the fp32 checkpoint; written to ckpt (+ ckpt_lo; fp8 with one scale per (head, p) row),
     nothing appended, y = S_t . C_t + D x_t (* silu(z)). The ring sum is serial rank-1 updates by
     default, or one [BP, L] x [L, N] ``tl.dot`` (fp32 "dot" / "tf32x3" / "bf16x3"): see ``pick_fold``.
+A split step's output-only launch (``ring_dots``, the default there) takes B_j . C_t and B_t . C_t from the verify
+gram prologue run at T = 1, once per (row, group), instead of every (head, P-tile) program reading the [L, N] B
+ring (see ``ring_dots_default``).
 Config: ``(BLOCK_P, num_warps[, fold[, maxnreg]])``; the N axis is masked only when N is not a power of two.
 """
 from __future__ import annotations
