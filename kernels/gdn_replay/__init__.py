@@ -81,7 +81,8 @@ def gdn_replay_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
     ``advance=False``, else v1. ``split`` (v2): one fused launch (False) or an output-only launch plus a
     flush launch (True); None = ``decode_v2.split_default``. ``ring_by_cursor`` (v2): read the cursor before the
     ring so only written entries move; None = ``mamba2_replay.common.ring_by_cursor_default``. ``ring_dots`` (v2):
-    the key-head dot products once per (row, key head) in a prologue launch; None = ``decode_v2.ring_dots_default``."""
+    the key-head dot products once per (row, key head) in a prologue launch; None =
+    ``mamba2_replay.common.ring_dots_default``."""
     state_route = _route(route)
     if impl not in ("auto", "v1", "v2"):
         raise ValueError(f"impl: expected 'auto', 'v1' or 'v2', got {impl!r}")

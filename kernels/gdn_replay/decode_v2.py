@@ -20,7 +20,7 @@ G_t = sum(ring g) + g_t, and k, q L2-normalised (q times scale):
     S_t = e^{g_t} S + u_t k^T, written to ckpt (+ ckpt_lo), o = S_t q; nothing appended.
 A split step's output-only launch (``ring_dots``, the default there) takes k, q, k . q and the ring's k_j . k,
 k_j . q from the verify prologue run at T = 1, once per (row, key head), instead of every (value head, V-tile)
-program reading the [L, K] key ring (64 fewer registers; see ``ring_dots_default``).
+program reading the [L, K] key ring (64 fewer registers; see ``mamba2_replay.common.ring_dots_default``).
 Config: ``(BLOCK_V, num_warps[, fold[, maxnreg]])``; fold = how a flush folds the ring: "serial" rank-1
 updates, or one fp32 ``tl.dot`` over the ring ("dot", FMA; "tf32x3", tensor cores; "bf16x3" with a bf16 k ring:
 three bf16 parts of the decayed u on bf16 tensor cores) as in the Mamba-2 kernel
@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _tile_mask
-from ..mamba2_replay.common import is_fp8, ring_by_cursor_default
+from ..mamba2_replay.common import is_fp8, ring_by_cursor_default, ring_dots_default
 from ..mamba2_replay.triton_impl import _serial_fold
 from ..mamba2_replay.triton_v2 import FOLDS, _fold_bf16x3, _store_tile, decode_config, resolve_flush_config
 from .verify_v2 import _gdn_verify_keys_kernel
@@ -52,7 +52,7 @@ def _gdn_replay_decode_v2_kernel(
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
     ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr, TPP: tl.constexpr = 1,
-    RING_BY_CURSOR: tl.constexpr = False, DOTS: tl.constexpr = False, RW: tl.constexpr = 1,
+    RING_BY_CURSOR: tl.constexpr = False, DOTS: tl.constexpr = False, RW: tl.constexpr = 1, TP: tl.constexpr = 2,
 ):
     """ROUTE 0: every row (both routes, one kernel); 1: output-only rows only (a flushing row is left
     alone: no output, no append); 2: flushing rows only, TPP (value head, V-tile)s per program, grid
@@ -77,7 +77,7 @@ def _gdn_replay_decode_v2_kernel(
                                        sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h,
                                        scale, row, hv, tile % NUM_T, hv // REP, slot, valid, HV, Hk, V, K, L, LP,
                                        BV, BK, USE_L2, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU,
-                                       ROUND_RK, ROUND_OUT, FOLD, ROUTE, False, False, RW)
+                                       ROUND_RK, ROUND_OUT, FOLD, ROUTE, False, False, RW, TP)
     else:
         row, hv, vt, hk = _head_tile(V, BV, REP)
         slot, valid = _slot_of(sid_ptr, row)
@@ -90,7 +90,7 @@ def _gdn_replay_decode_v2_kernel(
                                sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
                                row, hv, vt, hk, slot, valid, HV, Hk, V, K, L, LP, BV, BK, USE_L2, CK_FP8, HAS_LO,
                                LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU, ROUND_RK, ROUND_OUT, FOLD, ROUTE, RING_BY_CURSOR,
-                               DOTS, RW)
+                               DOTS, RW, TP)
 
 
 @triton.jit
@@ -104,7 +104,7 @@ def _gdn_decode_v2_row(
     CK_FP8: tl.constexpr, HAS_LO: tl.constexpr, LO_FP8: tl.constexpr,
     ROUND_CK: tl.constexpr, ROUND_LO: tl.constexpr, ROUND_RU: tl.constexpr, ROUND_RK: tl.constexpr,
     ROUND_OUT: tl.constexpr, FOLD: tl.constexpr, ROUTE: tl.constexpr, RING_BY_CURSOR: tl.constexpr,
-    DOTS: tl.constexpr, RW: tl.constexpr,
+    DOTS: tl.constexpr, RW: tl.constexpr, TP: tl.constexpr,
 ):
     REP: tl.constexpr = HV // Hk
     KEYS: tl.constexpr = DOTS and ROUTE != 2  # key-head quantities from the prologue's record
@@ -137,7 +137,7 @@ def _gdn_decode_v2_row(
     rk_base = rk_ptr + skh * L * K
     rg_base = rg_ptr + sh * L
     ru_raw = tl.load(ru_base + offs_l[:, None] * V + offs_v[None, :], mask=ru_mask, other=0.0)
-    if KEYS:  # record: [k (BK) | q (BK) | k_j . k (LP) | k_j . q (LP) | 2 x TP unused | k . q]
+    if KEYS:  # record (verify_v2's layout): [k (BK) | q (BK) | k_j . k (LP) | k_j . q (LP) | 2 x TP unused | k . q]
         rec = kq_ptr + (row * Hk + hk) * RW
         dk = tl.load(rec + 2 * BK + offs_l)
         dq = tl.load(rec + 2 * BK + LP + offs_l)
@@ -151,7 +151,7 @@ def _gdn_decode_v2_row(
     if KEYS:  # normalised (q scaled) by the prologue
         kt = tl.load(rec + offs_k)
         qt = tl.load(rec + BK + offs_k)
-        kq = tl.load(rec + 2 * BK + 2 * LP + 4)
+        kq = tl.load(rec + 2 * BK + 2 * LP + 2 * TP)
     else:
         kt = tl.load(k_ptr + row * sk_b + hk * sk_h + offs_k, mask=km, other=0.0).to(tl.float32)
         qt = tl.load(q_ptr + row * sq_b + hk * sq_h + offs_k, mask=km, other=0.0).to(tl.float32)
@@ -322,24 +322,6 @@ def split_default(ckpt_lo, rows: int) -> bool:
     return ckpt_lo is not None and rows >= 4096
 
 
-def ring_dots_default(split: bool) -> bool:
-    """Whether a decode step first runs the key-head prologue (``verify_v2._gdn_verify_keys_kernel``, T = 1: the
-    normalised k and q, the ring's k_j . k and k_j . q, once per (row, key head)) instead of every (value head,
-    V-tile) program reading the [L, K] key ring and forming them itself. The main kernel's registers (offline sm_90
-    compile, (32, 1 warp)): fused fp32 255 -> 221, output-only fp32 200 -> 145, output-only dual bf16 154 -> 96.
-    H200, 24 slot sets, alternating off / on / off / on (bench_replay --ops gdn --stagger --dots-sweep, 2026-12-01
-    07:49 and 07:53 UTC), µs per step, aligned cursors ; staggered:
-      split dual bf16, batch 256: 137.3 / 131.4 / 137.5 / 131.5 ; 156.6 / 147.5 / 156.3 / 148.0
-                       batch 128: 73.1 / 72.5 / 73.1 / 72.4 ; 92.3 / 89.8 / 92.5 / 89.9;  batch 32: 23.8 -> 23.6
-      fused fp32,      batch 256: 179.3 / 185.1 / 186.5 / 185.0 ; 189.2 / 187.2 / 189.0 / 187.4
-                       batch 128: 91.6 / 96.9 / 91.5 / 96.8 ; 94.7 / 99.5 / 94.7 / 99.6;  batch 32: 30.0 -> 33.6
-    (fp32 as two launches with the prologue: 190.7 / 217.6 µs at batch 256, slower than fused). In the model
-    (qwen35_gdn_4b, batch 256, staggered, off / on / off / on, 07:54 UTC): dual bf16 step 8.613 / 8.400 / 8.605 /
-    8.390 ms, fp32 9.335 / 9.329 / 9.284 / 9.294 ms. So on for a split step (its output-only launch), off for the
-    fused one."""
-    return split
-
-
 def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,
                      use_qk_l2norm, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
                      flush_config=None, ring_by_cursor: bool | None = None, ring_dots: bool | None = None):
@@ -348,7 +330,7 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     False = one fused launch (config). ring_by_cursor: the fused / output-only launch reads the cursor before
     the ring and never reads entries at or past it (kernel RING_BY_CURSOR);
     None = `mamba2_replay.common.ring_by_cursor_default`. ring_dots: the key-head prologue first (kernel DOTS);
-    None = `ring_dots_default` (on for a split step)."""
+    None = `mamba2_replay.common.ring_dots_default` (on for a split step)."""
     slots, HV, V, K = ckpt.shape
     Hk = ring_k.shape[1]
     b = slot_ids.shape[0]
@@ -375,13 +357,14 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     dummy = ckpt
     sc = float(K ** -0.5 if scale is None else scale)
     LP, BK = max(16, triton.next_power_of_2(L)), triton.next_power_of_2(K)
-    RW = 2 * BK + 2 * LP + 4 * 2  # the prologue's record at T = 1 (TP = 2)
+    TP = 2  # the prologue's window width at T = 1 (verify_v2: max(2, T))
+    RW = 2 * BK + 2 * LP + 4 * TP  # its record, as verify_v2 lays it out
     kq = dummy
     if ring_dots:
         kq = torch.empty(b, Hk, RW, dtype=torch.float32, device=v.device)
         _gdn_verify_keys_kernel[(Hk, b)](
             ring_k, write_pos, q, k, slot_ids, kq, q.stride(0), 0, q.stride(1), k.stride(0), 0, k.stride(1), sc,
-            Hk=Hk, K=K, L=L, T=1, TP=2, LP=LP, BK=BK, RW=RW, USE_L2=bool(use_qk_l2norm),
+            Hk=Hk, K=K, L=L, T=1, TP=TP, LP=LP, BK=BK, RW=RW, USE_L2=bool(use_qk_l2norm),
             ROUND_RK=interp and ring_k.dtype == torch.bfloat16, ROOM=L - 1, num_warps=4 if BK >= 128 else 2)
     args = (ckpt, ckpt_scale if ckpt_scale is not None else dummy,
             ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
@@ -389,6 +372,7 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), o.stride(0), o.stride(1), sc)
     meta = dict(HV=HV, Hk=Hk, V=V, K=K, L=L, LP=LP, BK=BK, USE_L2=bool(use_qk_l2norm), DOTS=bool(ring_dots), RW=RW,
+                TP=TP,
                 CK_FP8=is_fp8(ckpt), HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo),
                 ROUND_CK=interp and ckpt.dtype in low,
                 ROUND_LO=interp and ckpt_lo is not None and ckpt_lo.dtype in low,

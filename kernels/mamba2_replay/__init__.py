@@ -80,7 +80,7 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
     ``triton_v2.split_default``. ``row_wp`` (v2, optional): write_pos[slot_ids] as int32 [b], gathered once
     per step by the caller; lets a split step's output-only launch skip flushing rows without waiting.
     ``ring_dots`` (v2, split): the group's B . C products from a prologue launch; None =
-    ``triton_v2.ring_dots_default``."""
+    ``common.ring_dots_default``."""
     if impl not in ("auto", "v1", "v2"):
         raise ValueError(f"impl: expected 'auto', 'v1' or 'v2', got {impl!r}")
     if impl == "auto":

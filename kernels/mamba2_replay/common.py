@@ -153,3 +153,24 @@ def ring_by_cursor_default(split: bool) -> bool:
     loaded beside the slot id, Mamba-2 fp32 still 298.9 -> 312.1 µs); fused at batch 1-32: equal or slower. So on
     for the output-only launch of a split step only."""
     return split
+
+
+def ring_dots_default(split: bool) -> bool:
+    """Whether a v2 decode step first runs the verify path's prologue at T = 1 (GDN: the normalised k and q, k . q
+    and the ring's k_j . k, k_j . q once per (row, key head); Mamba-2: B_j . C_t and B_t . C_t once per (row,
+    group)) so the main kernel reads no [L, K] key / [L, N] B ring. Shared by the Mamba-2 and GDN v2 decode kernels.
+    Registers (offline sm_90 compile): GDN (32, 1 warp) fused fp32 255 -> 221, output-only fp32 200 -> 145,
+    output-only dual bf16 154 -> 96; Mamba-2 dual output-only ([64, N], 2 warps, the engine's cursor mode) 168 ->
+    128. H200, 24 slot sets, off / on / off / on, µs per step (bench_replay --stagger --dots-sweep, 2026-12-01
+    07:49, 07:53, 08:15 UTC), aligned cursors ; staggered:
+      GDN split dual bf16, batch 256: 137.3 / 131.4 / 137.5 / 131.5 ; 156.6 / 147.5 / 156.3 / 148.0
+                           batch 128: 73.1 / 72.5 / 73.1 / 72.4 ; 92.3 / 89.8 / 92.5 / 89.9;  batch 32: 23.8 -> 23.6
+      GDN fused fp32,      batch 256: 179.3 / 185.1 / 186.5 / 185.0 ; 189.2 / 187.2 / 189.0 / 187.4
+                           batch 128: 91.6 / 96.9 / 91.5 / 96.8 ; 94.7 / 99.5 / 94.7 / 99.6;  batch 32: 30.0 -> 33.6
+      GDN fp32 as two launches with the prologue, batch 256: 190.7 ; 217.6 (slower than fused)
+      Mamba-2 split dual bf16, batch 256: per-row cursors (the engine's) 215.0 / 201.4 / 214.9 / 201.4; cursor read
+                           in the kernel 205.2 / 204.3 / 206.1 / 204.3; staggered 224.9 / 225.3 / 224.9 / 225.1.
+    In the model at batch 256 (staggered): qwen35_gdn_4b dual bf16 8.613 / 8.400 / 8.605 / 8.390 ms, fp32 9.335 /
+    9.329 / 9.284 / 9.294 ms (07:54 UTC); nemotron_h_8b dual bf16 12.99 -> 12.81 and 12.95 -> 12.77 ms (08:16,
+    08:17 UTC). So on for a split step's output-only launch, off for a fused step."""
+    return split

@@ -22,7 +22,7 @@ c_t = A * (sum of ring dt + dt_t):
     default, or one [BP, L] x [L, N] ``tl.dot`` (fp32 "dot" / "tf32x3" / "bf16x3"): see ``pick_fold``.
 A split step's output-only launch (``ring_dots``, the default there) takes B_j . C_t and B_t . C_t from the verify
 gram prologue run at T = 1, once per (row, group), instead of every (head, P-tile) program reading the [L, N] B
-ring (see ``ring_dots_default``).
+ring (see ``common.ring_dots_default``).
 Config: ``(BLOCK_P, num_warps[, fold[, maxnreg]])``; the N axis is masked only when N is not a power of two.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _softplus, _tile_mask
-from .common import is_fp8, ring_by_cursor_default, split_default
+from .common import is_fp8, ring_by_cursor_default, ring_dots_default, split_default
 from .verify_v2 import _mamba2_verify_gram_kernel
 
 _INTERP = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
@@ -421,17 +421,6 @@ def resolve_flush_config(config, block: int, warps: int, fold: str, tpp: int = 1
     return out
 
 
-def ring_dots_default(split: bool) -> bool:
-    """Whether a split step's output-only launch takes the group's dot products from the prologue (as the GDN
-    decode's `ring_dots_default`). Registers of the dual output-only launch (offline sm_90, [64, N] on 2 warps, the
-    engine's cursor mode): 168 -> 128. H200, batch 256, dual bf16, 24 slot sets, off / on / off / on
-    (bench_replay --ops mamba2 --stagger --dots-sweep 256, 2026-12-01 08:15 UTC), µs per step: with the engine's
-    per-row cursors (`_row`) 215.0 / 201.4 / 214.9 / 201.4; cursor read in the kernel 205.2 / 204.3 / 206.1 /
-    204.3; staggered 224.9 / 225.3 / 224.9 / 225.1. `nemotron_h_8b` decode at batch 256 (staggered, dual bf16):
-    12.99 -> 12.81 ms. So on for a split step."""
-    return split
-
-
 def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
                      L, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
                      flush_config=None, cursor_first: bool = False, row_wp=None, ring_by_cursor: bool | None = None,
@@ -449,7 +438,7 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     the ring entries below the cursor (kernel RING_BY_CURSOR); None = `common.ring_by_cursor_default`.
     ring_dots (split): the output-only launch takes B_j . C_t and B_t . C_t from the group prologue
     (``verify_v2._mamba2_verify_gram_kernel`` at T = 1) instead of reading the B ring (kernel DOTS);
-    None = `ring_dots_default`."""
+    None = `common.ring_dots_default`."""
     slots, H, P, N = ckpt.shape
     G = ring_B.shape[1]
     b = slot_ids.shape[0]
@@ -476,13 +465,14 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     dummy = ckpt
     zz = z if z is not None else x
     LP, BN = max(16, triton.next_power_of_2(L)), triton.next_power_of_2(N)
-    RW = LP + 2  # the prologue's record at T = 1 (TP = 2)
+    TP = 2  # the prologue's window width at T = 1 (verify_v2: max(2, T))
+    RW = LP + TP  # its record: [B_j . C_t (LP) | B_t . C_t, 0]
     bc = dummy
     if split and ring_dots:
         bc = torch.empty(b, G, RW, dtype=torch.float32, device=x.device)
         _mamba2_verify_gram_kernel[(G, b)](
             ring_B, write_pos, B, C, slot_ids, bc, B.stride(0), 0, B.stride(1), C.stride(0), 0, C.stride(1),
-            G=G, N=N, L=L, T=1, TP=2, LP=LP, BN=BN, ROOM=L - 1,
+            G=G, N=N, L=L, T=1, TP=TP, LP=LP, BN=BN, ROOM=L - 1,
             ROUND_RB=interp and ring_B.dtype == torch.bfloat16 and B.dtype != torch.bfloat16,
             num_warps=4 if BN >= 128 else 2)
     args = (ckpt, ckpt_scale if ckpt_scale is not None else dummy,

@@ -36,7 +36,8 @@ BACKENDS = ("auto", "torch", "triton")
 # bench_quant 2026-12-01, bf16 activations, 4096x14336 / 14336x4096): M = 1 gemvh 2.2-2.3x bf16 (MXFP4), 2.0-2.05x
 # NVFP4, 1.69-1.85x MXFP8; M = 2 1.5-1.7x MXFP4, 1.3-1.4x NVFP4, 1.1-1.4x MXFP8; dotp (aligned code loads, tiles
 # re-swept 05:35 UTC) at M = 3..16 1.33-1.55x MXFP4, 1.10-1.25x NVFP4, 1.02-1.22x MXFP8, at M = 24..32 1.02-1.24x
-# MXFP4, 0.93-1.09x NVFP4, 0.86-0.90x MXFP8 (so MXFP8 stops at 16 rows); M = 64 0.68-0.78x.
+# MXFP4, 0.93-1.09x NVFP4, 0.86-0.90x MXFP8 (so MXFP8 stops at 16 rows; MXFP4's 17-32-row tile for K < 8192
+# changed at 08:10 UTC: 14336x4096 at 32 rows 0.99x, the presets' shapes 7-35 % faster); M = 64 0.68-0.78x.
 # fp32 activations: one row (the fp32 GEMV), 1.0-1.5x (2026-11-30).
 KERNEL_MAX_ROWS = {"mxfp4": 32, "nvfp4": 32, "mxfp8_e4m3": 16, "mxfp8_e5m2": 16}
 KERNEL_MAX_ROWS_FP32 = 1

@@ -26,7 +26,9 @@ def make(N, K, M, dtype, device, seed):
 CASES = [  # fmt, N, K, M, dtype, act_quant, config
     ("mxfp4", 40, 96, 1, torch.float32, None, None),
     ("mxfp4", 40, 288, 5, torch.bfloat16, None, None),  # the M = 3..16 MXFP4 default: [64 x 256] tiles, K masked
-    ("mxfp4", 136, 288, 20, torch.bfloat16, None, None),  # M = 17..32: MXFP4 [128 x 256], N and K masked
+    ("mxfp4", 136, 288, 20, torch.bfloat16, None, None),  # M = 17..32 below K = 8192: [64 x 256], N and K masked
+    # the 17..32-row tile from K = 8192, [128 x 256] with 2 stages, forced at a small K
+    ("mxfp4", 136, 288, 20, torch.bfloat16, None, dict(KERNEL="dotp", BLOCK_N=128, BLOCK_K=256, num_stages=2)),
     ("mxfp8_e4m3", 72, 160, 9, torch.bfloat16, None, None),  # M = 3..32: MXFP8 [64 x 128], 3 stages
     ("mxfp4", 136, 160, 40, torch.bfloat16, None, None),  # the M = 33..64 defaults: MXFP4 [128 x 64], N and K masked
     ("nvfp4", 72, 272, 40, torch.bfloat16, None, None),  # NVFP4 [64 x 256]
@@ -501,8 +503,12 @@ def test_default_one_row_kernel_follows_activation_dtype():
     assert resolve_config(2, 14336, 4096, "nvfp4", None)["num_warps"] == 1  # one-warp programs at M = 2
     assert resolve_config(2, 14336, 4096, "mxfp8_e4m3", None)["num_warps"] == 1
     assert resolve_config(2, 14336, 4096, "mxfp4", None)["num_warps"] == 4
-    # dotp tiles by rows (_DOTP): MXFP4 [64 x 256] to 16 rows, [128 x 256] to 32, [128 x 64] to 64; NVFP4 [64 x 128]
-    # to 32, [64 x 256] to 64; MXFP8 [64 x 128] to 32; a forced kernel above 64 rows the generic [64 x 128]
+    # dotp tiles by rows (_DOTP): MXFP4 [64 x 256] to 16 rows, to 32 [128 x 256] from K = 8192 and [64 x 256] (3
+    # stages) below, [128 x 64] to 64; NVFP4 [64 x 128] to 32, [64 x 256] to 64; MXFP8 [64 x 128] to 32; a forced
+    # kernel above 64 rows the generic [64 x 128]
+    tile = [(c["BLOCK_N"], c["BLOCK_K"], c["num_stages"]) for c in (
+        resolve_config(m, n, k, "mxfp4", None) for m, n, k in ((17, 21504, 4096), (32, 4096, 8191), (32, 4096, 8192)))]
+    assert tile == [(64, 256, 3), (64, 256, 3), (128, 256, 2)]
     assert [resolve_config(m, 4096, 14336, "mxfp4", None)["BLOCK_K"] for m in (16, 17, 33)] == [256, 256, 64]
     assert [resolve_config(m, 4096, 14336, "nvfp4", None)["BLOCK_K"] for m in (3, 32, 33, 65)] == [128, 128, 256, 128]
     assert [resolve_config(m, 4096, 14336, "mxfp8_e4m3", None)["BLOCK_K"] for m in (3, 32, 33)] == [128, 128, 64]
