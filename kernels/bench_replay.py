@@ -73,6 +73,8 @@ class _Case:
         self.ring = None  # v2 ring_by_cursor (None: the launcher's default)
         self.flush = None  # v2 flush_config of a split step (None: the launcher's default)
         self.dots = None  # v2 ring_dots (None: the launcher's default)
+        self.split = None  # v2 split (None: the launcher's default)
+        self.overlap = None  # v2 overlap of a split step's two launches (None: the launcher's default)
         if variant == "eager":
             self.state = S0
         else:
@@ -144,7 +146,8 @@ class MambaCase(_Case):
             return mamba2_replay_decode(**c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
                                         dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, advance=False,
                                         backend="triton", config=self.config, impl="v2", row_wp=row_wp,
-                                        ring_by_cursor=self.ring, flush_config=self.flush, ring_dots=self.dots)
+                                        ring_by_cursor=self.ring, flush_config=self.flush, ring_dots=self.dots,
+                                        split=self.split, overlap=self.overlap)
         return mamba2_replay_decode(**self.c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
                                     dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, backend="triton",
                                     config=self.config)
@@ -187,7 +190,8 @@ class GDNCase(_Case):
             return gdn_replay_decode(**self._cursor_cache(r), q=s["q"], k=s["k"], v=s["v"],
                                      g=s["g"], beta=s["beta"], slot_ids=s["slot_ids"], L=self.L, advance=False,
                                      backend="triton", config=self.config, impl="v2", ring_by_cursor=self.ring,
-                                     flush_config=self.flush, ring_dots=self.dots)
+                                     flush_config=self.flush, ring_dots=self.dots, split=self.split,
+                                     overlap=self.overlap)
         return gdn_replay_decode(**self.c, q=s["q"], k=s["k"], v=s["v"], g=s["g"], beta=s["beta"],
                                  slot_ids=s["slot_ids"], L=self.L, route=self.route, backend="triton",
                                  config=self.config)

@@ -70,7 +70,8 @@ def gdn_replay_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
                       scale=None, use_qk_l2norm: bool = True, route: str = "adjoint", ckpt_scale=None,
                       ckpt_lo=None, ckpt_lo_scale=None, advance: bool = True, backend: str = "auto",
                       config=None, impl: str = "auto", split: bool | None = None, flush_config=None,
-                      ring_by_cursor: bool | None = None, ring_dots: bool | None = None) -> torch.Tensor:
+                      ring_by_cursor: bool | None = None, ring_dots: bool | None = None,
+                      overlap: bool | None = None) -> torch.Tensor:
     """One decode step per row: q/k [b,Hk,K], v [b,HV,V], g [b,HV] log-decay, beta [b,HV]
     post-sigmoid -> o [b,HV,V] (v dtype), equal to eager ``gdn_decode``. Appends (u, k, g) at
     ring[write_pos]; at write_pos >= L-1 flushes instead (ckpt and ckpt_lo written, wp <- 0).
@@ -82,7 +83,8 @@ def gdn_replay_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
     flush launch (True); None = ``decode_v2.split_default``. ``ring_by_cursor`` (v2): read the cursor before the
     ring so only written entries move; None = ``mamba2_replay.common.ring_by_cursor_default``. ``ring_dots`` (v2):
     the key-head dot products once per (row, key head) in a prologue launch; None =
-    ``mamba2_replay.common.ring_dots_default``."""
+    ``mamba2_replay.common.ring_dots_default``. ``overlap`` (v2, split): the flush launch on a side stream beside
+    the output-only launch; None = ``mamba2_replay.common.overlap_default``."""
     state_route = _route(route)
     if impl not in ("auto", "v1", "v2"):
         raise ValueError(f"impl: expected 'auto', 'v1' or 'v2', got {impl!r}")
@@ -104,7 +106,7 @@ def gdn_replay_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
         return launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, L=L,
                                 scale=scale, use_qk_l2norm=use_qk_l2norm, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
                                 ckpt_lo_scale=ckpt_lo_scale, config=config, split=split, flush_config=flush_config,
-                                ring_by_cursor=ring_by_cursor, ring_dots=ring_dots)
+                                ring_by_cursor=ring_by_cursor, ring_dots=ring_dots, overlap=overlap)
     from .triton_impl import MODE_DECODE, launch
     launch(MODE_DECODE, ckpt, ring_u, ring_k, ring_g, write_pos, q.unsqueeze(1), k.unsqueeze(1),
            v.unsqueeze(1), g.unsqueeze(1), beta.unsqueeze(1), slot_ids, o.unsqueeze(1), L=L, T=1, scale=scale,

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _tile_mask
-from ..mamba2_replay.common import is_fp8, ring_by_cursor_default, ring_dots_default
+from ..mamba2_replay.common import fork_join, is_fp8, overlap_default, ring_by_cursor_default, ring_dots_default
 from ..mamba2_replay.triton_impl import _serial_fold
 from ..mamba2_replay.triton_v2 import FOLDS, _fold_bf16x3, _store_tile, decode_config, resolve_flush_config
 from .verify_v2 import _gdn_verify_keys_kernel
@@ -324,13 +324,15 @@ def split_default(ckpt_lo, rows: int) -> bool:
 
 def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,
                      use_qk_l2norm, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
-                     flush_config=None, ring_by_cursor: bool | None = None, ring_dots: bool | None = None):
+                     flush_config=None, ring_by_cursor: bool | None = None, ring_dots: bool | None = None,
+                     overlap: bool | None = None):
     """q/k [b,Hk,K], v [b,HV,V], g/beta [b,HV], o [b,HV,V] (written). Inner strides 1.
     split: None = `split_default`; True = output-only launch (config) + flush launch (`resolve_flush_config`),
     False = one fused launch (config). ring_by_cursor: the fused / output-only launch reads the cursor before
     the ring and never reads entries at or past it (kernel RING_BY_CURSOR);
     None = `mamba2_replay.common.ring_by_cursor_default`. ring_dots: the key-head prologue first (kernel DOTS);
-    None = `mamba2_replay.common.ring_dots_default` (on for a split step)."""
+    None = `mamba2_replay.common.ring_dots_default` (on for a split step). overlap (split, CUDA): the flush launch
+    on a high-priority side stream beside the output-only launch; None = `mamba2_replay.common.overlap_default`."""
     slots, HV, V, K = ckpt.shape
     Hk = ring_k.shape[1]
     b = slot_ids.shape[0]
@@ -383,9 +385,20 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
         _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw,
                                            RING_BY_CURSOR=bool(ring_by_cursor), **extra)
         return o
-    # the two launches touch disjoint rows (by cursor), so their order is free
-    _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
-                                       RING_BY_CURSOR=bool(ring_by_cursor), **extra)
-    _gdn_replay_decode_v2_kernel[(triton.cdiv(HV * triton.cdiv(V, fbv), tpp), b)](
-        *args, **meta, BV=fbv, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
+    def output_only():
+        _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
+                                           RING_BY_CURSOR=bool(ring_by_cursor), **extra)
+
+    def flush():
+        _gdn_replay_decode_v2_kernel[(triton.cdiv(HV * triton.cdiv(V, fbv), tpp), b)](
+            *args, **meta, BV=fbv, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
+
+    # the two launches touch disjoint rows (by cursor), so their order is free and they may run side by side
+    if overlap is None:
+        overlap = overlap_default(split)
+    if overlap and v.is_cuda:
+        fork_join(v.device, flush, output_only)
+    else:
+        output_only()
+        flush()
     return o

@@ -68,7 +68,7 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
                          advance: bool = True, backend: str = "auto", config=None,
                          impl: str = "auto", split: bool | None = None, flush_config=None,
                          row_wp=None, ring_by_cursor: bool | None = None,
-                         ring_dots: bool | None = None) -> torch.Tensor:
+                         ring_dots: bool | None = None, overlap: bool | None = None) -> torch.Tensor:
     """One decode step per row: x [b,H,P], dt [b,H] raw, B/C [b,G,N], z [b,H,P] or None,
     A/D/dt_bias [H], slot_ids [b] -> y [b,H,P] (x dtype), equal to eager ``mamba2_decode``
     (dt = softplus(dt + dt_bias); y = S.C + D x, times silu(z) when z is given).
@@ -80,7 +80,8 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
     ``triton_v2.split_default``. ``row_wp`` (v2, optional): write_pos[slot_ids] as int32 [b], gathered once
     per step by the caller; lets a split step's output-only launch skip flushing rows without waiting.
     ``ring_dots`` (v2, split): the group's B . C products from a prologue launch; None =
-    ``common.ring_dots_default``."""
+    ``common.ring_dots_default``. ``overlap`` (v2, split): the flush launch on a side stream beside the
+    output-only launch; None = ``common.overlap_default``."""
     if impl not in ("auto", "v1", "v2"):
         raise ValueError(f"impl: expected 'auto', 'v1' or 'v2', got {impl!r}")
     if impl == "auto":
@@ -98,7 +99,8 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
         return launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
                                 z, torch.empty_like(x), L=L, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
                                 ckpt_lo_scale=ckpt_lo_scale, config=config, split=split, flush_config=flush_config,
-                                row_wp=row_wp, ring_by_cursor=ring_by_cursor, ring_dots=ring_dots)
+                                row_wp=row_wp, ring_by_cursor=ring_by_cursor, ring_dots=ring_dots,
+                                overlap=overlap)
     from .triton_impl import MODE_DECODE, launch
     x, B, C, z = _inner(x), _inner(B), _inner(C), _inner(z)
     y = torch.empty_like(x)

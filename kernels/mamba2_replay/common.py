@@ -174,3 +174,42 @@ def ring_dots_default(split: bool) -> bool:
     9.329 / 9.284 / 9.294 ms (07:54 UTC); nemotron_h_8b dual bf16 12.99 -> 12.81 and 12.95 -> 12.77 ms (08:16,
     08:17 UTC). So on for a split step's output-only launch, off for a fused step."""
     return split
+
+
+def overlap_default(split: bool) -> bool:
+    """Whether a split step's flush launch runs on a side stream beside the output-only launch (their rows are
+    disjoint) instead of after it. In order, the flush launch's few long programs (1/L of the rows when cursors
+    are staggered, as in serving) left most SMs idle at its end; beside the output-only launch they fill its gaps.
+    H200, batch 256, 24 slot sets, the engine's cursor modes, µs per step in order -> overlapped (bench_replay
+    cases, 2026-12-01 09:55 UTC, two rounds alike): GDN dual bf16 staggered 148.6 -> 128.6, aligned 132.1 ->
+    129.0; Mamba-2 dual bf16 (per-row cursors) staggered 220.8 -> 195.7, aligned 200.3 -> 195.8. The fp32 steps
+    stay fused: as split steps, even overlapped, GDN took 185.6-192.7 µs against fused 177.3-181.9, Mamba-2
+    300.7-344.5 against 305.5-309.7 (and a slower model step). So on wherever a step is split."""
+    return split
+
+
+_FLUSH_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def flush_stream(device: torch.device) -> torch.cuda.Stream:
+    """One high-priority side stream per CUDA device for the flush launches of split steps: its few long programs
+    are dispatched first and the output-only launch fills the SMs around them. Reused across calls, so a captured
+    CUDA graph forks to and joins from the same stream every step."""
+    idx = torch.device(device).index
+    idx = torch.cuda.current_device() if idx is None else idx
+    if idx not in _FLUSH_STREAMS:
+        _FLUSH_STREAMS[idx] = torch.cuda.Stream(device=idx, priority=-1)
+    return _FLUSH_STREAMS[idx]
+
+
+def fork_join(device: torch.device, side_fn, main_fn) -> None:
+    """side_fn on `flush_stream(device)` after all work queued so far, main_fn on the current stream, then the
+    current stream waits for both: the pattern a CUDA graph capture records as a fork and a join."""
+    cur = torch.cuda.current_stream(device)
+    side = flush_stream(device)
+    side.wait_stream(cur)
+    with torch.cuda.stream(side):
+        side_fn()
+    main_fn()
+    cur.wait_stream(side)
+

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _softplus, _tile_mask
-from .common import is_fp8, ring_by_cursor_default, ring_dots_default, split_default
+from .common import fork_join, is_fp8, overlap_default, ring_by_cursor_default, ring_dots_default, split_default
 from .verify_v2 import _mamba2_verify_gram_kernel
 
 _INTERP = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
@@ -424,7 +424,7 @@ def resolve_flush_config(config, block: int, warps: int, fold: str, tpp: int = 1
 def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
                      L, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
                      flush_config=None, cursor_first: bool = False, row_wp=None, ring_by_cursor: bool | None = None,
-                     ring_dots: bool | None = None):
+                     ring_dots: bool | None = None, overlap: bool | None = None):
     """x [b,H,P], dt [b,H], B/C [b,G,N], z [b,H,P] or None, y [b,H,P] (written). Inner strides 1.
     split: None = `split_default`; True = output-only launch (config) + flush launch (`resolve_flush_config`,
     twice config's warps by default),
@@ -438,7 +438,8 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     the ring entries below the cursor (kernel RING_BY_CURSOR); None = `common.ring_by_cursor_default`.
     ring_dots (split): the output-only launch takes B_j . C_t and B_t . C_t from the group prologue
     (``verify_v2._mamba2_verify_gram_kernel`` at T = 1) instead of reading the B ring (kernel DOTS);
-    None = `common.ring_dots_default`."""
+    None = `common.ring_dots_default`. overlap (split, CUDA): the flush launch on a high-priority side stream
+    beside the output-only launch; None = `common.overlap_default`."""
     slots, H, P, N = ckpt.shape
     G = ring_B.shape[1]
     b = slot_ids.shape[0]
@@ -492,11 +493,22 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
         _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw,
                                               RING_BY_CURSOR=bool(ring_by_cursor), **regs)
         return y
-    # the two launches touch disjoint rows (by cursor), so their order is free
-    _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
-                                          CURSOR_FIRST=cursor_first or row_wp is not None,
-                                          ROW_CURSOR=row_wp is not None, RING_BY_CURSOR=bool(ring_by_cursor),
-                                          DOTS=bool(ring_dots), **regs)
-    _mamba2_replay_decode_v2_kernel[(triton.cdiv(H * triton.cdiv(P, fbp), tpp), b)](
-        *args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
+    def output_only():
+        _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
+                                              CURSOR_FIRST=cursor_first or row_wp is not None,
+                                              ROW_CURSOR=row_wp is not None, RING_BY_CURSOR=bool(ring_by_cursor),
+                                              DOTS=bool(ring_dots), **regs)
+
+    def flush():
+        _mamba2_replay_decode_v2_kernel[(triton.cdiv(H * triton.cdiv(P, fbp), tpp), b)](
+            *args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
+
+    # the two launches touch disjoint rows (by cursor), so their order is free and they may run side by side
+    if overlap is None:
+        overlap = overlap_default(split)
+    if overlap and x.is_cuda:
+        fork_join(x.device, flush, output_only)
+    else:
+        output_only()
+        flush()
     return y
