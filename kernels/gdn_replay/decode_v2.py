@@ -320,9 +320,12 @@ def split_default(ckpt_lo, rows: int) -> bool:
     fused dual kernel has 255 registers and spills, its output-only path 154. H200, batch 256,
     bench_replay_flush 2026-11-30 07:50 UTC, dual_bf16 (32, 1 warp, dot), plain / flush step: fused 148 / 483 µs,
     split 123 / 649 µs; cycle 1.61x -> 1.75x eager (graph-timed bench_replay: 1.89x). fp32: 195 vs 254
-    registers, yet plain 166 -> 197 µs with the flush launch, so fused. Split for a low-precision copy at
-    rows = batch x value heads >= 4096."""
-    return ckpt_lo is not None and rows >= 4096
+    registers, yet plain 166 -> 197 µs with the flush launch, so fused. With the flush launch beside the
+    output-only one (`mamba2_replay.common.overlap_default`), dual bf16, 24 slot sets, staggered / aligned cursors,
+    µs fused -> split (H200, 2026-12-01 10:16 UTC): batch 16 17.3 -> 21.8 / 15.9 -> 15.1; batch 32 24.8 -> 26.8 /
+    23.8 -> 23.4; batch 64 43.3 -> 40.2 / 41.7 -> 38.6; batch 128 80.3 -> 70.4 / 78.1 -> 70.3. So split for a
+    low-precision copy at rows = batch x value heads >= 2048 (batch 64 at 32 value heads; was 4096 in order)."""
+    return ckpt_lo is not None and rows >= 2048
 
 
 def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,

@@ -139,8 +139,12 @@ def split_default(ckpt_lo, rows: int) -> bool:
     output-only launch trades 8 µs per plain step for 135 µs per flush step: equal over a cycle, so off.
     fp32 gains nothing (240 vs 252 registers: the fp32 tile itself is the budget) and pays the flush launch
     (plain 292 -> 319 µs). At batch 8 (1024 rows) the second launch made the step slower (15.5 vs 14.0 µs).
-    So: a low-precision copy at rows = batch x heads >= 4096."""
-    return ckpt_lo is not None and rows >= 4096
+    With the flush launch beside the output-only one (`overlap_default`), dual bf16 with the engine's per-row
+    cursors, 24 slot sets, staggered / aligned cursors, µs fused -> split (H200, 2026-12-01 10:16 UTC): batch 16
+    29.8 -> 38.7 / 29.4 -> 27.0; batch 32 41.7 -> 47.2 / 40.8 -> 33.8; batch 64 73.7 -> 59.2 / 71.4 -> 57.3;
+    batch 128 137.3 -> 101.8 / 133.0 -> 103.8. Serving staggers the cursors, so: a low-precision copy at
+    rows = batch x heads >= 8192 (batch 64 at 128 heads; was 4096)."""
+    return ckpt_lo is not None and rows >= 8192
 
 
 def ring_by_cursor_default(split: bool) -> bool:
