@@ -323,9 +323,11 @@ def split_default(ckpt_lo, rows: int) -> bool:
     registers, yet plain 166 -> 197 µs with the flush launch, so fused. With the flush launch beside the
     output-only one (`mamba2_replay.common.overlap_default`), dual bf16, 24 slot sets, staggered / aligned cursors,
     µs fused -> split (H200, 2026-12-01 10:16 UTC): batch 16 17.3 -> 21.8 / 15.9 -> 15.1; batch 32 24.8 -> 26.8 /
-    23.8 -> 23.4; batch 64 43.3 -> 40.2 / 41.7 -> 38.6; batch 128 80.3 -> 70.4 / 78.1 -> 70.3. So split for a
-    low-precision copy at rows = batch x value heads >= 2048 (batch 64 at 32 value heads; was 4096 in order)."""
-    return ckpt_lo is not None and rows >= 2048
+    23.8 -> 23.4; batch 64 43.3 -> 40.2 / 41.7 -> 38.6; batch 128 80.3 -> 70.4 / 78.1 -> 70.3. Yet in the model
+    the split step at batch 64 (rows 2048) was slower: qwen35_gdn_4b dual bf16 decode 4.460 / 4.464 ms fused vs
+    4.515 / 4.520 ms split (10:19 UTC; the prologue launch and the fork / join cost more than the kernel gains at a
+    40 µs step). So split for a low-precision copy at rows = batch x value heads >= 4096."""
+    return ckpt_lo is not None and rows >= 4096
 
 
 def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,
