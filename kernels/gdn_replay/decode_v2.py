@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _tile_mask
-from ..mamba2_replay.common import fork_join, is_fp8, overlap_default, ring_by_cursor_default, ring_dots_default
+from ..mamba2_replay.common import is_fp8, overlap_default, ring_by_cursor_default, ring_dots_default, run_split
 from ..mamba2_replay.triton_impl import _serial_fold
 from ..mamba2_replay.triton_v2 import FOLDS, _fold_bf16x3, _store_tile, decode_config, resolve_flush_config
 from .verify_v2 import _gdn_verify_keys_kernel
@@ -393,6 +393,7 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
         _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw,
                                            RING_BY_CURSOR=bool(ring_by_cursor), **extra)
         return o
+
     def output_only():
         _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
                                            RING_BY_CURSOR=bool(ring_by_cursor), **extra)
@@ -402,11 +403,5 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
             *args, **meta, BV=fbv, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
 
     # the two launches touch disjoint rows (by cursor), so their order is free and they may run side by side
-    if overlap is None:
-        overlap = overlap_default(split)
-    if overlap and v.is_cuda:
-        fork_join(v.device, flush, output_only)
-    else:
-        output_only()
-        flush()
+    run_split(v.device, output_only, flush, overlap_default(split) if overlap is None else overlap)
     return o

@@ -207,14 +207,18 @@ def flush_stream(device: torch.device) -> torch.cuda.Stream:
     return _FLUSH_STREAMS[idx]
 
 
-def fork_join(device: torch.device, side_fn, main_fn) -> None:
-    """side_fn on `flush_stream(device)` after all work queued so far, main_fn on the current stream, then the
-    current stream waits for both: the pattern a CUDA graph capture records as a fork and a join."""
+def run_split(device: torch.device, output_only, flush, overlap: bool) -> None:
+    """The two launches of a split step. overlap (CUDA): flush on `flush_stream(device)` after all work queued so
+    far, output_only on the current stream, then the current stream waits for both (a CUDA graph capture records a
+    fork and a join); else output_only, then flush, in order."""
+    if not (overlap and torch.device(device).type == "cuda"):
+        output_only()
+        flush()
+        return
     cur = torch.cuda.current_stream(device)
     side = flush_stream(device)
     side.wait_stream(cur)
     with torch.cuda.stream(side):
-        side_fn()
-    main_fn()
+        flush()
+    output_only()
     cur.wait_stream(side)
-

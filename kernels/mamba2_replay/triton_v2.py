@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _softplus, _tile_mask
-from .common import fork_join, is_fp8, overlap_default, ring_by_cursor_default, ring_dots_default, split_default
+from .common import is_fp8, overlap_default, ring_by_cursor_default, ring_dots_default, run_split, split_default
 from .verify_v2 import _mamba2_verify_gram_kernel
 
 _INTERP = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
@@ -493,6 +493,7 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
         _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw,
                                               RING_BY_CURSOR=bool(ring_by_cursor), **regs)
         return y
+
     def output_only():
         _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
                                               CURSOR_FIRST=cursor_first or row_wp is not None,
@@ -504,11 +505,5 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
             *args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
 
     # the two launches touch disjoint rows (by cursor), so their order is free and they may run side by side
-    if overlap is None:
-        overlap = overlap_default(split)
-    if overlap and x.is_cuda:
-        fork_join(x.device, flush, output_only)
-    else:
-        output_only()
-        flush()
+    run_split(x.device, output_only, flush, overlap_default(split) if overlap is None else overlap)
     return y
