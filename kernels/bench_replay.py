@@ -11,7 +11,9 @@ v2 fused steps read all L ring entries, split ones the wp live ones; the byte co
 GDN replay in both routes.
 ``--stagger`` adds the v2 rows with staggered cursors (``*_v2_stag``: slot s at cursor (s + i) mod L on step i,
 so 1/L of the rows flush on every step, as in steady-state serving, instead of all rows on one step of L);
-``--flush-sweep`` times the split (dual) rows over flush launch configs (block, warps, fold, tiles per program).
+``--flush-sweep`` times the split (dual) rows over flush launch configs (block, warps, fold, tiles per program);
+``--overlap-sweep`` times them with the flush launch in order / beside the output-only launch (``overlap``);
+``--split-sweep`` times the dual rows as one fused launch / a split step (``split``).
 Every time is the average decode step over full L-step cycles (so the flush is amortised):
 one CUDA graph holds L x R steps over R rotated slot sets (state touched per graph > 2x L2, and at least
 ``--sets``, default 24 = the presets' SSM layers: with fewer, the ring re-read every step stays L2-hot, which a
@@ -83,7 +85,7 @@ class _Case:
             if "ckpt_lo" in self.c:
                 self.c["ckpt_lo"].copy_(S0.to(torch.bfloat16))
         if "_v2" in variant:  # shared-cursor model: step i of every L-cycle reads cursor i (slot s: s + i if staggered)
-            phase = (torch.arange(S0.shape[0], device=S0.device) if variant.endswith("_stag")
+            phase = (torch.arange(S0.shape[0], device=S0.device) if "_stag" in variant
                      else torch.zeros(S0.shape[0], dtype=torch.long, device=S0.device))
             self.cursors = [((phase + i) % L).to(torch.int32) for i in range(L)]
             self.count = [0] * rot
@@ -141,7 +143,7 @@ class MambaCase(_Case):
         if "_v2" in self.variant:
             c = self._cursor_cache(r)
             # "_row": the engine's per-step cursor gather (one for every layer) charged to this one layer
-            row_wp = (c["write_pos"].index_select(0, s["slot_ids"].clamp(min=0)) if self.variant.endswith("_row")
+            row_wp = (c["write_pos"].index_select(0, s["slot_ids"].clamp(min=0)) if "_row" in self.variant
                       else None)
             return mamba2_replay_decode(**c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
                                         dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, advance=False,
@@ -333,9 +335,13 @@ def main(argv=None):
                     "reading the whole ring vs only the entries below the cursor (ring_by_cursor False / True)")
     ap.add_argument("--dots-sweep", default="", help="batches at which to time the v2 kernels' default configs "
                     "without and with the key-head / group prologue (ring_dots False / True; Mamba-2: split steps)")
-    ap.add_argument("--stagger", action="store_true", help="add the v2 rows with staggered cursors (*_v2_stag)")
+    ap.add_argument("--stagger", action="store_true", help="add the v2 rows with staggered cursors (*_stag)")
     ap.add_argument("--flush-sweep", default="", help="batches at which to time the split (dual) v2 rows over "
                     "flush launch configs (tiles per program)")
+    ap.add_argument("--overlap-sweep", default="", help="batches at which to time the split (dual) v2 rows with the "
+                    "flush launch in order / beside the output-only launch (overlap False / True)")
+    ap.add_argument("--split-sweep", default="", help="batches at which to time the dual v2 rows as one fused "
+                    "launch / a split step (split False / True)")
     ap.add_argument("--sets", type=int, default=24, help="cycle through at least this many slot sets (default 24: "
                     "both presets' SSM layer count, so each ring is cold in L2 as in the engine; 0: only the 2x-L2 "
                     "rule, which keeps a batch-256 ring L2-hot and flatters Mamba-2 replay by 5-6 %%)")
@@ -351,7 +357,10 @@ def main(argv=None):
     ring_batches = [int(b) for b in args.ring_sweep.split(",") if b]
     flush_batches = [int(b) for b in args.flush_sweep.split(",") if b]
     dots_batches = [int(b) for b in args.dots_sweep.split(",") if b]
-    stag = (lambda vs: vs + [v + "_stag" for v in vs if v.endswith("_v2")]) if args.stagger else (lambda vs: vs)
+    overlap_batches = [int(b) for b in args.overlap_sweep.split(",") if b]
+    split_batches = [int(b) for b in args.split_sweep.split(",") if b]
+    stag = ((lambda vs: vs + [v + "_stag" for v in vs if v.endswith(("_v2", "_v2_row"))]) if args.stagger
+            else (lambda vs: vs))
     ops = []
     if "mamba2" in args.ops:
         ops.append((MambaCase, stag(["eager", "replay_fp32", "replay_dual_bf16", "replay_fp32_v2",
@@ -401,8 +410,14 @@ def main(argv=None):
                     _sweep(res, case, eager_us, "ring", (False, True))
                 if batch in dots_batches and "_v2" in v and (cls is GDNCase or "dual" in v):
                     _sweep(res, case, eager_us, "dots", (False, True, False, True))
-                if batch in flush_batches and "dual" in v and "_v2" in v and not v.endswith("_row"):
+                if batch in flush_batches and "dual" in v and "_v2" in v and "_row" not in v:
                     _sweep(res, case, eager_us, "flush", G_FLUSH_SWEEP if cls is GDNCase else M_FLUSH_SWEEP)
+                if batch in overlap_batches and "dual" in v and "_v2" in v:
+                    case.split = True
+                    _sweep(res, case, eager_us, "overlap", (False, True, False, True))
+                    case.split = None
+                if batch in split_batches and "dual" in v and "_v2" in v:
+                    _sweep(res, case, eager_us, "split", (False, True, False, True))
                 del case
                 torch.cuda.empty_cache()
             with open(args.out + ".partial", "w") as f:  # survives a timeout
@@ -412,10 +427,11 @@ def main(argv=None):
 
 
 def _sweep(res, case, eager_us, attr, values):
-    """Time the case with case.<attr> ("config", "ring", "flush" or "dots") set to each value, then back to None
-    (the launcher's default); rows go to res["sweep"] under the key "config" / "ring_by_cursor" / "flush_config" /
-    "ring_dots"."""
-    key = {"config": "config", "ring": "ring_by_cursor", "flush": "flush_config", "dots": "ring_dots"}[attr]
+    """Time the case with case.<attr> ("config", "ring", "flush", "dots", "overlap" or "split") set to each value,
+    then back to None (the launcher's default); rows go to res["sweep"] under the key "config" / "ring_by_cursor" /
+    "flush_config" / "ring_dots" / "overlap" / "split"."""
+    key = {"config": "config", "ring": "ring_by_cursor", "flush": "flush_config", "dots": "ring_dots",
+           "overlap": "overlap", "split": "split"}[attr]
     for val in values:
         setattr(case, attr, val)
         t = time_cycle(case)
@@ -447,9 +463,9 @@ def _write(res, path):
         print("\n| op | variant | batch | (block, heads/prog, warps, maxnreg) | µs | speedup |")
         print("|---|---|---|---|---|---|")
         for s in res["sweep"]:
-            what = (tuple(s["config"]) if "config" in s else f"flush_config={tuple(s['flush_config'])}"
-                    if "flush_config" in s else f"ring_dots={s['ring_dots']}" if "ring_dots" in s
-                    else f"ring_by_cursor={s['ring_by_cursor']}")
+            key = next(k for k in ("config", "flush_config", "ring_dots", "ring_by_cursor", "overlap", "split")
+                       if k in s)
+            what = tuple(s[key]) if key == "config" else f"{key}={tuple(s[key]) if key == 'flush_config' else s[key]}"
             print(f"| {s['op']} | {s['variant']} | {s['batch']} | {what} | {s['us']:.1f} | {s['speedup']:.2f} |")
     print()
     print(res["table_md"])
