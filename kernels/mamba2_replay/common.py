@@ -1,4 +1,5 @@
-"""Helpers shared by the ReplaySSM kernels (Mamba-2 and GDN): cursor moves and fp8 checkpoints.
+"""Helpers shared by the ReplaySSM kernels (Mamba-2 and GDN): cursor moves, fp8 checkpoints, the v2 decode
+launchers' defaults and their split-step dispatch (`run_split`).
 
 Cursor contract (per slot, per SSM layer; ``write_pos`` is int32 ``[slots]`` on the state device):
 ``write_pos[s]`` = number of committed tokens cached in the ring since the checkpoint, 0 ≤ wp ≤ L.
