@@ -187,7 +187,7 @@ def overlap_default(split: bool) -> bool:
     disjoint) instead of after it. In order, the flush launch's few long programs (1/L of the rows when cursors
     are staggered, as in serving) left most SMs idle at its end; beside the output-only launch they fill its gaps.
     H200, batch 256, 24 slot sets, the engine's cursor modes, µs per step in order -> overlapped (bench_replay
-    cases, 2026-12-01 09:55 UTC, two rounds alike): GDN dual bf16 staggered 148.6 -> 128.6, aligned 132.1 ->
+    cases, 2026-12-01 09:51-09:56 UTC): GDN dual bf16 staggered 148.6 -> 128.6, aligned 132.1 ->
     129.0; Mamba-2 dual bf16 (per-row cursors) staggered 220.8 -> 195.7, aligned 200.3 -> 195.8. The fp32 steps
     stay fused: as split steps, even overlapped, GDN took 185.6-192.7 µs against fused 177.3-181.9, Mamba-2
     300.7-344.5 against 305.5-309.7 (and a slower model step). So on wherever a step is split."""
