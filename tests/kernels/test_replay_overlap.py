@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from replay_fixtures import MODES, fill_state
 from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_decode, replay_advance
 from synodic.kernels.mamba2_replay import mamba2_replay_alloc, mamba2_replay_decode
 
@@ -14,12 +15,11 @@ L = 4
 SLOTS = 12
 
 
-def _gdn(gen, lo):
+def _gdn(gen, mode):
     HV, Hk, V, K = 6, 3, 40, 64
-    c = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, dtype=torch.bfloat16, device="cuda", lo_dtype=lo)
-    c["ckpt"].copy_(torch.randn(c["ckpt"].shape, generator=gen, device="cuda") * 0.3)
-    if "ckpt_lo" in c:
-        c["ckpt_lo"].copy_(c["ckpt"].to(c["ckpt_lo"].dtype))
+    ck, lo = MODES[mode]
+    c = gdn_replay_alloc(SLOTS, HV, V, K, Hk, L, dtype=torch.bfloat16, device="cuda", ckpt_dtype=ck, lo_dtype=lo)
+    fill_state(c, torch.Generator().manual_seed(4), (SLOTS, HV, V, K), mode, 0.3)
 
     def inputs(b):
         return dict(q=torch.randn(b, Hk, K, generator=gen, device="cuda").bfloat16(),
@@ -34,12 +34,11 @@ def _gdn(gen, lo):
     return c, inputs, step
 
 
-def _mamba2(gen, lo):
+def _mamba2(gen, mode):
     H, G, P, N = 6, 2, 40, 64
-    c = mamba2_replay_alloc(SLOTS, H, P, N, G, L, dtype=torch.bfloat16, device="cuda", lo_dtype=lo)
-    c["ckpt"].copy_(torch.randn(c["ckpt"].shape, generator=gen, device="cuda") * 0.3)
-    if "ckpt_lo" in c:
-        c["ckpt_lo"].copy_(c["ckpt"].to(c["ckpt_lo"].dtype))
+    ck, lo = MODES[mode]
+    c = mamba2_replay_alloc(SLOTS, H, P, N, G, L, dtype=torch.bfloat16, device="cuda", ckpt_dtype=ck, lo_dtype=lo)
+    fill_state(c, torch.Generator().manual_seed(4), (SLOTS, H, P, N), mode, 0.3)
     A = -(torch.rand(H, generator=gen, device="cuda") + 0.3)
     D, bias = torch.randn(H, generator=gen, device="cuda"), torch.randn(H, generator=gen, device="cuda") * 0.5
 
@@ -59,10 +58,10 @@ def _mamba2(gen, lo):
 
 
 @pytest.mark.parametrize("kind", ["gdn", "mamba2"])
-@pytest.mark.parametrize("lo", [None, torch.bfloat16])
-def test_overlapped_flush_matches_in_order(kind, lo):
+@pytest.mark.parametrize("mode", ["fp32", "dual_bf16"])
+def test_overlapped_flush_matches_in_order(kind, mode):
     gen = torch.Generator(device="cuda").manual_seed(3)
-    c, inputs, step = (_gdn if kind == "gdn" else _mamba2)(gen, lo)
+    c, inputs, step = (_gdn if kind == "gdn" else _mamba2)(gen, mode)
     c_ord = {k: v.clone() for k, v in c.items()}
     # staggered cursors: every step some rows flush and the others append; one padding row
     c["write_pos"].copy_(torch.arange(SLOTS, device="cuda", dtype=torch.int32) % L)
