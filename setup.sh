@@ -11,7 +11,10 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     "${pip[@]}" "torch>=2.11"
   else
     # A CPU wheel in the local wheel cache (pip find-links) if there is one; else PyTorch's CPU index.
-    if .venv/bin/python -m pip download -q --no-deps --no-index -d "$(mktemp -d)" "torch==2.13.0" 2>/dev/null; then
+    # The probe's download goes to a temporary folder removed on exit (it is a ~180 MB wheel).
+    probe=$(mktemp -d)
+    trap 'rm -rf "$probe"' EXIT
+    if .venv/bin/python -m pip download -q --no-deps --no-index -d "$probe" "torch==2.13.0" 2>/dev/null; then
       "${pip[@]}" "torch==2.13.0"
     else
       "${pip[@]}" "torch>=2.11" --index-url https://download.pytorch.org/whl/cpu
