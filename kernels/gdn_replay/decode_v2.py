@@ -20,7 +20,8 @@ G_t = sum(ring g) + g_t, and k, q L2-normalised (q times scale):
     S_t = e^{g_t} S + u_t k^T, written to ckpt (+ ckpt_lo), o = S_t q; nothing appended.
 A split step's output-only launch (``ring_dots``, the default there) takes k, q, k . q and the ring's k_j . k,
 k_j . q from the verify prologue run at T = 1, once per (row, key head), instead of every (value head, V-tile)
-program reading the [L, K] key ring (64 fewer registers; see ``mamba2_replay.common.ring_dots_default``).
+program reading the [L, K] key ring (55-58 fewer registers in the output-only launch; see
+``mamba2_replay.common.ring_dots_default``).
 Config: ``(BLOCK_V, num_warps[, fold[, maxnreg]])``; fold = how a flush folds the ring: "serial" rank-1
 updates, or one fp32 ``tl.dot`` over the ring ("dot", FMA; "tf32x3", tensor cores; "bf16x3" with a bf16 k ring:
 three bf16 parts of the decayed u on bf16 tensor cores) as in the Mamba-2 kernel
