@@ -1,16 +1,5 @@
-"""synodic entry point: `python run.py [group=option ...] [key=value ...]` (see README)."""
-import sys
-
-import hydra
-
-
-@hydra.main(config_path="conf", config_name="config", version_base="1.3")
-def main(cfg) -> None:
-    from synodic.cli import execute
-    code = execute(cfg)
-    if code:
-        sys.exit(code)
-
+"""`python run.py [group=option ...] [key=value ...]`: the same as the `synodic` command (see README)."""
+from synodic.cli import main
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,6 @@
-"""What run.py does after Hydra composes: validate, run the pipeline, write results.json.
-Bad input exits with code 2 and one line per problem; SYNODIC_TRACEBACK=1 shows the traceback."""
+"""The `synodic` command (and `python run.py`): Hydra composes the groups, then `execute` validates,
+runs the pipeline and writes results.json. Bad input exits with code 2 and one line per problem;
+SYNODIC_TRACEBACK=1 shows the traceback."""
 import importlib
 import os
 import sys
@@ -33,3 +34,15 @@ def execute(dcfg) -> int:
     path = write_results(run_dir, cfg, choices, payload, device)
     print(f"results: {path}")
     return 0
+
+
+def _job(cfg) -> None:
+    code = execute(cfg)
+    if code:
+        sys.exit(code)
+
+
+def main() -> None:
+    """Console-script entry: the same overrides as `python run.py`, from any directory."""
+    import hydra
+    hydra.main(config_path="pkg://synodic.conf", config_name="config", version_base="1.3")(_job)()

@@ -1,7 +1,9 @@
 """Compose a RunConfig from override strings without running a job (tests, bench variants, notebooks)."""
+from importlib import resources
 from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# The config groups ship inside the package (`synodic.conf`, mapped from the checkout's conf/).
+CONF_DIR = Path(str(resources.files("synodic.conf")))
 
 
 def compose_raw(overrides: list[str] | tuple[str, ...] = ()) -> dict:

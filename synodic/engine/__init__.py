@@ -1,0 +1,1 @@
+"""Engine: scheduler, model runner, sampler, byte ledger and the decode loop."""

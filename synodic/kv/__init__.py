@@ -1,0 +1,1 @@
+"""KV residency: paged pool, host pool, hot buffers and the residency policies (`kv` group)."""

@@ -1,0 +1,1 @@
+"""Speculative decoding schemes (`spec` group)."""
