@@ -252,7 +252,7 @@ def test_dsa_preset_has_mla_rows_and_stays_exact():
 
 
 def test_fetch_measurement_runs():
-    from synodic.kv.measure import run
+    from benchmarks.kv_measure import run
     kw = dict(requests=3, prompt_len=96, steps=6, top_k=8, block_size=8)
     his = run("hisparse", 12, **kw)
     ada = run("adaptive", 12, **kw)

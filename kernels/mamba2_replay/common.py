@@ -133,7 +133,7 @@ def replay_flush_reset(write_pos: torch.Tensor, slot_ids: torch.Tensor, *, L: in
 def split_default(ckpt_lo, rows: int) -> bool:
     """Two launches (output-only rows, then flushing rows) instead of one fused kernel: the fused kernel's
     register budget is set by its rarely taken flush branch (dual bf16 [64, N] on 2 warps: 255 registers and
-    spills, the output-only path alone 168; `python -m synodic.kernels.reg_usage`, Triton 3.9), so the common
+    spills, the output-only path alone 168; `python -m benchmarks.reg_usage`, Triton 3.9), so the common
     step runs at low occupancy. H200, batch 256, bench_replay_flush 2026-11-30 07:50 UTC, do_bench plain / flush step:
     dual_bf16 fused (64, 2, tf32x3) 234 / 1120 µs, split 174 / 1134 µs (flush launch (64, 4 warps, tf32x3,
     16 tiles per program)); cycle 1.84x -> 2.27x eager (graph-timed bench_replay: 2.41x). A cursor-first

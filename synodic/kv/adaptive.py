@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from synodic.kernels.row_copy import copy_rows
 
 from .hot import HotBufferPolicy

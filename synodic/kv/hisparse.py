@@ -27,6 +27,7 @@ query still reads.
 from __future__ import annotations
 
 import torch
+
 from synodic.kernels.row_copy import copy_rows
 
 from .blocks import BlockManager

@@ -17,6 +17,7 @@ dangling fork. On a CPU run the copy is synchronous.
 from __future__ import annotations
 
 import torch
+
 from synodic.kernels.row_copy import copy_rows
 
 from .blocks import BlockManager

@@ -10,6 +10,7 @@ Invariant: slot_of[p] = s  ⇔  hot_pos[s] = p, for s < B; free index pages hold
 from __future__ import annotations
 
 import torch
+
 from synodic.kernels.kv_resolve import kv_resolve
 
 from .host_pool import HostKVPool

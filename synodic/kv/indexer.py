@@ -28,6 +28,7 @@ selection equals what decoding the same prompt teacher-forced selects.
 from __future__ import annotations
 
 import torch
+
 from synodic.kernels.index_scores import index_scores
 from synodic.kernels.key_write import quantize_fp8_ref, write_keys_fp8
 from synodic.kernels.topk_select import topk_select

@@ -2,6 +2,7 @@
 import math
 
 import torch
+
 from synodic.kernels.sparse_attention import sparse_attention
 
 from .blocks import BlockManager

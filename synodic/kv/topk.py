@@ -32,6 +32,7 @@ import math
 from collections import defaultdict, deque
 
 import torch
+
 from synodic.kernels.sparse_attention import sparse_attention
 
 from .config import index_kind

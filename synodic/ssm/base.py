@@ -5,6 +5,7 @@ Slots: rows 0..max_slots-1 belong to requests; row max_slots is scratch for padd
 """
 import torch
 import torch.nn.functional as F
+
 from synodic.kernels.conv1d_update import conv1d_update, new_conv_state
 
 

@@ -5,6 +5,7 @@ With a verify window of W = 1 + drafts (the speculative baseline of today's engi
 W state buffers: a window step reads the current one once and writes one state per window position;
 committing `accepted` tokens makes buffer accepted−1 current (a cursor move on the device)."""
 import torch
+
 from synodic.kernels.gdn_decode import gdn_decode
 from synodic.kernels.mamba2_decode import mamba2_decode
 

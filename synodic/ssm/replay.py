@@ -3,6 +3,7 @@ is shared by every SSM layer: the kernels run with advance=False and the runner 
 once per step (`end_step`), inside the same captured graph."""
 import numpy as np
 import torch
+
 from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_decode, gdn_replay_flush, gdn_replay_verify
 from synodic.kernels.mamba2_replay import (
     mamba2_replay_alloc,

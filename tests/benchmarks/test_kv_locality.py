@@ -1,7 +1,7 @@
-"""synodic.kv.locality: the LRU replay on hand-made selections, and the measured property on the tiny models."""
+"""benchmarks.kv_locality: the LRU replay on hand-made selections, and the measured property on the tiny models."""
 import pytest
 
-from synodic.kv.locality import main, replay_buffer
+from benchmarks.kv_locality import main, replay_buffer
 
 
 def test_replay_buffer_counts_overlap_and_misses():

@@ -1,6 +1,6 @@
 """Benchmark of the HiSparse miss path on the GPU: fused `kv_resolve` vs a plain gather of the same rows.
 
-    python -m synodic.kernels.bench_kv_resolve --out kv_resolve.json [--row-bytes 656] [--k 2048]
+    python -m benchmarks.kv_resolve --out kv_resolve.json [--row-bytes 656] [--k 2048]
 
 Rows are raw bytes (uint8 [pages, bs, row_bytes]; 656 B = DSA fp8 "ds_mla", 1152 B = MLA bf16) in a
 pinned host pool much larger than the L2. For batch 1, 8, 32, 128 requests (one layer) it times:
@@ -27,10 +27,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from synodic.kernels.bench_sparse_attention import graph_us  # noqa: E402
 from synodic.kernels.kv_resolve import kv_resolve  # noqa: E402
 from synodic.kernels.kv_resolve.triton_impl import ResolveScratch  # noqa: E402
 from synodic.kernels.row_copy import copy_rows  # noqa: E402
+from synodic.kernels.timing import graph_us  # noqa: E402
 
 _POOL: dict = {}
 
@@ -134,17 +134,17 @@ def run_point(batch, k, row_bytes, ctx_len, bs, device, clustered, max_batch, sw
 
     all_miss()
     t_miss = bench(miss, device)
-    g_miss = graph_us(rotation, device, reps=6) / 3 if device == "cuda" else float("nan")
+    g_miss = graph_us(rotation, calls=6) / 3 if device == "cuda" else float("nan")
     all_miss()  # the graph's warm-up and replays ended on the third selection: the next three still all miss
     swept = {}
     if sweep:
         for name, cfg in sweep_configs(k, batch).items():
             all_miss(cfg)
-            swept[name] = graph_us(lambda cfg=cfg: rotation(cfg), device, reps=6) / 3 if device == "cuda" else \
+            swept[name] = graph_us(lambda cfg=cfg: rotation(cfg), calls=6) / 3 if device == "cuda" else \
                 bench(lambda cfg=cfg: miss(cfg), device) * 1e6
     resolve(sels[0])
     t_hit = bench(lambda: resolve(sels[0]), device)
-    g_hit = graph_us(lambda: resolve(sels[0]), device)
+    g_hit = graph_us(lambda: resolve(sels[0]))
     # the same rows as a plain gather: host rows of one selection → device rows
     src_rows = (t["host_table"][rows[:, None], sels[1].long() // bs].long() * bs + sels[1].long() % bs).flatten()
     dst_rows = torch.arange(src_rows.numel(), device=device) % (dev.shape[0] * bs)
@@ -153,7 +153,7 @@ def run_point(batch, k, row_bytes, ctx_len, bs, device, clustered, max_batch, sw
         copy_rows(dev.view(-1, row_bytes), dst_rows, host.view(-1, row_bytes), src_rows)
 
     t_gather = bench(gather, device)
-    g_gather = graph_us(gather, device)
+    g_gather = graph_us(gather)
     moved = batch * k * row_bytes
     out = {"batch": batch, "k": k, "row_bytes": row_bytes, "clustered": clustered,
            "miss_us": g_miss, "hit_us": g_hit, "gather_us": g_gather,

@@ -1,8 +1,8 @@
 """Where a long-context decode step goes: a per-kernel table of one uncaptured decode step under each top-k
 KV policy, through the real engine (the profile behind BENCHMARKS.md's step breakdowns).
 
-    python -m synodic.kv.profile_step --out prof/            # GPU: dsa_mla_7b, 4 x 16384-token prompts
-    python -m synodic.kv.profile_step --smoke --out prof/    # CPU: tiny_dsa, seconds (automatic without CUDA)
+    python -m benchmarks.kv_profile_step --out prof/            # GPU: dsa_mla_7b, 4 x 16384-token prompts
+    python -m benchmarks.kv_profile_step --smoke --out prof/    # CPU: tiny_dsa, seconds (automatic without CUDA)
 
 Every request is offered at once; the tiered policies get a device pool of `--pool-fraction` of the requests'
 pages (so adaptive demotes and both fetch from the host), resident gets room for all. Step `--profile-step` of

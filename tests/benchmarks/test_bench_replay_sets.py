@@ -1,5 +1,5 @@
 """bench_replay's slot-set count: the 2x-L2 rule, a model's layer count (--sets), and the memory cap."""
-from synodic.kernels.bench_replay import SETS_STATE_BYTES, GDNCase, MambaCase, _rot
+from benchmarks.replay import SETS_STATE_BYTES, GDNCase, MambaCase, _rot
 
 MAMBA_SLOT = 128 * 64 * 128 * 4  # fp32 state bytes of one Mamba-2 slot (H, P, N of the bench)
 

@@ -1,10 +1,10 @@
-"""synodic.kv.profile_step on the CPU smoke shape: one policy's decode steps are timed, the chosen step is
+"""benchmarks.kv_profile_step on the CPU smoke shape: one policy's decode steps are timed, the chosen step is
 profiled into a readable per-op table, and bad arguments fail with one line."""
 import json
 
 import pytest
 
-from synodic.kv.profile_step import main
+from benchmarks.kv_profile_step import main
 
 
 def test_profile_step_smoke(tmp_path):

@@ -1,7 +1,7 @@
 """CPU measurement of host-fetch fractions: kv=hisparse vs kv=adaptive (and resident top-k) at several
 device-pool sizes, on a model-free synthetic workload.
 
-    python -m synodic.kv.measure            # prints a markdown table; --json for the raw numbers
+    python -m benchmarks.kv_measure            # prints a markdown table; --json for the raw numbers
 
 The engine's scheduler admits, grows and preempts requests against each policy's own `blocks`; every
 request prefills a random prompt and decodes `steps` tokens through the policy's real decode path
@@ -20,8 +20,7 @@ import torch
 
 from synodic.engine.request import Request, SamplingParams, Status
 from synodic.engine.scheduler import Scheduler
-
-from .config import AdaptiveKV, HiSparseKV, ResidentKV
+from synodic.kv.config import AdaptiveKV, HiSparseKV, ResidentKV
 
 
 class _Model:

@@ -1,6 +1,6 @@
 """Benchmark of top-k sparse attention (one decode step of one layer) on the GPU.
 
-    python -m synodic.kernels.bench_sparse_attention --out sparse_attention.json [--batches 1,3,6,32] [--k 256,2048]
+    python -m benchmarks.sparse_attention --out sparse_attention.json [--batches 1,3,6,32] [--k 256,2048]
 
 Shape of the DSA-class preset dsa_mla_7b: 32 query heads over one KV head of head_dim 288 (576 bf16
 values = 1152 B per selected row), ids drawn at random from a device pool of 2^18 rows (300 MB, past
@@ -10,7 +10,7 @@ the L2). Variants, timed in the same process on the same inputs (CUDA-graph repl
 - one:     the same kernel with one program per (row, KV head) — the launch shape before the split;
 - torch:   the reference (gather rows, masked softmax, fp32 einsums).
 
-Reports µs, GB/s of selected rows read (K and V) against the 4245 GB/s HBM copy rate of MEASURING.md,
+Reports µs, GB/s of selected rows read (K and V) against the H200 copy rate (synodic.kernels.timing, docs/measuring.md),
 and split / one. Without a GPU it runs a tiny smoke under TRITON_INTERPRET (correctness of the plumbing only).
 """
 from __future__ import annotations
@@ -25,34 +25,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from synodic.kernels.sparse_attention import sparse_attention, triton_impl  # noqa: E402
-
-COPY_GBS = 4245.0
-
-
-def graph_us(fn, device, reps: int = 20) -> float:
-    """Best of 5 means over `reps` back-to-back launches of fn captured in one CUDA graph (launch overhead excluded)."""
-    if device != "cuda":
-        return float("nan")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(5):
-        t0.record()
-        g.replay()
-        t1.record()
-        torch.cuda.synchronize()
-        best = min(best, t0.elapsed_time(t1) * 1e3 / reps)
-    return best
+from synodic.kernels.timing import COPY_GBPS_H200, graph_us  # noqa: E402
 
 
 def run_point(N, K, nq, nkv, hd, rows, device, gen):
@@ -78,7 +51,7 @@ def run_point(N, K, nq, nkv, hd, rows, device, gen):
     res["rel_err_vs_ref"] = float((out.float() - ref.float()).norm() / ref.float().norm())
     nbytes = N * K * 2 * nkv * hd * kv.element_size()
     for name, fn in (("split", split), ("one", one), ("torch", torch_ref)):
-        us = graph_us(fn, device)
+        us = graph_us(fn)
         res[f"{name}_us"] = us
         res[f"{name}_gbs"] = nbytes / us / 1e3 if us == us else float("nan")
     res["split_over_one"] = res["one_us"] / res["split_us"] if device == "cuda" else float("nan")
@@ -104,7 +77,7 @@ def main(argv=None):
             r = run_point(N, K, nq, nkv, hd, rows, device, gen)
             rows_out.append(r)
             print(f"N={N:3d} K={K:5d} splits={r['splits']:2d}: split {r['split_us']:8.1f} µs "
-                  f"({r['split_gbs']:6.0f} GB/s, {100 * r['split_gbs'] / COPY_GBS:4.1f} % of copy) | one "
+                  f"({r['split_gbs']:6.0f} GB/s, {100 * r['split_gbs'] / COPY_GBPS_H200:4.1f} % of copy) | one "
                   f"{r['one_us']:8.1f} µs | torch {r['torch_us']:8.1f} µs | split/one {r['split_over_one']:.1f}x "
                   f"| rel err {r['rel_err_vs_ref']:.1e}", flush=True)
     with open(a.out, "w") as f:

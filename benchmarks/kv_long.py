@@ -1,8 +1,8 @@
 """Long-context KV-residency benchmark (issue 6): kv=resident (top-k) vs kv=hisparse vs kv=adaptive on
 one model, under one device KV budget, at a low, a moderate and a high load, through the real engine.
 
-    python -m synodic.kv.bench_long --out bench_long.json      # GPU: dsa_mla_7b, planned for ~5 min on one H200
-    python -m synodic.kv.bench_long --smoke --out smoke.json    # CPU: tiny_dsa, seconds (also automatic
+    python -m benchmarks.kv_long --out bench_long.json      # GPU: dsa_mla_7b, planned for ~5 min on one H200
+    python -m benchmarks.kv_long --smoke --out smoke.json    # CPU: tiny_dsa, seconds (also automatic
                                                                 # when no CUDA device is present)
 
 The model is built once; for every (load, policy) a fresh KV policy is built on it (`rebuild_kv`, the old
@@ -171,7 +171,7 @@ def full_demand(kind: str, sh: Shape, n_requests: int, ppr: int) -> int:
 
 
 def kv_config(kind: str, a, plan: dict):
-    from .config import AdaptiveKV, HiSparseKV, ResidentKV
+    from synodic.kv.config import AdaptiveKV, HiSparseKV, ResidentKV
     if kind == "resident":
         return ResidentKV(block_size=a.block_size, num_blocks=plan["num_blocks"], top_k=a.top_k, indexer=a.indexer,
                           learned_key_dtype=a.learned_key_dtype)
@@ -229,8 +229,7 @@ def serve_one(graph, kind: str, kv_cfg, prompts: list[list[int]], output_len: in
 
     from synodic.engine.engine import Engine
     from synodic.engine.request import Request, SamplingParams
-
-    from .rebuild import free_kv, rebuild_kv
+    from synodic.kv.rebuild import free_kv, rebuild_kv
     dev = graph.device
     free_kv(graph)
     before = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
@@ -498,7 +497,7 @@ def parse(argv):
     ap.add_argument("--smoke", action="store_true", help="tiny_dsa on the CPU, tiny sizes (automatic without CUDA)")
     ap.add_argument("--model")
     ap.add_argument("--weights", default="random", help="model.weights: random (default), auto, or a checkpoint "
-                    "directory (e.g. one written by `python -m synodic.kv.locality --save-distilled DIR`)")
+                    "directory (e.g. one written by `python -m benchmarks.kv_locality --save-distilled DIR`)")
     ap.add_argument("--prompts", choices=("random", "heldout"), default="random",
                     help="random token ids (default), or consecutive slices of the shipped held-out text tokenized "
                     "with the model's tokenizer (a trained model's selections need real text to show locality)")
@@ -649,7 +648,7 @@ def _main(a, argv, t0: float) -> dict:
         log(f"warning: {w}", style="yellow")
 
     res = {"bench": "kv_long (issue 6)", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-           "command": "python -m synodic.kv.bench_long " + " ".join(sys.argv[1:] if argv is None else argv),
+           "command": "python -m benchmarks.kv_long " + " ".join(sys.argv[1:] if argv is None else argv),
            "args": {k: v for k, v in vars(a).items()}, "shape": {**asdict(sh), "row": sh.row,
                                                                  "index_row": sh.index_row, "pages_per_request": ppr},
            "loads": {}, "rows": [], "skipped": [], "warnings": warn, "warmup": []}
@@ -734,7 +733,7 @@ def _main(a, argv, t0: float) -> dict:
         res["loads"][ld] = {"requests": n[ld], "full_residency_pages": n[ld] * ppr, "plans": plans[ld]}
 
     # -- measured runs
-    from .rebuild import free_kv
+    from synodic.kv.rebuild import free_kv
     history: list[dict] = []
     for ld in a.loads:
         outs = {}

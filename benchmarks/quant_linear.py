@@ -1,10 +1,10 @@
 """Benchmark of the packed-weight decode linear (MXFP4 / NVFP4 / MXFP8 E4M3) against bf16 F.linear, and of
 DualQuant's solve time for a whole 8B model, one process.
 
-    python -m synodic.kernels.bench_quant --out quant.json [--budget 110] [--no-sweep] [--skip-dualquant]
+    python -m benchmarks.quant_linear --out quant.json [--budget 110] [--no-sweep] [--skip-dualquant]
         [--shapes 4096x14336,14336x4096] [--ms 1,32] [--formats mxfp4,nvfp4,mxfp8_e4m3]
         [--no-probe] [--kernels gemvh,dotp]
-    TRITON_INTERPRET=1 python -m synodic.kernels.bench_quant --smoke     # CPU: every config vs the reference
+    TRITON_INTERPRET=1 python -m benchmarks.quant_linear --smoke     # CPU: every config vs the reference
 
 1. GEMV / skinny GEMM, M in {1, 32}, weights (N, K) in {4096x4096, 4096x14336, 14336x4096}, bf16
    activations, the DualQuant deployment path (x * s fused in-kernel, weight-only: W4A16; W8A16 for
@@ -37,6 +37,7 @@ import time
 import torch
 import triton
 import triton.language as tl
+from synodic.kernels.timing import graph_us
 
 L2_BYTES = 60 * 2**20
 ROTATE_BYTES = 4 * L2_BYTES
@@ -185,35 +186,6 @@ def probe_ref(q, cfg: dict) -> torch.Tensor:
     return torch.from_numpy(np.stack(out))
 
 
-def _graph_time_us(fns, calls: int) -> float:
-    """Per-call time of `calls` calls cycling over fns, captured in one CUDA graph (eager fallback)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    try:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in range(calls):
-                fns[i % len(fns)]()
-        run = g.replay
-    except Exception:  # noqa: BLE001 - measure eagerly instead
-        def run():
-            for i in range(calls):
-                fns[i % len(fns)]()
-    run()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    reps = 5
-    e0.record()
-    for _ in range(reps):
-        run()
-    e1.record()
-    torch.cuda.synchronize()
-    return e0.elapsed_time(e1) * 1e3 / (reps * calls)
 
 
 def _copies(nbytes: int) -> int:
@@ -235,7 +207,7 @@ class Case:
         import torch.nn.functional as F
         ws = [self.w.clone() for _ in range(_copies(self.w.numel() * 2))]
         fns = [lambda w=w: F.linear(self.x, w) for w in ws]
-        us = _graph_time_us(fns, calls=max(len(fns), 24))
+        us = graph_us(fns, calls=max(len(fns), 24))
         del ws
         b = self.N * self.K * 2 + self.io_bytes
         return {"us": us, "weight_bytes": self.N * self.K * 2, "GB_per_s": b / us / 1e3}
@@ -258,7 +230,7 @@ class Case:
         from synodic.kernels.quant_linear import quant_linear
         qs = self.qs(fmt)
         fns = [lambda qc=qc: quant_linear(self.x, qc, self.s, backend="triton", config=config) for qc in qs]
-        us = _graph_time_us(fns, calls=max(len(fns), 24))
+        us = graph_us(fns, calls=max(len(fns), 24))
         wb = self.wbytes(qs[0])
         return {"us": us, "weight_bytes": wb, "GB_per_s": (wb + self.io_bytes) / us / 1e3}
 
@@ -269,9 +241,9 @@ class Case:
         from synodic.kernels.quant_dequant import dequant
         qs = self.qs(fmt)
         xs = (self.x.float() * self.s).to(torch.bfloat16)
-        both = _graph_time_us([lambda qc=qc: F.linear(xs, dequant(qc, torch.bfloat16)) for qc in qs],
+        both = graph_us([lambda qc=qc: F.linear(xs, dequant(qc, torch.bfloat16)) for qc in qs],
                               calls=max(len(qs), 24))
-        alone = _graph_time_us([lambda qc=qc: dequant(qc, torch.bfloat16) for qc in qs], calls=max(len(qs), 24))
+        alone = graph_us([lambda qc=qc: dequant(qc, torch.bfloat16) for qc in qs], calls=max(len(qs), 24))
         moved = self.load_bytes(fmt) + self.N * self.K * 2
         return {"dequant_linear_us": both, "dequant_us": alone, "dequant_GB_per_s": moved / alone / 1e3}
 
@@ -285,7 +257,7 @@ class Case:
         qs = self.qs(fmt)
         out = probe(qs[0], cfg)
         fns = [lambda qc=qc: probe(qc, cfg, out) for qc in qs]
-        us = _graph_time_us(fns, calls=max(len(fns), 24))
+        us = graph_us(fns, calls=max(len(fns), 24))
         return {"us": us, "load_GB_per_s": self.load_bytes(fmt) / us / 1e3}
 
     def check(self, fmt: str, config: dict | None = None) -> float:

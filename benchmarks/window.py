@@ -1,9 +1,9 @@
 """Benchmark of the eager speculative-verify window kernels (the vLLM baseline) against the
 ReplaySSM verify kernels, on the GPU.
 
-    python -m synodic.kernels.bench_window --out window.json [--T 4] [--batches 1,32,128,256]
+    python -m benchmarks.window --out window.json [--T 4] [--batches 1,32,128,256]
 
-Shapes (MEASURING.md): Mamba-2 H=128, P=64, N=128, G=8 and GDN HV=32, Hk=16, K=V=128, fp32 state,
+Shapes (docs/measuring.md): Mamba-2 H=128, P=64, N=128, G=8 and GDN HV=32, Hk=16, K=V=128, fp32 state,
 bf16 model tensors, window T = 1 + drafts = 4. First checks the window kernels against their torch
 references at the real head shapes (padding row, a dst equal to its src) and, when the ReplaySSM
 kernels exist, that `*_replay_verify` from an empty ring (write_pos 0) gives the same outputs.
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -34,8 +35,10 @@ import platform
 import sys
 
 import torch
+from synodic.kernels.timing import COPY_GBPS_H200, graph_us
 
-from .bench_ssm_decode import HBM_GBPS, ROTATE_BYTES, _esize, _git_commit, rel_rmse
+from benchmarks.ssm_decode import ROTATE_BYTES, _esize, rel_rmse
+from synodic.results.env import git_commit
 
 MAMBA = dict(H=128, P=64, N=128, G=8)
 # (impl, config): v2 = (BLOCK, num_warps[, gram[, maxnreg]]) (gram: group / key-head dot products in a
@@ -243,21 +246,11 @@ def time_plain(p, rot):
     return triton.testing.do_bench(fn, return_mode="median", **BENCH) * 1e3  # µs
 
 
-def time_graph(p, rot):
-    import triton.testing
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for r in range(rot):
-            p.call(r)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for r in range(rot):
-            p.call(r)
-    us = triton.testing.do_bench(graph.replay, return_mode="median", **BENCH) * 1e3
-    return us / rot
+
+def time_graph(p, rot):
+    """Per-call time of one call per slot set (rot of them) in one CUDA graph."""
+    return graph_us([functools.partial(p.call, r) for r in range(rot)], warmup_ms=10, rep_ms=100)
 
 
 def check(cls, shape, T, device):
@@ -362,11 +355,11 @@ def main(argv=None):
 
     res = dict(
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        command=" ".join([os.path.basename(sys.executable), "-m", "synodic.kernels.bench_window"]
+        command=" ".join([os.path.basename(sys.executable), "-m", "benchmarks.window"]
                          + (argv if argv is not None else sys.argv[1:])),
         device=torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
         torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
-        git_commit=_git_commit(), hbm_gbps_reference=HBM_GBPS, model_dtype=str(MODEL_DTYPE),
+        git_commit=git_commit(), hbm_gbps_reference=COPY_GBPS_H200, model_dtype=str(MODEL_DTYPE),
         state_dtype=str(STATE_DTYPE), T=T, ring_L=RING_L, replay_write_pos=WRITE_POS,
         shapes=dict(mamba2=problems[0][1], gdn=problems[1][1]),
         replay_available={k: _replay_module(k) is not None for k in ("mamba2", "gdn")},
@@ -418,7 +411,7 @@ def main(argv=None):
             row["us"], row["us_graph"] = time_plain(p, rot), time_graph(p, rot)
             best = min(row["us"], row["us_graph"])
             row["gbps"] = total / (best * 1e3)
-            row["pct_hbm"] = 100 * row["gbps"] / HBM_GBPS
+            row["pct_hbm"] = 100 * row["gbps"] / COPY_GBPS_H200
             msg = (f"{row['kernel']} b={batch}: {row['us']:.1f} µs, graph {row['us_graph']:.1f} µs, "
                    f"{row['gbps']:.0f} GB/s ({row['pct_hbm']:.1f} %)")
             if rp is not None:
@@ -462,7 +455,7 @@ def main(argv=None):
 
 
 def _write(res, path, quiet=False):
-    lines = ["| kernel | batch | T | block, warps | µs | µs CUDA graph | bytes moved | GB/s | % of 4245 GB/s "
+    lines = ["| kernel | batch | T | block, warps | µs | µs CUDA graph | bytes moved | GB/s | % of copy rate "
              "| replay flush+verify µs (graph) | replay verify µs (graph) | replay verify v1 µs (graph) "
              "| speedup replay/eager |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

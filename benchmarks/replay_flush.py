@@ -2,7 +2,7 @@
 vs the flush step (cursor L-1 = 15: the ring folded into the fp32 checkpoint, checkpoint and copy written),
 per tile / flush fold, fp32 and dual_bf16 checkpoints, Mamba-2 and GDN, against the eager kernels.
 
-    python -m synodic.kernels.bench_replay_flush --out replay_flush.json [--batch 256] [--kinds mamba2,gdn]
+    python -m benchmarks.replay_flush --out replay_flush.json [--batch 256] [--kinds mamba2,gdn]
 
 Shapes: Mamba-2 H=128 P=64 N=128 G=8, GDN HV=32 Hk=16 K=V=128, L = 16; states far past the L2.
 `triton.testing.do_bench` medians (L2 flushed between reps). The average over an L-step cycle is

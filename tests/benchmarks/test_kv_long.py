@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from synodic.kv import bench_long as bl
+from benchmarks import kv_long as bl
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def _device_bytes(pol) -> int:
 @pytest.mark.parametrize("kind", bl.POLICIES)
 @pytest.mark.parametrize("indexer", ["bf16", "fp8", "learned-fp8", "learned-bf16"])
 def test_plan_matches_what_the_policy_allocates(kind, indexer):
-    from synodic.kv.measure import _Model
+    from benchmarks.kv_measure import _Model
     NL, nkv, hd, slots, prompt, out, bs, k, d_i = 3, 1, 48, 3, 200, 8, 8, 8, 16
     ix, _, key_dtype = indexer.partition("-")
     model = _Model(NL, 4, nkv, hd)
@@ -124,7 +124,7 @@ def test_plan_matches_what_the_policy_allocates(kind, indexer):
 
 
 def test_compare_outputs_judges_the_policies_that_ran():
-    from synodic.kv.bench_long import compare_outputs
+    from benchmarks.kv_long import compare_outputs
     same = compare_outputs({"hisparse": [[1, 2]], "adaptive": [[1, 2]]})
     assert same["all"] and same["pairs"] == {"hisparse=adaptive": True}
     diff = compare_outputs({"resident": [[1, 2]], "hisparse": [[1, 3]], "adaptive": [[1, 2]]})
@@ -135,7 +135,7 @@ def test_compare_outputs_judges_the_policies_that_ran():
 def test_distilled_checkpoint_with_heldout_prompts(tmp_path):
     """--weights DIR (a kv.locality --save-distilled checkpoint) and --prompts heldout: the trained model selects
     with its distilled indexers over real text; every request runs to its length."""
-    from synodic.kv.locality import main as locality
+    from benchmarks.kv_locality import main as locality
     ck = tmp_path / "ck"
     assert locality(["--out", str(tmp_path / "l.json"), "--tokens", "64", "--steps", "8", "--top-k", "8",
                      "--distill-steps", "2", "--save-distilled", str(ck)]) == 0

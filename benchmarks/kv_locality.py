@@ -1,6 +1,6 @@
 """How much consecutive decode steps' top-k selections overlap, and what an LRU hot buffer would fetch.
 
-    python -m synodic.kv.locality --out locality.json [--tokens 2048] [--steps 64] [--top-k 256]
+    python -m benchmarks.kv_locality --out locality.json [--tokens 2048] [--steps 64] [--top-k 256]
 
 Why: a hot buffer (hisparse's B slots per request and layer, adaptive's larger working set) saves host fetches
 only when step t selects rows that steps t-1, t-2, ... also selected. The issue's reference point (hisparse with

@@ -2,7 +2,7 @@
 target marks follow the issue's bars."""
 import json
 
-from synodic.kernels.bench_replay import _write
+from benchmarks.replay import _write
 
 
 def _res():

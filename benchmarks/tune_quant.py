@@ -1,7 +1,7 @@
 """Tunes the packed kernels' launch configs on a preset's own linear shapes and writes this GPU's table
 (`quant_linear/tuned.py` reads it).
 
-    python -m synodic.kernels.tune_quant [--models nemotron_h_8b] [--formats mxfp4,nvfp4,mxfp8_e4m3]
+    python -m benchmarks.tune_quant [--models nemotron_h_8b] [--formats mxfp4,nvfp4,mxfp8_e4m3]
         [--ms 1,2,4,16] [--out kernels/quant_linear/tuned/<GPU>.json] [--budget 600]
 
 Per (format, N, K, M): the heuristic's config (`triton_impl.resolve_config`, never the table) and candidates
@@ -95,13 +95,13 @@ def _write(path: Path, meta: dict, configs: dict) -> None:
 def tune(shapes: list[tuple[str, int, int]], ms: list[int], path: Path, meta: dict, *, device, time_fn,
          budget: float = float("inf"), log=print) -> dict:
     """Tunes each (format, N, K) of `shapes` at each row count of `ms` (table buckets), in order, and rewrites the
-    table at `path` after each shape. time_fn(fns, calls) -> us per call (`bench_quant._graph_time_us` on a GPU).
+    table at `path` after each shape. time_fn(fns, calls) -> us per call (`synodic.kernels.timing.graph_us` on a GPU).
     Returns the table's configs."""
-    from synodic.kernels.bench_quant import _copies
     from synodic.kernels.quant_linear import quant_linear
     from synodic.kernels.quant_linear import tuned as tuned_mod
     from synodic.kernels.quant_linear.triton_impl import _sms
 
+    from benchmarks.quant_linear import _copies
     from synodic.quant import quantize
 
     bad = [m for m in ms if m not in tuned_mod.M_BUCKETS]
@@ -173,15 +173,15 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("tune_quant: needs a CUDA GPU (it times kernels)")
     import triton
-    from synodic.kernels.bench_quant import _graph_time_us
     from synodic.kernels.quant_linear import tuned as tuned_mod
+    from synodic.kernels.timing import graph_us
 
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name(dev)
     path = Path(args.out) if args.out else tuned_mod.table_path(name)
     meta = {"gpu": name, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "triton": triton.__version__, "models": args.models,
-            "command": "python -m synodic.kernels.tune_quant " + " ".join(sys.argv[1:] if argv is None else argv)}
+            "command": "python -m benchmarks.tune_quant " + " ".join(sys.argv[1:] if argv is None else argv)}
     # the shapes that hold the most weight bytes first (a run cut short by the budget has tuned those)
     weight: dict[tuple[str, int, int], int] = {}
     for m in args.models.split(","):
@@ -191,7 +191,7 @@ def main(argv=None) -> None:
     shapes = sorted(weight, key=lambda s: (-weight[s], s))
     try:
         configs = tune(shapes, [int(m) for m in args.ms.split(",")], path, meta, device=dev,
-                       time_fn=_graph_time_us, budget=args.budget, log=lambda s: print(s, flush=True))
+                       time_fn=graph_us, budget=args.budget, log=lambda s: print(s, flush=True))
     except ValueError as e:
         raise SystemExit(str(e)) from None
     print(f"wrote {path} ({len(configs)} entries)")

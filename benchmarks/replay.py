@@ -1,6 +1,6 @@
 """Benchmark of the ReplaySSM decode kernels against the eager decode kernels, one process.
 
-    python -m synodic.kernels.bench_replay --out replay.json [--batches 1,8,32,128,256,512] [--sweep]
+    python -m benchmarks.replay --out replay.json [--batches 1,8,32,128,256,512] [--sweep]
 
 Mamba-2 (H=128, P=64, N=128, G=8) and GDN (HV=32, Hk=16, K=V=128), L=16, bf16 activations.
 Variants: eager fp32 state (``mamba2_decode`` / ``gdn_decode`` Triton kernels), replay fp32
@@ -28,14 +28,14 @@ import argparse
 import datetime as _dt
 import json
 import math
-import os
 import platform
-import subprocess
 import sys
 
 import torch
+from synodic.kernels.timing import COPY_GBPS_H200, graph_us
 
-HBM_GBPS = 4245.0  # MEASURING.md, H200 device-to-device copy (read + write counted)
+from synodic.results.env import git_commit
+
 L2_BYTES = 60 * 2**20
 ROTATE_BYTES = 2 * L2_BYTES
 SETS_STATE_BYTES = 32 * 2**30  # --sets cap (eager + replay cases are alive one at a time)
@@ -69,6 +69,10 @@ G_V2_SMALL_SWEEP = [(16, 2, "serial"), (16, 2, "dot"), (16, 2, "tf32x3"), (16, 1
 # ---------------------------------------------------------------------------------------------
 class _Case:
     """What both layer kinds share: the state / cache set-up, the v2 shared-cursor model, the byte count."""
+
+    def fns(self):
+        """One step per slot set, the calls a timed graph cycles through."""
+        return [lambda r=r: self.step(r) for r in range(self.rot)]
 
     def _setup(self, variant, batch, rot, L, config, S0, alloc):
         self.variant, self.batch, self.rot, self.L, self.config = variant, batch, rot, L, config
@@ -289,30 +293,8 @@ def check_verify(cls, L, device, T=4, rounds=3):
     return dict(op=cls.op, variant=variant + "_verify_T4", rel_rmse=worst, ok=worst < 5e-3)
 
 
-def time_cycle(case):
-    """Average step time over complete L-step cycles on R slot sets, CUDA graph of L*R launches."""
-    import triton.testing
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for r in range(case.rot):  # compile + warm
-            case.step(r)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(case.L):
-            for r in range(case.rot):
-                case.step(r)
-    us = triton.testing.do_bench(graph.replay, warmup=5, rep=100, return_mode="median") * 1e3
-    return us / (case.L * case.rot)
 
 
-def _git_commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(__file__), timeout=10).stdout.strip() or None
-    except Exception:
-        return None
 
 
 def _rot(cls, batch, sets=0):
@@ -369,10 +351,10 @@ def main(argv=None):
         ops.append((GDNCase, stag(["eager", "replay_fp32_adjoint", "replay_fp32_state", "replay_dual_bf16_adjoint",
                                    "replay_fp32_adjoint_v2", "replay_dual_bf16_adjoint_v2"]), G_V2_SWEEP))
     res = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-               command="python -m synodic.kernels.bench_replay " + " ".join(argv if argv is not None
+               command="python -m benchmarks.replay " + " ".join(argv if argv is not None
                                                                           else sys.argv[1:]),
                device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               python=platform.python_version(), git_commit=_git_commit(), L=L, hbm_gbps_reference=HBM_GBPS,
+               python=platform.python_version(), git_commit=git_commit(), L=L, hbm_gbps_reference=COPY_GBPS_H200,
                shapes=dict(mamba2=MAMBA, gdn=GDN), activations=str(ACT), checks=[], rows=[], sweep=[])
     if not args.no_check:
         for cls, variants, _ in ops:
@@ -394,12 +376,12 @@ def main(argv=None):
             eager_us = None
             for v in variants:
                 case = cls(v, batch, rot, L, device, gen)
-                us = time_cycle(case)
+                us = graph_us(case.fns(), calls=case.L * case.rot, warmup_ms=5, rep_ms=100)
                 nbytes = case.bytes_per_step()
                 if v == "eager":
                     eager_us = us
                 row = dict(op=cls.op, variant=v, batch=batch, rotate=rot, us=us, bytes=nbytes,
-                           gbps=nbytes / (us * 1e3), pct_hbm=100 * nbytes / (us * 1e3) / HBM_GBPS,
+                           gbps=nbytes / (us * 1e3), pct_hbm=100 * nbytes / (us * 1e3) / COPY_GBPS_H200,
                            speedup=(eager_us / us) if eager_us else None)
                 res["rows"].append(row)
                 print(f"{cls.op} {v:26s} b={batch:4d}: {us:8.1f} µs  {row['gbps']:6.0f} GB/s "
@@ -434,7 +416,7 @@ def _sweep(res, case, eager_us, attr, values):
            "overlap": "overlap", "split": "split"}[attr]
     for val in values:
         setattr(case, attr, val)
-        t = time_cycle(case)
+        t = graph_us(case.fns(), calls=case.L * case.rot, warmup_ms=5, rep_ms=100)
         res["sweep"].append({"op": case.op, "variant": case.variant, "batch": case.batch, key: val, "us": t,
                              "speedup": eager_us / t})
         print(f"   {key}={val}: {t:8.1f} µs  x{eager_us / t:.2f}", flush=True)
@@ -444,7 +426,7 @@ def _sweep(res, case, eager_us, attr, values):
 def _write(res, path):
     lines = [f"ReplaySSM decode, L={res['L']}, {res['device']}, {res['date']}, avg step over full cycles, "
              "CUDA graphs", "",
-             "| op | variant | batch | µs / step | GB/s | % of 4245 GB/s | speedup vs eager fp32 | target |",
+             "| op | variant | batch | µs / step | GB/s | % of copy rate | speedup vs eager fp32 | target |",
              "|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         tgt = TARGETS.get((r["op"], r["variant"].removesuffix("_stag")))  # staggered: the same kernel and bar

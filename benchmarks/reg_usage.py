@@ -2,7 +2,7 @@
 Triton's compiler and the `cuobjdump` it ships). The figures behind `split_default` in
 `mamba2_replay.triton_v2` and `gdn_replay.decode_v2`.
 
-    python -m synodic.kernels.reg_usage                  # the shapes of bench_replay, every route
+    python -m benchmarks.reg_usage                  # the shapes of bench_replay, every route
 
 Pointer arguments are compiled as 16-byte aligned, as Triton specialises them at launch (without that hint
 the loads compile to scalar accesses and the counts mean nothing). The device's Triton version may allocate

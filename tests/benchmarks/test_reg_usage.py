@@ -12,7 +12,7 @@ import triton
 TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 CODE = """
 import json
-from synodic.kernels import reg_usage
+from benchmarks import reg_usage
 from synodic.kernels.mamba2_replay.triton_v2 import FOLDS, _mamba2_replay_decode_v2_kernel as m2
 ptrs = dict(reg_usage.M2_PTRS, lo_ptr="*bf16")
 c = dict(H=128, G=8, P=64, N=128, L=16, LP=16, BP=64, BN=128, HAS_Z=True, FOLD=FOLDS["tf32x3"], TPP=1,
@@ -34,7 +34,7 @@ def test_output_only_launch_needs_fewer_registers():
 
 GDN_CODE = """
 import json
-from synodic.kernels import reg_usage
+from benchmarks import reg_usage
 from synodic.kernels.gdn_replay.decode_v2 import _gdn_replay_decode_v2_kernel as gdn
 from synodic.kernels.mamba2_replay.triton_v2 import FOLDS
 ptrs = dict(reg_usage.GDN_PTRS, lo_ptr="*fp32")
@@ -62,7 +62,7 @@ def test_gdn_ring_dots_compiles_and_frees_registers():
 
 M2_DOTS_CODE = """
 import json
-from synodic.kernels import reg_usage
+from benchmarks import reg_usage
 from synodic.kernels.mamba2_replay.triton_v2 import FOLDS, _mamba2_replay_decode_v2_kernel as m2
 ptrs = dict(reg_usage.M2_PTRS, lo_ptr="*bf16")
 c = dict(H=128, G=8, P=64, N=128, L=16, LP=16, BP=64, BN=128, HAS_Z=True, FOLD=FOLDS["tf32x3"], TPP=1, ROUTE=1,

@@ -2,11 +2,11 @@
 ([slots, C, width - 1], each channel's window contiguous: 6-byte bf16 spans) vs tap-major (`new_conv_state`, each
 tap a contiguous channel vector, the SSM backends' layout), same kernel, same inputs, CUDA-graph replays.
 
-    python -m synodic.kernels.bench_conv1d --out conv1d.json [--shapes 1x10240,8x10240,256x10240,256x8192]
+    python -m benchmarks.conv1d --out conv1d.json [--shapes 1x10240,8x10240,256x10240,256x8192]
 
 Shapes are batch x channels (10240: nemotron_h_8b's Mamba-2 conv, 8192: qwen35_gdn_4b's GDN conv), width 4,
-bf16. Reports µs, GB/s of the bytes the step moves (state read + write, x, out) against the 4245 GB/s HBM copy
-rate of MEASURING.md, and whether both layouts give bitwise-equal states and outputs.
+bf16. Reports µs, GB/s of the bytes the step moves (state read + write, x, out) against the H200 copy
+rate (docs/measuring.md), and whether both layouts give bitwise-equal states and outputs.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import argparse
 import json
 
 import torch
-from synodic.kernels.bench_sparse_attention import COPY_GBS, graph_us
 from synodic.kernels.conv1d_update import conv1d_update, new_conv_state
+from synodic.kernels.timing import COPY_GBPS_H200, graph_us
 
 
 def run_point(B: int, C: int, gen) -> dict:
@@ -27,8 +27,8 @@ def run_point(B: int, C: int, gen) -> dict:
     bias = torch.randn(C, generator=gen).to("cuda", torch.bfloat16)
     sid = torch.arange(B, device="cuda")
     equal = torch.equal(conv1d_update(x, cm, w, bias, sid), conv1d_update(x, tm, w, bias, sid)) and torch.equal(cm, tm)
-    t_cm = graph_us(lambda: conv1d_update(x, cm, w, bias, sid), "cuda")
-    t_tm = graph_us(lambda: conv1d_update(x, tm, w, bias, sid), "cuda")
+    t_cm = graph_us(lambda: conv1d_update(x, cm, w, bias, sid))
+    t_tm = graph_us(lambda: conv1d_update(x, tm, w, bias, sid))
     moved = B * C * (2 * 3 * 2 + 2 * 2)
     return dict(batch=B, channels=C, channel_major_us=t_cm, tap_major_us=t_tm, speedup=t_cm / t_tm,
                 tap_major_gbs=moved / t_tm / 1e3, equal=equal)
@@ -49,7 +49,7 @@ def main(argv=None):
         rows.append(r)
         print(f"batch {B:4d} x {C:6d} ch: channel-major {r['channel_major_us']:6.1f} µs, tap-major "
               f"{r['tap_major_us']:6.1f} µs ({r['speedup']:.2f}x; {r['tap_major_gbs']:5.0f} GB/s, "
-              f"{100 * r['tap_major_gbs'] / COPY_GBS:4.1f} % of copy); equal {r['equal']}", flush=True)
+              f"{100 * r['tap_major_gbs'] / COPY_GBPS_H200:4.1f} % of copy); equal {r['equal']}", flush=True)
     with open(a.out, "w") as f:
         json.dump({"bench": "conv1d_update", "device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
     print(f"wrote {a.out}")

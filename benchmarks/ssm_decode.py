@@ -1,8 +1,8 @@
 """Benchmark of the eager SSM decode kernels (Mamba-2 and Gated DeltaNet) on the GPU.
 
-    python -m synodic.kernels.bench_ssm_decode --out results.json [--sweep]
+    python -m benchmarks.ssm_decode --out results.json [--sweep]
 
-For each op and state dtype (fp32, bf16) at the MEASURING.md shapes it first checks the Triton
+For each op and state dtype (fp32, bf16) at the docs/measuring.md shapes it first checks the Triton
 kernel against the torch reference (small batch, padding row, scattered slots), then for batch
 1, 32, 256 times it with `triton.testing.do_bench` (median, L2 flushed by do_bench, slot sets
 rotated so the state touched per call exceeds the L2) and as a CUDA-graph replay (R launches on R
@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
 import math
 import os
 import platform
-import subprocess
 import sys
 
 import torch
+from synodic.kernels.timing import COPY_GBPS_H200, copy_gbps, graph_us
 
-HBM_GBPS = 4245.0  # MEASURING.md: H200 device-to-device copy, read + write counted
+from synodic.results.env import git_commit
+
 L2_BYTES = 60 * 2**20
 ROTATE_BYTES = 4 * L2_BYTES  # state touched per timed call (or per graph replay) at least this
 
@@ -179,6 +181,11 @@ def check(cls, shape, sdtype, device):
                 rel_rmse_state=worst_s, untouched_slots_ok=untouched, ok=ok)
 
 
+def time_graph(p, rot, **cfg):
+    """Per-call time of one call per slot set (rot of them) in one CUDA graph."""
+    return graph_us([functools.partial(p.call, r, **cfg) for r in range(rot)])
+
+
 def time_plain(p, rot, **cfg):
     import triton.testing
 
@@ -191,38 +198,10 @@ def time_plain(p, rot, **cfg):
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3  # µs
 
 
-def time_graph(p, rot, **cfg):
-    import triton.testing
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for r in range(rot):
-            p.call(r, **cfg)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for r in range(rot):
-            p.call(r, **cfg)
-    us = triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median") * 1e3
-    return us / rot
 
 
-def time_copy(nbytes, device):
-    import triton.testing
-
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device).random_()
-    dst = torch.empty_like(src)
-    us = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median") * 1e3
-    return us, src.numel() * 2
 
 
-def _git_commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(__file__), timeout=10).stdout.strip() or None
-    except Exception:
-        return None
 
 
 def main(argv=None):
@@ -245,11 +224,11 @@ def main(argv=None):
 
     res = dict(
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        command=" ".join([os.path.basename(sys.executable), "-m", "synodic.kernels.bench_ssm_decode"]
+        command=" ".join([os.path.basename(sys.executable), "-m", "benchmarks.ssm_decode"]
                          + (argv if argv is not None else sys.argv[1:])),
         device=torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
         torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
-        git_commit=_git_commit(), hbm_gbps_reference=HBM_GBPS, model_dtype=str(MODEL_DTYPE),
+        git_commit=git_commit(), hbm_gbps_reference=COPY_GBPS_H200, model_dtype=str(MODEL_DTYPE),
         shapes=dict(mamba2_decode=problems[0][1], gdn_decode=problems[1][1]),
         checks=[], rows=[], copy=[], sweep=[],
     )
@@ -280,8 +259,8 @@ def main(argv=None):
                            block=blk, num_warps=nw, us=us, us_graph=us_g, bytes=total, state_bytes=state_b,
                            rotate=rot,
                            gbps=total / (us * 1e3), gbps_graph=total / (us_g * 1e3))
-                row["pct_hbm"] = 100 * row["gbps"] / HBM_GBPS
-                row["pct_hbm_graph"] = 100 * row["gbps_graph"] / HBM_GBPS
+                row["pct_hbm"] = 100 * row["gbps"] / COPY_GBPS_H200
+                row["pct_hbm_graph"] = 100 * row["gbps_graph"] / COPY_GBPS_H200
                 res["rows"].append(row)
                 print(f"{cls.name} {row['state_dtype']} b={batch}: {us:.1f} µs, graph {us_g:.1f} µs, "
                       f"{row['gbps']:.0f} GB/s ({row['pct_hbm']:.1f} %)", flush=True)
@@ -290,35 +269,35 @@ def main(argv=None):
                         t = time_graph(p, rot, **p.config_kwargs(blk, nw))
                         res["sweep"].append(dict(kernel=cls.name, state_dtype=row["state_dtype"], batch=batch,
                                                  block=blk, num_warps=nw, us=t,
-                                                 pct_hbm=100 * total / (t * 1e3) / HBM_GBPS))
+                                                 pct_hbm=100 * total / (t * 1e3) / COPY_GBPS_H200))
                         print(f"  sweep block {blk:3d} warps {nw}: {t:.1f} µs "
                               f"({res['sweep'][-1]['pct_hbm']:.1f} %)", flush=True)
                 del p
                 torch.cuda.empty_cache()
     for nbytes in sorted({r["state_bytes"] for r in res["rows"] if r["batch"] == max(batches)}):
-        us, moved = time_copy(nbytes, device)
-        res["copy"].append(dict(bytes=moved, us=us, gbps=moved / (us * 1e3)))
+        gbps = copy_gbps(nbytes, device)
+        res["copy"].append(dict(bytes=nbytes, us=nbytes / (gbps * 1e3), gbps=gbps))
     _write(res, args.out)
     return 0 if all(c["ok"] for c in res["checks"]) else 1
 
 
 def _write(res, path):
     lines = ["| kernel | state | batch | block, warps | µs | µs CUDA graph | bytes moved | GB/s "
-             "| % of 4245 GB/s |",
+             "| % of copy rate |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         best = min(r["us"], r["us_graph"])
         lines.append(f"| {r['kernel']} | {r['state_dtype']} | {r['batch']} | {r['block']}, {r['num_warps']} "
                      f"| {r['us']:.1f} | {r['us_graph']:.1f} "
                      f"| {r['bytes'] / 2**20:.2f} MiB | {r['bytes'] / (best * 1e3):.0f} | "
-                     f"{100 * r['bytes'] / (best * 1e3) / HBM_GBPS:.1f} |")
+                     f"{100 * r['bytes'] / (best * 1e3) / COPY_GBPS_H200:.1f} |")
     for c in res["copy"]:
         lines.append(f"| copy_ (same state bytes, R+W) | - | 256 | - | {c['us']:.1f} | - "
                      f"| {c['bytes'] / 2**20:.2f} MiB "
-                     f"| {c['gbps']:.0f} | {100 * c['gbps'] / HBM_GBPS:.1f} |")
+                     f"| {c['gbps']:.0f} | {100 * c['gbps'] / COPY_GBPS_H200:.1f} |")
     res["table_md"] = "\n".join(lines)
     if res["sweep"]:
-        print("\n| kernel | state | batch | block | warps | µs (graph) | % of 4245 GB/s |")
+        print("\n| kernel | state | batch | block | warps | µs (graph) | % of copy rate |")
         print("|---|---|---|---|---|---|---|")
         for s in res["sweep"]:
             print(f"| {s['kernel']} | {s['state_dtype']} | {s['batch']} | {s['block']} | {s['num_warps']} "
