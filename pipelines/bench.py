@@ -71,7 +71,7 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
         for k in range(p.stagger):
             rows = [s for s in range(b) if s % p.stagger <= k]
             out = joiner.decode(rows, [pos[s] for s in rows], [toks[s] for s in rows], max(pos) + 1).argmax(-1)
-            graph.step_bytes(rows, [pos[s] + 1 for s in rows])  # cursor mirrors stay in step
+            graph.advance(rows)  # cursor mirrors stay in step
             for s, t in zip(rows, out.tolist()):
                 toks[s], pos[s] = t, pos[s] + 1
     slots = list(range(b))
@@ -92,6 +92,7 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
     def finish(pending) -> dict:
         toks[:] = pending.wait()
         step_b = graph.step_bytes(slots, [q + 1 for q in pos])
+        graph.advance(slots)
         pos[:] = [q + 1 for q in pos]
         return step_b
 
@@ -136,7 +137,7 @@ def _profile(graph, slots, pos, toks, b, path: Path) -> None:
     with profile(activities=acts) as prof:
         for _ in range(3):
             logits = eager.decode(slots, [pos] * b, logits.argmax(-1).tolist(), pos + 1)
-            graph.step_bytes(slots, [pos + 1] * b)
+            graph.advance(slots)
             pos += 1
         if graph.device.type == "cuda":
             torch.cuda.synchronize()

@@ -41,8 +41,9 @@ class ServingGraph:
 
     def step_bytes(self, slots: list[int], lengths: list[int], T: int = 1, accepted: list[int] | None = None
                    ) -> dict[str, int]:
-        """Bytes one decode step moves for rows in these slots with these context lengths (new token
-        included). Called once per executed step: backends with cursors advance their mirrors."""
+        """Bytes one decode step (T = 1) or verify window (committing accepted[i] tokens of row i) moves for
+        rows in these slots with these context lengths (new token included). A query: `advance` then moves
+        the backends' host mirrors past the step."""
         b = len(lengths)
         if (b * T) not in self.weight_bytes:
             self.weight_bytes[b * T] = linear_weight_bytes(self.model, b * T)
@@ -52,6 +53,11 @@ class ServingGraph:
         if self.kv is not None:
             out.update(self.kv.bytes_for([n + t for n in lengths for t in range(T)]))
         return out
+
+    def advance(self, slots: list[int], T: int = 1, accepted: list[int] | None = None) -> None:
+        """Once per executed step, after step_bytes: the state backend's host mirror (replay cursors) moves on."""
+        if self.ssm is not None:
+            self.ssm.host_step(slots, T, accepted)
 
 
 def resolve_device(rt) -> torch.device:
@@ -107,7 +113,7 @@ def build_graph(cfg, max_seq_len: int, max_slots: int | None = None, window: int
 def check_overlap(g: ServingGraph, kv_cfg, asked: bool | None) -> bool:
     """Overlapped steps need a KV policy whose host side does not depend on the step in flight
     (`overlap_safe`). true with one that is not: a one-line error; null: on where allowed."""
-    ok = g.kv is None or getattr(g.kv, "overlap_safe", False)
+    ok = g.kv is None or g.kv.overlap_safe
     if asked and not ok:
         raise ConfigError([f"runtime.overlap=true with kv={kv_cfg.kind}: expected runtime.overlap=false or null; "
                            f"{type(g.kv).__name__} plans each step on the host from the previous step's results"])
@@ -118,7 +124,7 @@ def check_cuda_graphs(g: ServingGraph, kv_cfg, asked: bool | None) -> None:
     """CUDA graphs need a KV policy whose decode step is capturable (`graph_safe`: every built-in one is;
     each policy's step documents why). Otherwise: runtime.cuda_graphs=true (`asked`) fails, null turns
     them off with a note."""
-    if not g.cuda_graphs or g.kv is None or getattr(g.kv, "graph_safe", False):
+    if not g.cuda_graphs or g.kv is None or g.kv.graph_safe:
         return
     if asked:
         raise ConfigError([f"runtime.cuda_graphs=true with kv={kv_cfg.kind}: expected runtime.cuda_graphs=false "

@@ -61,6 +61,8 @@ def test_replay_ledger_matches_per_layer_sums(preset, precision):
         be.host_wp[:] = wp0.numpy()
         acc = torch.randint(1, T + 1, (len(slots),), generator=gen).tolist()
         got = be.step_bytes(slots) if T == 1 else be.step_bytes(slots, T, acc)
+        assert (be.host_wp == wp0.numpy()).all()  # a query: the mirror moves in host_step only
+        be.host_step(slots, T, acc if T > 1 else None)
         want = [0, 0, 0]
         for j, s in enumerate(slots):
             r, w, g, base = _row_layer_bytes(be, int(wp0[s]), T)

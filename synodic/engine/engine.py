@@ -149,7 +149,7 @@ class Engine:
         # a KV policy that decides residency from the free pages (kv=adaptive: demotion, promotion) grows only
         # into free pages here, and only when no row leaves: a synced step would release the leaving rows' pages
         # first, so its choices, and hence fetches, would differ
-        evicts = getattr(sched.blocks, "evicts", False)
+        evicts = sched.blocks is not None and sched.blocks.evicts
         if evicts and len(keep) < sum(not r.done for r in step.batch):
             return None
         if sched.blocks is not None:
@@ -174,7 +174,9 @@ class Engine:
         toks = step.pending.wait() if step.pending is not None else self.sampler.sample(step.logits, batch)
         now = time.perf_counter()
         live = sum(not r.done for r in batch)  # tokens kept; the bytes are every row's
-        self.ledger.add(live, self.graph.step_bytes([r.slot for r in batch], [r.length for r in batch]))
+        slots = [r.slot for r in batch]
+        self.ledger.add(live, self.graph.step_bytes(slots, [r.length for r in batch]))
+        self.graph.advance(slots)
         for r, tok in zip(batch, toks):
             if not r.done:  # a row that stopped at the previous step also ran this one
                 self._append(r, tok, now, on_token)
@@ -206,8 +208,9 @@ class Engine:
         now = time.perf_counter()
         self.decode_s += now - ts
         lengths = [r.length for r in batch]
-        self.ledger.add(len(batch), self.graph.step_bytes([r.slot for r in batch], lengths, T,
-                                                          [m + 1 for m in match]))
+        slots = [r.slot for r in batch]
+        self.ledger.add(len(batch), self.graph.step_bytes(slots, lengths, T, [m + 1 for m in match]))
+        self.graph.advance(slots, T, [m + 1 for m in match])
         for r, m, tgt in zip(batch, match, target):
             self.accepted.append(m + 1)
             for tok in tgt[: m + 1]:

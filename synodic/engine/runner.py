@@ -36,7 +36,7 @@ class ModelRunner:
     @property
     def batched_prefill(self) -> bool:
         """Whether one forward may prefill several prompts (not with a KV policy's sparse prefill)."""
-        return self.kv is None or getattr(self.kv, "prefill_attend", None) is None
+        return self.kv is None or self.kv.prefill_attend is None
 
     @torch.inference_mode()
     def prefill_batch(self, slots: list[int], contexts: list[list[int]]) -> torch.Tensor:
@@ -103,9 +103,8 @@ class ModelRunner:
 
     def _after_step(self) -> None:
         """The KV policy's per-step read-back (ledger counters), queued right behind the step."""
-        hook = getattr(self.kv, "after_step", None)
-        if hook is not None:
-            hook()
+        if self.kv is not None:
+            self.kv.after_step()
 
     @torch.inference_mode()
     def verify(self, slots: list[int], positions: list[int], windows: list[list[int]], max_len: int
@@ -159,9 +158,8 @@ class ModelRunner:
         torch.cuda.current_stream().wait_stream(stream)
         # join the warm-ups' host backups now: a later wait on the backup event, last recorded inside the
         # capture, would cross the capture boundary
-        quiesce = getattr(self.kv, "quiesce_host", None)
-        if quiesce is not None:
-            quiesce()
+        if self.kv is not None:
+            self.kv.quiesce_host()
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()

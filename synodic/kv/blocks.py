@@ -5,6 +5,9 @@ from synodic.transfer import pinned
 
 
 class BlockManager:
+    # Growing one request never takes pages another request holds (kv=adaptive's blocks may: demotion).
+    evicts = False
+
     def __init__(self, num_blocks: int, block_size: int, max_slots: int, max_blocks_per_seq: int, device):
         self.block_size = block_size
         self.num_blocks = num_blocks

@@ -15,6 +15,8 @@ from pydantic import Field, model_validator
 
 from synodic.config.registry import Component, register
 
+from .indexer import index_kind
+
 _INDEXER = ("which indexer selects the top-k: learned = the model's own learned DSA indexer (its keys k_I "
             "cached in learned_key_dtype; the model must have one, index_n_heads > 0); bf16 / fp8 = the "
             "training-free indexer over resident copies of the model's keys in that dtype (fp8 e4m3 with a "
@@ -22,25 +24,6 @@ _INDEXER = ("which indexer selects the top-k: learned = the model's own learned 
 _LEARNED_KEYS = ("learned indexer: dtype of its cached keys k_I (fp8 e4m3 with one fp32 scale per token, "
                  "d_I + 4 bytes per token and layer as in DSA, or bf16, 2 * d_I bytes); unused by bf16 / fp8")
 IndexerKind = Literal["auto", "learned", "bf16", "fp8"]
-
-
-def has_learned_indexer(model) -> bool:
-    """Whether every attention layer of the model carries a learned indexer (synodic/models/indexer.py)."""
-    layers = model.attention_layers
-    return bool(layers) and all(getattr(m, "indexer", None) is not None for m in layers)
-
-
-def index_kind(cfg, model) -> str:
-    """The indexer a top-k policy builds: 'learned', 'bf16' or 'fp8' (`auto` resolved; `learned` checked)."""
-    learned = has_learned_indexer(model)
-    if cfg.indexer == "learned" and not learned:
-        from synodic.config.errors import ConfigError
-        raise ConfigError(["kv.indexer='learned': the model's attention layers carry no learned indexer "
-                           "(index_n_heads=0); expected kv.indexer=auto, bf16 or fp8 (training-free), or a "
-                           "model with one (index_n_heads > 0, e.g. model=tiny_dsa)"])
-    if cfg.indexer == "auto":
-        return "learned" if learned else "bf16"
-    return cfg.indexer
 
 
 @register("kv")

@@ -36,6 +36,7 @@ from .hot import HotBufferPolicy
 
 class HiSparseBlocks:
     """Scheduler-facing accounting of hisparse: device pages = hot buffers; index and host pages checked too."""
+    evicts = False
 
     def __init__(self, policy: "HiSparsePolicy"):
         self.p = policy

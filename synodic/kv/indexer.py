@@ -190,3 +190,22 @@ class LearnedIndexer(KeyIndexer):
                 s = self.scores(q[c:e], w[c:e], keys[:, :e], None if scale1 is None else scale1[:, :e])
             out.append(self.select(s, torch.arange(c, e, device=q.device), top_k))
         return torch.cat(out)
+
+
+def has_learned_indexer(model) -> bool:
+    """Whether every attention layer of the model carries a learned indexer (synodic/models/indexer.py)."""
+    layers = model.attention_layers
+    return bool(layers) and all(getattr(m, "indexer", None) is not None for m in layers)
+
+
+def index_kind(cfg, model) -> str:
+    """The indexer a top-k policy builds: 'learned', 'bf16' or 'fp8' (`auto` resolved; `learned` checked)."""
+    learned = has_learned_indexer(model)
+    if cfg.indexer == "learned" and not learned:
+        from synodic.config.errors import ConfigError
+        raise ConfigError(["kv.indexer='learned': the model's attention layers carry no learned indexer "
+                           "(index_n_heads=0); expected kv.indexer=auto, bf16 or fp8 (training-free), or a "
+                           "model with one (index_n_heads > 0, e.g. model=tiny_dsa)"])
+    if cfg.indexer == "auto":
+        return "learned" if learned else "bf16"
+    return cfg.indexer

@@ -5,10 +5,11 @@ import torch
 
 from synodic.kernels.sparse_attention import sparse_attention
 
+from .base import KVPolicy
 from .blocks import BlockManager
 
 
-class ResidentKVPolicy:
+class ResidentKVPolicy(KVPolicy):
     # Every step op reads fixed-address tensors, so a decode step with this policy can be captured.
     graph_safe = True
     overlap_safe = True  # bind only stores buffers: nothing on the host waits for the step in flight

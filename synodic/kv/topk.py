@@ -35,11 +35,11 @@ import torch
 
 from synodic.kernels.sparse_attention import sparse_attention
 
-from .config import index_kind
-from .indexer import KeyIndexer, LearnedIndexer
+from .base import KVPolicy
+from .indexer import KeyIndexer, LearnedIndexer, index_kind
 
 
-class TopKPolicy:
+class TopKPolicy(KVPolicy):
     uses_host = False
     graph_safe = True  # see the module docstring
     # overlapped steps: bind only stores the next step's rows; what the host plans from a step's results

@@ -81,7 +81,7 @@ class Attention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, ctx=None) -> torch.Tensor:
         b, T, _ = hidden.shape
-        learned = ctx is not None and getattr(ctx.kv, "learned_index", False)
+        learned = ctx is not None and ctx.kv.learned_index
         if ctx is not None and ctx.mode == "decode":
             pos = ctx.positions[:, None]
             q, k, v = self._qkv(hidden, pos, ctx)
@@ -96,7 +96,7 @@ class Attention(nn.Module):
             start = 0 if ctx is None else ctx.start
             pos = torch.arange(start, start + T, device=hidden.device)
             q, k, v = self._qkv(hidden, pos)
-            sparse = getattr(ctx.kv, "prefill_attend", None) if ctx is not None else None
+            sparse = ctx.kv.prefill_attend if ctx is not None else None
             if sparse is not None:  # top-k KV policies: each prompt query attends to its own top-k
                 kw = {"index": self.indexer(hidden, pos).at(0)} if learned else {}
                 return self.o_proj(sparse(self.attn_index, ctx.slot, start, q[0], k[0], v[0], **kw)[None].flatten(-2))

@@ -1,4 +1,5 @@
-"""What every SSM state backend shares: per-slot conv state, slot binding, and the byte ledger hook.
+"""The SSM state backend base: per-slot conv state, slot binding, and the hooks the engine calls (window,
+commit, end of step, the byte ledger and its host mirror), with their defaults.
 
 Slots: rows 0..max_slots-1 belong to requests; row max_slots is scratch for padded batch rows
 (CUDA-graph buckets), which the SSM kernels skip through a negative slot id.
@@ -9,7 +10,10 @@ import torch.nn.functional as F
 from synodic.kernels.conv1d_update import conv1d_update, new_conv_state
 
 
-class StateBackendBase:
+class StateBackend:
+    """Base of every `ssm` backend. Subclasses provide mamba2_step / gdn_step (and *_verify for windows),
+    step_bytes, and override the hooks below where they keep more than the state itself."""
+
     def __init__(self, model, max_slots: int, device):
         self.max_slots = max_slots
         self.device = torch.device(device)
@@ -63,6 +67,9 @@ class StateBackendBase:
         """Prefill's final state of layer i for `slot`."""
         self.conv[i][slot] = conv_state.to(self.conv[i].dtype)
         self._seed_state(i, slot, state)
+
+    def host_step(self, slots: list[int], T: int = 1, accepted: list[int] | None = None) -> None:
+        """After the engine has accounted a step: advance any host-side mirror (none by default)."""
 
     def end_step(self) -> None:
         """Called once after every layer ran a decode step (cursor moves for backends that keep one)."""

@@ -9,12 +9,12 @@ import torch
 from synodic.kernels.gdn_decode import gdn_decode
 from synodic.kernels.mamba2_decode import mamba2_decode
 
-from .base import StateBackendBase
+from .base import StateBackend
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-class EagerStateBackend(StateBackendBase):
+class EagerStateBackend(StateBackend):
     def __init__(self, model, max_slots: int, device, cfg, window: int = 1):
         super().__init__(model, max_slots, device)
         self.kernel = cfg.kernel

@@ -16,7 +16,7 @@ from synodic.kernels.mamba2_replay import (
 )
 from synodic.kernels.mamba2_replay.common import store_state
 
-from .base import StateBackendBase
+from .base import StateBackend
 
 # precision → (checkpoint dtype, low-precision read copy dtype or None)
 PRECISIONS = {
@@ -28,7 +28,7 @@ PRECISIONS = {
 }
 
 
-class ReplayStateBackend(StateBackendBase):
+class ReplayStateBackend(StateBackend):
     def __init__(self, model, max_slots: int, device, cfg):
         super().__init__(model, max_slots, device)
         self.L, self.kernel, self.route = cfg.ring_len, cfg.kernel, cfg.gdn_route
@@ -109,6 +109,17 @@ class ReplayStateBackend(StateBackendBase):
             CK, LO, R0 = CK + ck, LO + lo, R0 + (lo or ck)  # a step reads the low-precision copy if any
         self._E, self._CK, self._LO, self._R0 = E, CK, LO, R0
 
+    def host_step(self, slots: list[int], T: int = 1, accepted: list[int] | None = None) -> None:
+        """Move the host's cursor mirror as the step's kernels moved the device cursors (the same rules as
+        step_bytes), once the step has been accounted."""
+        idx = np.asarray(slots, dtype=np.int64)
+        wp = self.host_wp[idx]
+        if T == 1:
+            self.host_wp[idx] = np.where(wp >= self.L - 1, 0, wp + 1)
+        else:
+            early = (wp > 0) & (wp + T > self.L)
+            self.host_wp[idx] = np.minimum(self.L, np.where(early, 0, wp) + np.asarray(accepted, dtype=np.int64))
+
     def step_bytes(self, slots: list[int], T: int = 1, accepted: list[int] | None = None) -> dict[str, int]:
         """Plain step (T = 1), or a verify window of T committing accepted[i] tokens per row.
         Plain: a row at cursor wp reads the checkpoint (or its copy) and ring[:wp] and appends one entry;
@@ -122,12 +133,10 @@ class ReplayStateBackend(StateBackendBase):
             flush = int((wp >= self.L - 1).sum())
             read = flush * self._CK + (n - flush) * self._R0
             ring = self._E * (int(wp.sum()) + n - flush)
-            self.host_wp[idx] = np.where(wp >= self.L - 1, 0, wp + 1)
         else:
             early = (wp > 0) & (wp + T > self.L)
             flush = int(early.sum())
             read = flush * self._CK + n * self._R0
             ring = self._E * (int(wp.sum()) + n * T)
-            self.host_wp[idx] = np.minimum(self.L, np.where(early, 0, wp) + np.asarray(accepted, dtype=np.int64))
         return {"ssm_state_read": read, "ssm_state_write": flush * (self._CK + self._LO), "ssm_ring": ring,
                 "ssm_conv_state": 2 * self.conv_bytes_per_step(n)}
