@@ -45,10 +45,10 @@ SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]  # (N, K) = (out, in)
 MS = [1, 32]
 FORMATS = ["mxfp4", "nvfp4", "mxfp8_e4m3"]
 CHECK_TOL = 2e-2  # rel. RMSE vs the reference above which a config is reported broken and not timed
-# Alternatives to the run-time heuristic (triton_impl.default_config), most promising first (the sweep
+# Alternatives to the run-time heuristic (launch.default_config), most promising first (the sweep
 # goes candidate by candidate over all rows, so a cut-short run has the first ones everywhere). BLOCK_K is
 # given for 4-bit formats (BLOCK_K/2 code bytes per row); 8-bit formats use half (same bytes per row).
-# No SPLIT_K: chosen per shape for the tile (triton_impl.resolve_config).
+# No SPLIT_K: chosen per shape for the tile (launch.resolve_config).
 # "dotp" (bf16-decoded, K-permuted tl.dot): the best tiles of a short H200 probe (4096x14336, 2026-11-30), per M
 DOTP_M1 = [dict(KERNEL="dotp", BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=2),
            dict(KERNEL="dotp", BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3)]
@@ -115,7 +115,7 @@ def candidates(M: int, fmt: str, kernels: tuple[str, ...] | None = None) -> list
 @triton.jit
 def _probe32_kernel(w_ptr, sc_ptr, out_ptr, N, K, K_PER_SPLIT, stride_wn, stride_sn, QBLOCK: tl.constexpr,
                     E: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The loads of triton_impl._qgemv32_kernel ("gemv32": [BLOCK_N, BLOCK_K / E] int32 code words, E codes per
+    """The loads of gemv32._qgemv32_kernel ("gemv32": [BLOCK_N, BLOCK_K / E] int32 code words, E codes per
     word; [BLOCK_N, G] scales), XORed: out[pid_k, n] = XOR of row n's code words and scale bytes in the split
     (w_ptr: int32, stride_wn in words)."""
     pid_n = tl.program_id(0)
@@ -153,7 +153,7 @@ def _split(K: int, cfg: dict) -> tuple[int, int]:
 
 def probe(q, cfg: dict, out: torch.Tensor | None = None) -> torch.Tensor:
     """Run the load probe on the tile of a resolved gemv32 config: int32 [split, N] of per-row XORs."""
-    from synodic.kernels.quant_linear.triton_impl import code_words
+    from synodic.kernels.quant_linear.launch import code_words
     N, K = q.shape
     qb = q.spec.block
     split, k_per = _split(K, cfg)
@@ -171,7 +171,7 @@ def probe(q, cfg: dict, out: torch.Tensor | None = None) -> torch.Tensor:
 def probe_ref(q, cfg: dict) -> torch.Tensor:
     """What `probe` computes, in numpy."""
     import numpy as np
-    from synodic.kernels.quant_linear.triton_impl import code_words
+    from synodic.kernels.quant_linear.launch import code_words
     N, K = q.shape
     qb = q.spec.block
     _, k_per = _split(K, cfg)
@@ -295,7 +295,7 @@ def _diag(c: Case, fmt: str, kernel: str, full: dict, us: float, probes: bool, l
 def bench_gemv(log, shapes, ms, formats, cases: dict, probes: bool = True, dequant: bool = False) -> list[dict]:
     """bf16 vs the run-time default config, side by side per row; for M = 1 (gemv32) the load probe on its tile; with
     `dequant`, the dequant-then-bf16-linear path of QuantLinear(dense=False) too."""
-    from synodic.kernels.quant_linear.triton_impl import resolve_config, tuned_config
+    from synodic.kernels.quant_linear.launch import resolve_config, tuned_config
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for N, K in shapes:
@@ -337,7 +337,7 @@ def sweep(rows: list[dict], cases: dict, deadline: float, log, probes: bool = Tr
           kernels: tuple[str, ...] | None = None) -> None:
     """Time the candidates (checked first) until the deadline, candidate by candidate over all rows; keep
     each row's fastest correct config (the heuristic included). M = 1 GEMV entries get a load diagnostic."""
-    from synodic.kernels.quant_linear.triton_impl import resolve_config
+    from synodic.kernels.quant_linear.launch import resolve_config
     n = max(len(candidates(r["M"], r["format"], kernels)) for r in rows)
     for i in range(n):
         for row in rows:
@@ -378,7 +378,7 @@ def smoke(log) -> None:
     load probes of every M = 1 GEMV tile vs their numpy XOR."""
     import os
 
-    from synodic.kernels.quant_linear.triton_impl import resolve_config
+    from synodic.kernels.quant_linear.launch import resolve_config
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("--smoke runs the Triton interpreter: set TRITON_INTERPRET=1")
     gen = torch.Generator().manual_seed(0)

@@ -1,6 +1,6 @@
-"""Registers and spills of the ReplaySSM v2 decode kernels per route, compiled offline for sm_90 (no GPU needed:
+"""Registers and spills of the ReplaySSM per-head decode kernels per route, compiled offline for sm_90 (no GPU needed:
 Triton's compiler and the `cuobjdump` it ships). The figures behind `split_default` in
-`mamba2_replay.triton_v2` and `gdn_replay.decode_v2`.
+`mamba2_replay.decode` and `gdn_replay.decode`.
 
     python -m benchmarks.reg_usage                  # the shapes of bench_replay, every route
 
@@ -56,9 +56,9 @@ def compile_usage(fn, ptrs: dict, constexprs: dict, num_warps: int) -> dict:
 
 
 def rows() -> list[dict]:
-    from synodic.kernels.gdn_replay.decode_v2 import _gdn_replay_decode_v2_kernel as gdn
-    from synodic.kernels.mamba2_replay.triton_v2 import FOLDS
-    from synodic.kernels.mamba2_replay.triton_v2 import _mamba2_replay_decode_v2_kernel as m2
+    from synodic.kernels.gdn_replay.decode import _gdn_replay_decode_kernel as gdn
+    from synodic.kernels.mamba2_replay.decode import FOLDS
+    from synodic.kernels.mamba2_replay.decode import _mamba2_replay_decode_kernel as m2
 
     out = []
     for lo in ("bf16", None):

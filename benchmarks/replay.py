@@ -5,11 +5,13 @@
 Mamba-2 (H=128, P=64, N=128, G=8) and GDN (HV=32, Hk=16, K=V=128), L=16, bf16 activations.
 Variants: eager fp32 state (``mamba2_decode`` / ``gdn_decode`` Triton kernels), replay fp32
 checkpoint, replay dual_bf16 (fp32 checkpoint + bf16 copy read between flushes), and the same two
-through the eager-shaped decode kernels ``impl="v2"`` (rows ``*_v2``, Mamba-2 and GDN adjoint: ``advance=False``, the
+through the eager-shaped decode kernels ``impl="per_head"`` (rows ``*_per_head``, Mamba-2 and GDN adjoint:
+``advance=False``, the
 cursor is a per-step constant tensor, i.e. moved once per step outside the layer as in the engine;
-v2 fused steps read all L ring entries, split ones the wp live ones; the byte count stays the needed bytes);
+per-head fused steps read all L ring entries, split ones the wp live ones; the byte count stays the needed bytes);
 GDN replay in both routes.
-``--stagger`` adds the v2 rows with staggered cursors (``*_v2_stag``: slot s at cursor (s + i) mod L on step i,
+``--stagger`` adds the per-head rows with staggered cursors (``*_per_head_stag``: slot s at cursor (s + i) mod L on
+step i,
 so 1/L of the rows flush on every step, as in steady-state serving, instead of all rows on one step of L);
 ``--flush-sweep`` times the split (dual) rows over flush launch configs (block, warps, fold, tiles per program);
 ``--overlap-sweep`` times them with the flush launch in order / beside the output-only launch (``overlap``);
@@ -45,30 +47,30 @@ L_DEFAULT = 16
 ACT = torch.bfloat16
 E = 2  # bytes per activation element
 TARGETS = {("mamba2", "replay_fp32"): 1.75, ("mamba2", "replay_dual_bf16"): 2.5,
-           ("mamba2", "replay_fp32_v2"): 1.75, ("mamba2", "replay_dual_bf16_v2"): 2.5,
-           ("mamba2", "replay_dual_bf16_v2_row"): 2.5,
+           ("mamba2", "replay_fp32_per_head"): 1.75, ("mamba2", "replay_dual_bf16_per_head"): 2.5,
+           ("mamba2", "replay_dual_bf16_per_head_row"): 2.5,
            ("gdn", "replay_fp32_adjoint"): 1.6, ("gdn", "replay_fp32_state"): 1.6,
-           ("gdn", "replay_fp32_adjoint_v2"): 1.6}
-# Launch configs swept for the engine's kernels (the v2 decode kernels; the v1 kernels' sweeps of
+           ("gdn", "replay_fp32_adjoint_per_head"): 1.6}
+# Launch configs swept for the engine's kernels (the per-head decode kernels; the head-group kernels' sweeps of
 # 2026-11-30 are recorded in their pick_config docstrings).
-# v2 (BLOCK_P, warps, flush fold)
-V2_SWEEP = [(32, 4, "serial"), (32, 2, "serial"), (64, 4, "serial"), (64, 2, "serial"), (16, 2, "serial"),
+# per-head (BLOCK_P, warps, flush fold)
+PER_HEAD_SWEEP = [(32, 4, "serial"), (32, 2, "serial"), (64, 4, "serial"), (64, 2, "serial"), (16, 2, "serial"),
             (16, 4, "serial"), (64, 8, "serial"), (16, 1, "serial"), (8, 1, "serial"), (8, 2, "serial"),
             (64, 1, "serial")]
-# GDN v2 (BLOCK_V, warps)
-G_V2_SWEEP = [(64, 2), (64, 1), (64, 4), (128, 2), (128, 4), (128, 1), (32, 1), (32, 2), (16, 1), (16, 2), (8, 1)]
+# GDN per-head (BLOCK_V, warps)
+G_PER_HEAD_SWEEP = [(64, 2), (64, 1), (64, 4), (128, 2), (128, 4), (128, 1), (32, 1), (32, 2), (16, 1), (16, 2), (8, 1)]
 # flush launch of a split (dual) step: (BLOCK, warps, fold, tiles per program); the launchers' defaults: 8 tiles
 # per program (Mamba-2), 4 (GDN: 16 put the flush on a few long programs when cursors are staggered)
 M_FLUSH_SWEEP = [(64, 4, "tf32x3", t) for t in (1, 2, 4, 8, 16)] + [(32, 2, "tf32x3", 1), (32, 4, "tf32x3", 2)]
 G_FLUSH_SWEEP = [(32, 1, "bf16x3", t) for t in (1, 2, 4, 8, 16)] + [(32, 2, "bf16x3", 1), (16, 1, "bf16x3", 1)]
-# GDN v2 at batch <= 8 (BLOCK_V, warps, flush fold): the flush's fold when latency, not registers, bounds the step
+# GDN per-head at batch <= 8 (BLOCK_V, warps, flush fold): the flush's fold when latency, not registers, bounds the step
 G_V2_SMALL_SWEEP = [(16, 2, "serial"), (16, 2, "dot"), (16, 2, "tf32x3"), (16, 1, "dot"), (16, 4, "dot"),
                     (32, 2, "dot"), (8, 2, "dot"), (8, 1, "dot")]
 
 
 # ---------------------------------------------------------------------------------------------
 class _Case:
-    """What both layer kinds share: the state / cache set-up, the v2 shared-cursor model, the byte count."""
+    """What both layer kinds share: the state / cache set-up, the per-head shared-cursor model, the byte count."""
 
     def fns(self):
         """One step per slot set, the calls a timed graph cycles through."""
@@ -76,11 +78,11 @@ class _Case:
 
     def _setup(self, variant, batch, rot, L, config, S0, alloc):
         self.variant, self.batch, self.rot, self.L, self.config = variant, batch, rot, L, config
-        self.ring = None  # v2 ring_by_cursor (None: the launcher's default)
-        self.flush = None  # v2 flush_config of a split step (None: the launcher's default)
-        self.dots = None  # v2 ring_dots (None: the launcher's default)
-        self.split = None  # v2 split (None: the launcher's default)
-        self.overlap = None  # v2 overlap of a split step's two launches (None: the launcher's default)
+        self.ring = None  # per-head ring_by_cursor (None: the launcher's default)
+        self.flush = None  # per-head flush_config of a split step (None: the launcher's default)
+        self.dots = None  # per-head ring_dots (None: the launcher's default)
+        self.split = None  # per-head split (None: the launcher's default)
+        self.overlap = None  # per-head overlap of a split step's two launches (None: the launcher's default)
         if variant == "eager":
             self.state = S0
         else:
@@ -88,14 +90,16 @@ class _Case:
             self.c["ckpt"].copy_(S0)
             if "ckpt_lo" in self.c:
                 self.c["ckpt_lo"].copy_(S0.to(torch.bfloat16))
-        if "_v2" in variant:  # shared-cursor model: step i of every L-cycle reads cursor i (slot s: s + i if staggered)
+        # shared-cursor model: step i of every L-cycle reads cursor i (slot s: s + i if staggered)
+        if "_per_head" in variant:
             phase = (torch.arange(S0.shape[0], device=S0.device) if "_stag" in variant
                      else torch.zeros(S0.shape[0], dtype=torch.long, device=S0.device))
             self.cursors = [((phase + i) % L).to(torch.int32) for i in range(L)]
             self.count = [0] * rot
 
     def _cursor_cache(self, r):
-        """v2: the cache with this step's cursor tensor (moved once per step outside the layer, as in the engine)."""
+        """per-head: the cache with this step's cursor tensor (moved once per step outside the layer, as in the
+        engine)."""
         i = self.count[r] % self.L
         self.count[r] += 1
         return dict(self.c, write_pos=self.cursors[i])
@@ -144,14 +148,14 @@ class MambaCase(_Case):
             return mamba2_decode(self.state, s["x"], s["dt"], self.A, s["B"], s["C"], self.D, self.bias,
                                  s["slot_ids"], backend="triton")
         from synodic.kernels.mamba2_replay import mamba2_replay_decode
-        if "_v2" in self.variant:
+        if "_per_head" in self.variant:
             c = self._cursor_cache(r)
             # "_row": the engine's per-step cursor gather (one for every layer) charged to this one layer
             row_wp = (c["write_pos"].index_select(0, s["slot_ids"].clamp(min=0)) if "_row" in self.variant
                       else None)
             return mamba2_replay_decode(**c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
                                         dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, advance=False,
-                                        backend="triton", config=self.config, impl="v2", row_wp=row_wp,
+                                        backend="triton", config=self.config, impl="per_head", row_wp=row_wp,
                                         ring_by_cursor=self.ring, flush_config=self.flush, ring_dots=self.dots,
                                         split=self.split, overlap=self.overlap)
         return mamba2_replay_decode(**self.c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
@@ -192,10 +196,10 @@ class GDNCase(_Case):
             return gdn_decode(self.state, s["q"], s["k"], s["v"], s["g"], s["beta"], s["slot_ids"],
                               backend="triton")
         from synodic.kernels.gdn_replay import gdn_replay_decode
-        if "_v2" in self.variant:
+        if "_per_head" in self.variant:
             return gdn_replay_decode(**self._cursor_cache(r), q=s["q"], k=s["k"], v=s["v"],
                                      g=s["g"], beta=s["beta"], slot_ids=s["slot_ids"], L=self.L, advance=False,
-                                     backend="triton", config=self.config, impl="v2", ring_by_cursor=self.ring,
+                                     backend="triton", config=self.config, impl="per_head", ring_by_cursor=self.ring,
                                      flush_config=self.flush, ring_dots=self.dots, split=self.split,
                                      overlap=self.overlap)
         return gdn_replay_decode(**self.c, q=s["q"], k=s["k"], v=s["v"], g=s["g"], beta=s["beta"],
@@ -313,16 +317,17 @@ def main(argv=None):
     ap.add_argument("--L", type=int, default=L_DEFAULT)
     ap.add_argument("--ops", default="mamba2,gdn")
     ap.add_argument("--sweep", default="", help="batches at which to time a few replay configs")
-    ap.add_argument("--ring-sweep", default="", help="batches at which to time the v2 kernels' default configs "
+    ap.add_argument("--ring-sweep", default="", help="batches at which to time the per-head kernels' default configs "
                     "reading the whole ring vs only the entries below the cursor (ring_by_cursor False / True)")
-    ap.add_argument("--dots-sweep", default="", help="batches at which to time the v2 kernels' default configs "
+    ap.add_argument("--dots-sweep", default="", help="batches at which to time the per-head kernels' default configs "
                     "without and with the key-head / group prologue (ring_dots False / True; Mamba-2: split steps)")
-    ap.add_argument("--stagger", action="store_true", help="add the v2 rows with staggered cursors (*_stag)")
-    ap.add_argument("--flush-sweep", default="", help="batches at which to time the split (dual) v2 rows over "
+    ap.add_argument("--stagger", action="store_true", help="add the per-head rows with staggered cursors (*_stag)")
+    ap.add_argument("--flush-sweep", default="", help="batches at which to time the split (dual) per-head rows over "
                     "flush launch configs (tiles per program)")
-    ap.add_argument("--overlap-sweep", default="", help="batches at which to time the split (dual) v2 rows with the "
+    ap.add_argument("--overlap-sweep", default="",
+                    help="batches at which to time the split (dual) per-head rows with the "
                     "flush launch in order / beside the output-only launch (overlap False / True)")
-    ap.add_argument("--split-sweep", default="", help="batches at which to time the dual v2 rows as one fused "
+    ap.add_argument("--split-sweep", default="", help="batches at which to time the dual per-head rows as one fused "
                     "launch / a split step (split False / True)")
     ap.add_argument("--sets", type=int, default=24, help="cycle through at least this many slot sets (default 24: "
                     "both presets' SSM layer count, so each ring is cold in L2 as in the engine; 0: only the 2x-L2 "
@@ -341,15 +346,16 @@ def main(argv=None):
     dots_batches = [int(b) for b in args.dots_sweep.split(",") if b]
     overlap_batches = [int(b) for b in args.overlap_sweep.split(",") if b]
     split_batches = [int(b) for b in args.split_sweep.split(",") if b]
-    stag = ((lambda vs: vs + [v + "_stag" for v in vs if v.endswith(("_v2", "_v2_row"))]) if args.stagger
+    stag = ((lambda vs: vs + [v + "_stag" for v in vs if v.endswith(("_per_head", "_per_head_row"))]) if args.stagger
             else (lambda vs: vs))
     ops = []
     if "mamba2" in args.ops:
-        ops.append((MambaCase, stag(["eager", "replay_fp32", "replay_dual_bf16", "replay_fp32_v2",
-                                     "replay_dual_bf16_v2", "replay_dual_bf16_v2_row"]), V2_SWEEP))
+        ops.append((MambaCase, stag(["eager", "replay_fp32", "replay_dual_bf16", "replay_fp32_per_head",
+                                     "replay_dual_bf16_per_head", "replay_dual_bf16_per_head_row"]), PER_HEAD_SWEEP))
     if "gdn" in args.ops:
         ops.append((GDNCase, stag(["eager", "replay_fp32_adjoint", "replay_fp32_state", "replay_dual_bf16_adjoint",
-                                   "replay_fp32_adjoint_v2", "replay_dual_bf16_adjoint_v2"]), G_V2_SWEEP))
+                                   "replay_fp32_adjoint_per_head", "replay_dual_bf16_adjoint_per_head"]),
+                                   G_PER_HEAD_SWEEP))
     res = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                command="python -m benchmarks.replay " + " ".join(argv if argv is not None
                                                                           else sys.argv[1:]),
@@ -386,19 +392,19 @@ def main(argv=None):
                 res["rows"].append(row)
                 print(f"{cls.op} {v:26s} b={batch:4d}: {us:8.1f} µs  {row['gbps']:6.0f} GB/s "
                       f"({row['pct_hbm']:5.1f} %)  x{row['speedup'] or 0:.2f}", flush=True)
-                if batch in sweep_batches and v.endswith(("_v2", "_v2_stag")):
+                if batch in sweep_batches and v.endswith(("_per_head", "_per_head_stag")):
                     _sweep(res, case, eager_us, "config", G_V2_SMALL_SWEEP if cls is GDNCase and batch <= 8 else grid)
-                if batch in ring_batches and "_v2" in v:
+                if batch in ring_batches and "_per_head" in v:
                     _sweep(res, case, eager_us, "ring", (False, True))
-                if batch in dots_batches and "_v2" in v and (cls is GDNCase or "dual" in v):
+                if batch in dots_batches and "_per_head" in v and (cls is GDNCase or "dual" in v):
                     _sweep(res, case, eager_us, "dots", (False, True, False, True))
-                if batch in flush_batches and "dual" in v and "_v2" in v and "_row" not in v:
+                if batch in flush_batches and "dual" in v and "_per_head" in v and "_row" not in v:
                     _sweep(res, case, eager_us, "flush", G_FLUSH_SWEEP if cls is GDNCase else M_FLUSH_SWEEP)
-                if batch in overlap_batches and "dual" in v and "_v2" in v:
+                if batch in overlap_batches and "dual" in v and "_per_head" in v:
                     case.split = True
                     _sweep(res, case, eager_us, "overlap", (False, True, False, True))
                     case.split = None
-                if batch in split_batches and "dual" in v and "_v2" in v:
+                if batch in split_batches and "dual" in v and "_per_head" in v:
                     _sweep(res, case, eager_us, "split", (False, True, False, True))
                 del case
                 torch.cuda.empty_cache()

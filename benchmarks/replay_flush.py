@@ -1,4 +1,4 @@
-"""Benchmark of the ReplaySSM v2 decode kernels split by step kind: a plain step (cursor 5: output-only route)
+"""Benchmark of the ReplaySSM per-head decode kernels split by step kind: a plain step (cursor 5: output-only route)
 vs the flush step (cursor L-1 = 15: the ring folded into the fp32 checkpoint, checkpoint and copy written),
 per tile / flush fold, fp32 and dual_bf16 checkpoints, Mamba-2 and GDN, against the eager kernels.
 
@@ -23,10 +23,10 @@ if not torch.cuda.is_available():
 
 from synodic.kernels.gdn_decode import gdn_decode  # noqa: E402
 from synodic.kernels.gdn_replay import gdn_replay_alloc  # noqa: E402
-from synodic.kernels.gdn_replay.decode_v2 import launch_decode_v2 as launch_gdn  # noqa: E402
+from synodic.kernels.gdn_replay.decode import launch_decode as launch_gdn  # noqa: E402
 from synodic.kernels.mamba2_decode import mamba2_decode  # noqa: E402
 from synodic.kernels.mamba2_replay import mamba2_replay_alloc  # noqa: E402
-from synodic.kernels.mamba2_replay.triton_v2 import launch_decode_v2 as launch_m2  # noqa: E402
+from synodic.kernels.mamba2_replay.decode import launch_decode as launch_m2  # noqa: E402
 
 L = 16
 # (config, split, flush config, cursor first): split = an output-only launch (config) + a flush launch (flush

@@ -4,7 +4,7 @@
     python -m benchmarks.tune_quant [--models nemotron_h_8b] [--formats mxfp4,nvfp4,mxfp8_e4m3]
         [--ms 1,2,4,16] [--out kernels/quant_linear/tuned/<GPU>.json] [--budget 600]
 
-Per (format, N, K, M): the heuristic's config (`triton_impl.resolve_config`, never the table) and candidates
+Per (format, N, K, M): the heuristic's config (`launch.resolve_config`, never the table) and candidates
 around it (its K split halved, doubled, quadrupled; for M >= 3 the format's other dotp tiles with their own
 split), every one checked against the torch reference first (rel. RMSE <= 2e-2) and timed as `bench_quant`
 times (one CUDA graph of calls cycling over weight copies > 4x L2). The three fastest are timed twice more in
@@ -55,7 +55,7 @@ def model_shapes(preset: str, fmt: str) -> dict[tuple[int, int], int]:
 
 def candidates(M: int, N: int, K: int, fmt: str, sms: int) -> list[dict]:
     """The heuristic's config first, then distinct alternatives (full configs, SPLIT_K included)."""
-    from synodic.kernels.quant_linear.triton_impl import _DOTP, resolve_config
+    from synodic.kernels.quant_linear.launch import _DOTP, resolve_config
 
     base = resolve_config(M, N, K, fmt, None, sms)
     out = [base]
@@ -99,7 +99,7 @@ def tune(shapes: list[tuple[str, int, int]], ms: list[int], path: Path, meta: di
     Returns the table's configs."""
     from synodic.kernels.quant_linear import quant_linear
     from synodic.kernels.quant_linear import tuned as tuned_mod
-    from synodic.kernels.quant_linear.triton_impl import _sms
+    from synodic.kernels.quant_linear.launch import _sms
 
     from benchmarks.quant_linear import _copies
     from synodic.quant import quantize

@@ -15,8 +15,9 @@ Then per batch it times
   * replay verify (if `synodic.kernels.mamba2_replay` / `gdn_replay` import): `*_replay_flush(min_room=T)`
     + `*_replay_verify` with write_pos = L/2 = 8 in a ring of L = 16 (the flush does not fire), same
     timing; its bytes are an estimate (checkpoint + 8 ring entries read, T entries written, window
-    inputs and outputs). The verify is the default impl ("v2", verify_v2.py); the v1 kernel is timed
-    as the extra variant "replay_verify_v1" (verify alone, CUDA graph: `replay_verify_v1_only_us_graph`).
+    inputs and outputs). The verify is the default impl ("per_head", verify.py); the head-group kernel is timed
+    as the extra variant "replay_verify_head_group" (verify alone, CUDA graph:
+    `replay_verify_head_group_only_us_graph`).
     `--sweep` times (impl, config) launch configs of both at the given batches (VERIFY_SWEEP).
 and prints the speedup replay/eager (= eager time / replay time, the faster of plain and graph for
 each). Prints a markdown table, writes JSON (rewritten after every row, so a cut-short run keeps
@@ -41,19 +42,21 @@ from benchmarks.ssm_decode import ROTATE_BYTES, _esize, rel_rmse
 from synodic.results.env import git_commit
 
 MAMBA = dict(H=128, P=64, N=128, G=8)
-# (impl, config): v2 = (BLOCK, num_warps[, gram[, maxnreg]]) (gram: group / key-head dot products in a
-# prologue kernel); v1 = (BLOCK, heads per program, num_warps, maxnreg)
-# (impl, config); v2 config = (BLOCK, warps, gram[, maxnreg[, dot]]). The 2026-11-30 sweep's losers are dropped:
-# Mamba-2 v2 without gram 1216-1275 us, v1 1593-2166; GDN (64, 2) 1423, (128, 8) 1777, v1 1540-3709 (batch 256);
+# (impl, config): per-head = (BLOCK, num_warps[, gram[, maxnreg]]) (gram: group / key-head dot products in a
+# prologue kernel); head-group = (BLOCK, heads per program, num_warps, maxnreg)
+# (impl, config); per-head config = (BLOCK, warps, gram[, maxnreg[, dot]]). The 2026-11-30 sweep's losers are dropped:
+# Mamba-2 per-head without gram 1216-1275 us, head-group 1593-2166; GDN (64, 2) 1423, (128, 8) 1777, head-group
+# 1540-3709 (batch 256);
 # 04:20-04:40 UTC: GDN (32, 1, gram) 1395, (16, 2, gram) 945, (16, 1, gram) 941, (8, 1, gram) 779;
 # with dot (16, 2) 1017, (32, 2) 667, (64, 1) 897, (64, 4) 827, (128, 2) 1269, (128, 4) 928.
-VERIFY_SWEEP = {"mamba2": [("v2", (64, 2, True)), ("v2", (32, 2, True)), ("v2", (64, 2, True, None, True)),
-                           ("v2", (64, 4, True, None, True)), ("v2", (32, 2, True, None, True)),
-                           ("v2", (64, 8, True, None, True)), ("v2", (32, 4, True, None, True))],
-                "gdn": [("v2", (32, 1, True, None, True)), ("v2", (64, 2, True, None, True)),
-                        ("v2", (32, 1, True, 128, True)), ("v2", (32, 1, True, 168, True)),
-                        ("v2", (32, 1, True, 255, True)), ("v2", (64, 2, True, 128, True)),
-                        ("v2", (16, 1, True, None, True))]}
+VERIFY_SWEEP = {"mamba2": [("per_head", (64, 2, True)), ("per_head", (32, 2, True)),
+                           ("per_head", (64, 2, True, None, True)),
+                           ("per_head", (64, 4, True, None, True)), ("per_head", (32, 2, True, None, True)),
+                           ("per_head", (64, 8, True, None, True)), ("per_head", (32, 4, True, None, True))],
+                "gdn": [("per_head", (32, 1, True, None, True)), ("per_head", (64, 2, True, None, True)),
+                        ("per_head", (32, 1, True, 128, True)), ("per_head", (32, 1, True, 168, True)),
+                        ("per_head", (32, 1, True, 255, True)), ("per_head", (64, 2, True, 128, True)),
+                        ("per_head", (16, 1, True, None, True))]}
 GDN = dict(HV=32, Hk=16, K=128, V=128)
 TINY_MAMBA = dict(H=6, P=8, N=16, G=3)
 TINY_GDN = dict(HV=4, Hk=2, K=16, V=8)
@@ -111,7 +114,7 @@ class MambaWindow:
         return mamba2_decode_window(self.state, **self.sets[r], **self.prm, backend=backend)
 
     def default_config(self):
-        from synodic.kernels.mamba2_decode.triton_impl import default_config
+        from synodic.kernels.mamba2_decode.head_group import default_config
         return default_config(STATE_DTYPE, self.shape["P"], self.shape["N"], self.batch * self.shape["H"])
 
     def bytes_moved(self):
@@ -142,7 +145,7 @@ class GDNWindow:
         return gdn_decode_window(self.state, **self.sets[r], backend=backend)
 
     def default_config(self):
-        from synodic.kernels.gdn_decode.triton_impl import default_config
+        from synodic.kernels.gdn_decode.head_group import default_config
         return default_config(STATE_DTYPE, self.shape["V"], self.shape["K"], self.batch * self.shape["HV"])
 
     def bytes_moved(self):
@@ -290,13 +293,14 @@ def check(cls, shape, T, device):
             y_rp = rp.call(0, "triton" if device == "cuda" else "ref")
             res["rel_rmse_replay_vs_window"] = rel_rmse(y_rp, y)
             ok = ok and res["rel_rmse_replay_vs_window"] < 1e-2
-            if device == "cuda":  # v2 with the prologue (a batch of 3 picks one launch) and v1, same window
+            # per-head with the prologue (a batch of 3 picks one launch) and head-group, same window
+            if device == "cuda":
                 rp.config = (64, 2, True)
                 res["rel_rmse_replay_gram_vs_window"] = rel_rmse(rp.call(0, "triton"), y)
-                rp.config, rp.impl = None, "v1"
-                res["rel_rmse_replay_v1_vs_window"] = rel_rmse(rp.call(0, "triton"), y)
+                rp.config, rp.impl = None, "head_group"
+                res["rel_rmse_replay_head_group_vs_window"] = rel_rmse(rp.call(0, "triton"), y)
                 rp.impl = "auto"
-                ok = (ok and res["rel_rmse_replay_v1_vs_window"] < 1e-2
+                ok = (ok and res["rel_rmse_replay_head_group_vs_window"] < 1e-2
                       and res["rel_rmse_replay_gram_vs_window"] < 1e-2)
         except Exception as exc:  # noqa: BLE001 - recorded, not fatal: the replay API is not ours
             res["replay_check_error"] = f"{type(exc).__name__}: {exc}"
@@ -370,7 +374,7 @@ def main(argv=None):
         res["checks"].append(c)
         print(f"check {c['kernel']:20s} rel_rmse out {c['rel_rmse_out']:.2e} state {c['rel_rmse_state']:.2e} "
               f"replay-vs-window {c.get('rel_rmse_replay_vs_window', float('nan')):.2e} "
-              f"(v1 {c.get('rel_rmse_replay_v1_vs_window', float('nan')):.2e}) "
+              f"(head-group {c.get('rel_rmse_replay_head_group_vs_window', float('nan')):.2e}) "
               f"{c.get('replay_check_error', '')} -> {'OK' if c['ok'] else 'FAIL'}", flush=True)
 
     res["admission"] = {cls.name: admission(cls.name, shape, T) for cls, shape in problems}
@@ -417,11 +421,11 @@ def main(argv=None):
             if rp is not None:
                 try:
                     row["replay_us"], row["replay_us_graph"] = time_plain(rp, rot), time_graph(rp, rot)
-                    row["replay_verify_only_us_graph"] = time_graph(rv, rot)  # default impl (v2)
-                    rv.impl = "v1"  # variant "replay_verify_v1"
-                    row["replay_verify_v1_only_us_graph"] = time_graph(rv, rot)
+                    row["replay_verify_only_us_graph"] = time_graph(rv, rot)  # default impl (per-head)
+                    rv.impl = "head_group"  # variant "replay_verify_head_group"
+                    row["replay_verify_head_group_only_us_graph"] = time_graph(rv, rot)
                     rv.impl = "auto"
-                    row["verify_v2_speedup_over_v1"] = (row["replay_verify_v1_only_us_graph"]
+                    row["verify_per_head_speedup_over_head_group"] = (row["replay_verify_head_group_only_us_graph"]
                                                         / row["replay_verify_only_us_graph"])
                     if batch in sweep_batches:  # verify launch configs: (impl, config)
                         row["verify_sweep"] = []
@@ -440,8 +444,8 @@ def main(argv=None):
                     row["speedup_replay_over_eager"] = best / rbest
                     row["replay_write_pos_ok"] = bool((rp.cache["write_pos"] == WRITE_POS).all())
                     msg += (f" | replay {rbest:.1f} µs -> speedup {row['speedup_replay_over_eager']:.2f}x"
-                            f" | verify v2 {row['replay_verify_only_us_graph']:.1f} µs,"
-                            f" v1 {row['replay_verify_v1_only_us_graph']:.1f} µs")
+                            f" | verify per-head {row['replay_verify_only_us_graph']:.1f} µs,"
+                            f" head-group {row['replay_verify_head_group_only_us_graph']:.1f} µs")
                 except Exception as exc:  # noqa: BLE001
                     row["replay_error"] = f"{type(exc).__name__}: {exc}"
                     msg += f" | replay error {row['replay_error']}"
@@ -456,14 +460,14 @@ def main(argv=None):
 
 def _write(res, path, quiet=False):
     lines = ["| kernel | batch | T | block, warps | µs | µs CUDA graph | bytes moved | GB/s | % of copy rate "
-             "| replay flush+verify µs (graph) | replay verify µs (graph) | replay verify v1 µs (graph) "
+             "| replay flush+verify µs (graph) | replay verify µs (graph) | replay verify head-group µs (graph) "
              "| speedup replay/eager |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         if "us" not in r:
             continue
         rep = (f"{min(r['replay_us'], r['replay_us_graph']):.1f} ({r['replay_us_graph']:.1f}) "
-               f"| {r['replay_verify_only_us_graph']:.1f} | {r['replay_verify_v1_only_us_graph']:.1f} "
+               f"| {r['replay_verify_only_us_graph']:.1f} | {r['replay_verify_head_group_only_us_graph']:.1f} "
                f"| {r['speedup_replay_over_eager']:.2f}x"
                if "speedup_replay_over_eager" in r else "- | - | - | -")
         lines.append(f"| {r['kernel']} | {r['batch']} | {r['T']} | {r['block']}, {r['num_warps']} "

@@ -1,6 +1,11 @@
 """Triton helpers shared by the kernels."""
+import os
+
 import triton
 import triton.language as tl
+
+# The Triton interpreter (TRITON_INTERPRET=1, the CPU tests) needs a few numerics spelled out (see the users).
+_INTERP = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @triton.jit
@@ -74,3 +79,96 @@ def _ring_mask(rl, dm, D: tl.constexpr, BD: tl.constexpr):
     else:
         m = rl[:, None] & dm[None, :]
     return m
+
+
+@triton.jit
+def _round_e4m3(v):
+    # fp32 -> fp32 holding the round-to-nearest-even float8_e4m3fn value (|v| <= 448). Used only
+    # under TRITON_INTERPRET, whose fp8 cast carries a rounded-up mantissa into the wrong exponent
+    # bit (halving e.g. 1.97 -> 1.0); a pre-rounded value converts exactly.
+    bits = v.to(tl.uint32, bitcast=True)
+    neg = (bits >> 31) != 0
+    bits = bits + (0x7FFFF + ((bits >> 20) & 1))
+    normal = ((bits >> 20) << 20).to(tl.float32, bitcast=True)
+    a = tl.abs(v)
+    sub = (a + 24576.0) - 24576.0  # subnormals (|v| < 2^-6): multiples of 2^-9, ties to even
+    sub = tl.where(neg, -sub, sub)
+    return tl.where(a < 0.015625, sub, normal)
+
+
+@triton.jit
+def _store_tile(ptr, sc_ptr, off, S, offs_p, pm, mask, IS_FP8: tl.constexpr, ROUND: tl.constexpr):
+    """fp32 tile -> state copy; fp8: per-row scale amax/448 (1 for a zero row), like replay_common.store_state.
+    ROUND (interpreter only): round in fp32 first, as the GPU's casts do (RTNE)."""
+    if IS_FP8:
+        sc = tl.max(tl.abs(S), axis=1) / 448.0
+        sc = tl.where(sc > 0.0, sc, 1.0)
+        q = tl.minimum(tl.maximum(S / sc[:, None], -448.0), 448.0)
+        if ROUND:
+            q = _round_e4m3(q)
+        tl.store(ptr + off, q.to(ptr.dtype.element_ty), mask=mask)
+        tl.store(sc_ptr + offs_p, sc, mask=pm)
+    else:
+        if ROUND:
+            S = _round_bf16(S)
+        tl.store(ptr + off, S.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fold_bf16x3(acc, a, b):
+    """acc + a @ b for a bf16-valued b (a bf16 ring): a [BP, LP] fp32 split into three bf16 parts (hi + mid + lo
+    hold its 24 bits, so each product is the fp32 one) on bf16 tensor cores, accumulated in fp32 into acc.
+    Why not tf32x3: it also splits b (exact in bf16 already) and adds the dot result to S in another layout;
+    with acc = the decayed checkpoint the tile stays in the MMA layout. The Triton interpreter's bf16 dot is
+    wrong (3.9): there the parts go through an fp32 dot (the same products)."""
+    a1 = a.to(tl.bfloat16)
+    r = a - a1.to(tl.float32)
+    a2 = r.to(tl.bfloat16)
+    a3 = (r - a2.to(tl.float32)).to(tl.bfloat16)
+    if _INTERP:
+        bf = b.to(tl.bfloat16).to(tl.float32)
+        acc = tl.dot(a1.to(tl.float32), bf, acc, input_precision="ieee")
+        acc = tl.dot(a2.to(tl.float32), bf, acc, input_precision="ieee")
+        acc = tl.dot(a3.to(tl.float32), bf, acc, input_precision="ieee")
+    else:
+        bb = b.to(tl.bfloat16)
+        acc = tl.dot(a1, bb, acc)
+        acc = tl.dot(a2, bb, acc)
+        acc = tl.dot(a3, bb, acc)
+    return acc
+
+
+@triton.jit
+def _serial_fold(S, a_ptrs, b_ptrs, d_ptr, a_step, b_step, n, coef, am, bm, L, SCALE_BY_D: tl.constexpr):
+    """The eager recurrence over ring entries j < n, in order, on an fp32 register tile:
+    Mamba-2 (SCALE_BY_D): S <- e^{coef d_j} S + (d_j a_j) b_j^T ; GDN: S <- e^{d_j} S + a_j b_j^T.
+    Register-light (no dot operands), next entry prefetched; used by every flush."""
+    aj = tl.load(a_ptrs, mask=am, other=0.0).to(tl.float32)
+    bj = tl.load(b_ptrs, mask=bm, other=0.0).to(tl.float32)
+    dj = tl.load(d_ptr)
+    for j in range(0, n):
+        jn = tl.minimum(j + 1, L - 1)  # in-bounds prefetch; unused after the last entry
+        an = tl.load(a_ptrs + jn * a_step, mask=am, other=0.0).to(tl.float32)
+        bn = tl.load(b_ptrs + jn * b_step, mask=bm, other=0.0).to(tl.float32)
+        dn = tl.load(d_ptr + jn)
+        if SCALE_BY_D:
+            S = tl.exp(coef * dj) * S + (dj * aj)[:, None] * bj[None, :]
+        else:
+            S = tl.exp(dj) * S + aj[:, None] * bj[None, :]
+        aj = an
+        bj = bn
+        dj = dn
+    return S
+
+
+@triton.jit
+def _store_state(ptr, sc_ptr, off, S, offs_p, pm, mask, IS_FP8: tl.constexpr):
+    if IS_FP8:
+        amax = tl.max(tl.abs(S), axis=1)
+        sc = amax / 448.0
+        sc = tl.where(sc > 0.0, sc, 1.0)
+        q = tl.minimum(tl.maximum(S / sc[:, None], -448.0), 448.0)
+        tl.store(ptr + off, q.to(ptr.dtype.element_ty), mask=mask)
+        tl.store(sc_ptr + offs_p, sc, mask=pm)
+    else:
+        tl.store(ptr + off, S.to(ptr.dtype.element_ty), mask=mask)

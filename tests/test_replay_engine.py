@@ -42,13 +42,13 @@ def test_split_step_matches_fused(monkeypatch):
     skipping flushing rows, then the flush launch) gives the fused kernel's greedy tokens; the tiny model has too
     few rows for the split by default, so the rule is forced on."""
     import torch
-    from synodic.kernels.mamba2_replay import triton_v2
+    from synodic.kernels.mamba2_replay import decode as m2_decode
 
     over = ["model=tiny_mamba2", "ssm=replay", "ssm.precision=dual_bf16", "ssm.kernel=triton", "ssm.ring_len=4"]
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # Triton kernels: the GPU, else the interpreter
     _, fused = _serve(over, 12, dev)
     launches = []
-    kernel = triton_v2._mamba2_replay_decode_v2_kernel
+    kernel = m2_decode._mamba2_replay_decode_kernel
 
     class Spy:
         def __getitem__(self, grid):
@@ -57,8 +57,8 @@ def test_split_step_matches_fused(monkeypatch):
                 return kernel[grid](*a, **kw)
             return launch
 
-    monkeypatch.setattr(triton_v2, "split_default", lambda ckpt_lo, rows: ckpt_lo is not None)
-    monkeypatch.setattr(triton_v2, "_mamba2_replay_decode_v2_kernel", Spy())
+    monkeypatch.setattr(m2_decode, "split_default", lambda ckpt_lo, rows: ckpt_lo is not None)
+    monkeypatch.setattr(m2_decode, "_mamba2_replay_decode_kernel", Spy())
     _, split = _serve(over, 12, dev)
     assert (1, True) in launches and (2, False) in launches and all(r != 0 for r, _ in launches)
     assert [r.output_ids for r in split] == [r.output_ids for r in fused]

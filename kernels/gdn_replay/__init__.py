@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import pick_backend
-from ..mamba2_replay.common import (
+from ..replay_common import (
     check_ring,
     check_state_pair,
     is_fp8,
@@ -76,22 +76,22 @@ def gdn_replay_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
     post-sigmoid -> o [b,HV,V] (v dtype), equal to eager ``gdn_decode``. Appends (u, k, g) at
     ring[write_pos]; at write_pos >= L-1 flushes instead (ckpt and ckpt_lo written, wp <- 0).
 
-    ``impl`` (Triton): "v2" = the eager-shaped adjoint kernel of ``decode_v2`` (config = (BLOCK_V,
-    warps); never moves write_pos, so ``advance=False``), "v1" = the kernel of ``triton_impl`` (both
-    routes, moves the cursor itself when ``advance``), "auto" = v2 for the adjoint route with
-    ``advance=False``, else v1. ``split`` (v2): one fused launch (False) or an output-only launch plus a
-    flush launch (True); None = ``decode_v2.split_default``. ``ring_by_cursor`` (v2): read the cursor before the
-    ring so only written entries move; None = ``mamba2_replay.common.ring_by_cursor_default``. ``ring_dots`` (v2):
+    ``impl`` (Triton): "per_head" = the eager-shaped adjoint kernel of ``decode`` (config = (BLOCK_V,
+    warps); never moves write_pos, so ``advance=False``), "head_group" = the kernel of ``head_group`` (both
+    routes, moves the cursor itself when ``advance``), "auto" = per-head for the adjoint route with
+    ``advance=False``, else head-group. ``split`` (per-head): one fused launch (False) or an output-only launch plus a
+    flush launch (True); None = ``decode.split_default``. ``ring_by_cursor`` (per-head): read the cursor before the
+    ring so only written entries move; None = ``replay_common.ring_by_cursor_default``. ``ring_dots`` (per-head):
     the key-head dot products once per (row, key head) in a prologue launch; None =
-    ``mamba2_replay.common.ring_dots_default``. ``overlap`` (v2, split): the flush launch on a side stream beside
-    the output-only launch; None = ``mamba2_replay.common.overlap_default``."""
+    ``replay_common.ring_dots_default``. ``overlap`` (per-head, split): the flush launch on a side stream beside
+    the output-only launch; None = ``replay_common.overlap_default``."""
     state_route = _route(route)
-    if impl not in ("auto", "v1", "v2"):
-        raise ValueError(f"impl: expected 'auto', 'v1' or 'v2', got {impl!r}")
+    if impl not in ("auto", "head_group", "per_head"):
+        raise ValueError(f"impl: expected 'auto', 'head_group' or 'per_head', got {impl!r}")
     if impl == "auto":
-        impl = "v1" if advance or state_route else "v2"
-    if impl == "v2" and (advance or state_route):
-        raise ValueError("impl='v2' is the adjoint route and never moves write_pos: call it with "
+        impl = "head_group" if advance or state_route else "per_head"
+    if impl == "per_head" and (advance or state_route):
+        raise ValueError("impl='per_head' is the adjoint route and never moves write_pos: call it with "
                          "route='adjoint', advance=False (then replay_advance)")
     _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
     if pick_backend(backend, ckpt) == "ref":
@@ -101,13 +101,13 @@ def gdn_replay_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
                                      advance=advance)
     q, k, v = _inner(q), _inner(k), _inner(v)
     o = torch.empty_like(v)
-    if impl == "v2":
-        from .decode_v2 import launch_decode_v2
-        return launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, L=L,
+    if impl == "per_head":
+        from .decode import launch_decode
+        return launch_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, L=L,
                                 scale=scale, use_qk_l2norm=use_qk_l2norm, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
                                 ckpt_lo_scale=ckpt_lo_scale, config=config, split=split, flush_config=flush_config,
                                 ring_by_cursor=ring_by_cursor, ring_dots=ring_dots, overlap=overlap)
-    from .triton_impl import MODE_DECODE, launch
+    from .head_group import MODE_DECODE, launch
     launch(MODE_DECODE, ckpt, ring_u, ring_k, ring_g, write_pos, q.unsqueeze(1), k.unsqueeze(1),
            v.unsqueeze(1), g.unsqueeze(1), beta.unsqueeze(1), slot_ids, o.unsqueeze(1), L=L, T=1, scale=scale,
            use_qk_l2norm=use_qk_l2norm, route_state=state_route, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
@@ -123,11 +123,11 @@ def gdn_replay_verify(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
     ((I + A) U = R, A_sr = beta_s e^{G_s-G_r} k_s.k_r); no intermediate state is formed. Writes
     (u, k, g) of the window at ring[write_pos : write_pos+T] (caller guarantees write_pos + T <= L);
     write_pos and the checkpoint are untouched. Follow with ``replay_commit``.
-    ``impl`` (Triton): "v2" = the eager-shaped kernels of ``verify_v2`` (one value head per program,
+    ``impl`` (Triton): "per_head" = the eager-shaped kernels of ``verify`` (one value head per program,
     state tile read once, ring loaded without waiting for the cursor, key-head dot products in a
-    prologue kernel at larger batches; config = (BLOCK_V, num_warps[, gram[, maxnreg]])), "v1" = the
-    ``triton_impl`` kernel (config = (BLOCK_V, heads per program, num_warps[, maxnreg])); "auto" = v2."""
-    impls = ("auto", "v1", "v2")
+    prologue kernel at larger batches; config = (BLOCK_V, num_warps[, gram[, maxnreg]])), "head_group" = the
+    ``head_group`` kernel (config = (BLOCK_V, heads per program, num_warps[, maxnreg])); "auto" = per-head."""
+    impls = ("auto", "head_group", "per_head")
     if impl not in impls:
         raise ValueError(f"impl: expected one of {impls}, got {impl!r}")
     _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
@@ -140,12 +140,12 @@ def gdn_replay_verify(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
                                      ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale)
     q, k, v = _inner(q), _inner(k), _inner(v)
     o = torch.empty_like(v)
-    if impl != "v1":
-        from .verify_v2 import launch_verify_v2
-        return launch_verify_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, L=L,
+    if impl != "head_group":
+        from .verify import launch_verify
+        return launch_verify(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, L=L,
                                 scale=scale, use_qk_l2norm=use_qk_l2norm, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
                                 ckpt_lo_scale=ckpt_lo_scale, config=config)
-    from .triton_impl import MODE_VERIFY, launch
+    from .head_group import MODE_VERIFY, launch
     launch(MODE_VERIFY, ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, L=L, T=T,
            scale=scale, use_qk_l2norm=use_qk_l2norm, route_state=False, ckpt_scale=ckpt_scale,
            ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale, advance=False, config=config)
@@ -164,7 +164,7 @@ def gdn_replay_flush(ckpt, ring_u, ring_k, ring_g, write_pos, slot_ids, *, L: in
         return gdn_replay_flush_ref(ckpt, ring_u, ring_k, ring_g, write_pos, slot_ids, L=L, min_room=min_room,
                                     ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale,
                                     advance=advance)
-    from .triton_impl import MODE_FLUSH, launch
+    from .head_group import MODE_FLUSH, launch
     launch(MODE_FLUSH, ckpt, ring_u, ring_k, ring_g, write_pos, None, None, None, None, None, slot_ids, None,
            L=L, T=1, scale=None, use_qk_l2norm=True, route_state=False, ckpt_scale=ckpt_scale,
            ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale, advance=advance, min_room=min_room, config=config)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..mamba2_replay.common import dequantize, store_state
+from ..replay_common import dequantize, store_state
 
 
 def l2norm(t: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import pick_backend
-from .common import check_ring, check_state_pair, is_fp8, replay_advance, replay_commit, replay_flush_reset
+from ..replay_common import check_ring, check_state_pair, is_fp8, replay_advance, replay_commit, replay_flush_reset
 from .ref import mamba2_replay_decode_ref, mamba2_replay_flush_ref, mamba2_replay_verify_ref
 
 __all__ = ["mamba2_replay_decode", "mamba2_replay_verify", "mamba2_replay_flush", "mamba2_replay_alloc",
@@ -54,13 +54,13 @@ def _inner(t):
     return t if t is None or t.stride(-1) == 1 else t.contiguous()
 
 
-VERIFY_IMPLS = ("auto", "v1", "v2")
+VERIFY_IMPLS = ("auto", "head_group", "per_head")
 
 
 def _verify_impl(impl: str) -> str:
     if impl not in VERIFY_IMPLS:
         raise ValueError(f"impl: expected one of {VERIFY_IMPLS}, got {impl!r}")
-    return "v2" if impl == "auto" else impl
+    return "per_head" if impl == "auto" else impl
 
 
 def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
@@ -72,36 +72,37 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
     """One decode step per row: x [b,H,P], dt [b,H] raw, B/C [b,G,N], z [b,H,P] or None,
     A/D/dt_bias [H], slot_ids [b] -> y [b,H,P] (x dtype), equal to eager ``mamba2_decode``
     (dt = softplus(dt + dt_bias); y = S.C + D x, times silu(z) when z is given).
-    ``impl="v2"`` (Triton) is the eager-shaped kernel of ``triton_v2`` (config = (BLOCK_P, warps));
-    it only reads the cursor, so it needs ``advance=False``. Same semantics as "v1", which moves the
-    cursor itself (atomic ticket). "auto": v2 when ``advance=False`` (the engine's mode; 1.78x the eager
-    kernel at batch 256 vs v1's 1.13x on the H200), else v1. ``split`` (v2): one fused launch (False) or an
+    ``impl="per_head"`` (Triton) is the eager-shaped kernel of ``decode`` (config = (BLOCK_P, warps));
+    it only reads the cursor, so it needs ``advance=False``. Same semantics as "head_group", which moves the
+    cursor itself (atomic ticket). "auto": per-head when ``advance=False`` (the engine's mode; 1.78x the eager
+    kernel at batch 256 vs head-group's 1.13x on the H200), else head-group. ``split`` (per-head): one fused launch
+    (False) or an
     output-only launch plus a flush launch (True, launch config ``flush_config``); None =
-    ``triton_v2.split_default``. ``row_wp`` (v2, optional): write_pos[slot_ids] as int32 [b], gathered once
+    ``decode.split_default``. ``row_wp`` (per-head, optional): write_pos[slot_ids] as int32 [b], gathered once
     per step by the caller; lets a split step's output-only launch skip flushing rows without waiting.
-    ``ring_dots`` (v2, split): the group's B . C products from a prologue launch; None =
-    ``common.ring_dots_default``. ``overlap`` (v2, split): the flush launch on a side stream beside the
-    output-only launch; None = ``common.overlap_default``."""
-    if impl not in ("auto", "v1", "v2"):
-        raise ValueError(f"impl: expected 'auto', 'v1' or 'v2', got {impl!r}")
+    ``ring_dots`` (per-head, split): the group's B . C products from a prologue launch; None =
+    ``replay_common.ring_dots_default``. ``overlap`` (per-head, split): the flush launch on a side stream beside the
+    output-only launch; None = ``replay_common.overlap_default``."""
+    if impl not in ("auto", "head_group", "per_head"):
+        raise ValueError(f"impl: expected 'auto', 'head_group' or 'per_head', got {impl!r}")
     if impl == "auto":
-        impl = "v1" if advance else "v2"
-    if impl == "v2" and advance:
-        raise ValueError("impl='v2' never moves write_pos: call it with advance=False (then replay_advance)")
+        impl = "head_group" if advance else "per_head"
+    if impl == "per_head" and advance:
+        raise ValueError("impl='per_head' never moves write_pos: call it with advance=False (then replay_advance)")
     _check_cache(ckpt, ring_x, ring_dt, ring_B, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
     if pick_backend(backend, ckpt) == "ref":
         return mamba2_replay_decode_ref(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias,
                                         slot_ids, z, L=L, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
                                         ckpt_lo_scale=ckpt_lo_scale, advance=advance)
-    if impl == "v2":
-        from .triton_v2 import launch_decode_v2
+    if impl == "per_head":
+        from .decode import launch_decode
         x, B, C, z = _inner(x), _inner(B), _inner(C), _inner(z)
-        return launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
+        return launch_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
                                 z, torch.empty_like(x), L=L, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
                                 ckpt_lo_scale=ckpt_lo_scale, config=config, split=split, flush_config=flush_config,
                                 row_wp=row_wp, ring_by_cursor=ring_by_cursor, ring_dots=ring_dots,
                                 overlap=overlap)
-    from .triton_impl import MODE_DECODE, launch
+    from .head_group import MODE_DECODE, launch
     x, B, C, z = _inner(x), _inner(B), _inner(C), _inner(z)
     y = torch.empty_like(x)
     # decode = verify-shaped launch with T = 1: give the inputs a unit window axis
@@ -119,10 +120,10 @@ def mamba2_replay_verify(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
     y [b,T,H,P], from (ckpt or ckpt_lo, ring[:write_pos], window). Writes the window's entries at
     ring[write_pos : write_pos+T] (caller guarantees write_pos + T <= L); write_pos and the
     checkpoint are not touched. Follow with ``replay_commit``.
-    ``impl`` (Triton): "v2" = the eager-shaped kernels of ``verify_v2`` (one head per program, state
+    ``impl`` (Triton): "per_head" = the eager-shaped kernels of ``verify`` (one head per program, state
     tile read once, ring loaded without waiting for the cursor, group-level B.C products in a prologue
-    kernel at larger batches; config = (BLOCK_P, num_warps[, gram[, maxnreg]])), "v1" = the
-    ``triton_impl`` kernel (config = (BLOCK_P, heads per program, num_warps[, maxnreg])); "auto" = v2."""
+    kernel at larger batches; config = (BLOCK_P, num_warps[, gram[, maxnreg]])), "head_group" = the
+    ``head_group`` kernel (config = (BLOCK_P, heads per program, num_warps[, maxnreg])); "auto" = per-head."""
     impl = _verify_impl(impl)
     _check_cache(ckpt, ring_x, ring_dt, ring_B, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
     T = x.shape[1]
@@ -134,12 +135,12 @@ def mamba2_replay_verify(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
                                         ckpt_lo_scale=ckpt_lo_scale)
     x, B, C, z = _inner(x), _inner(B), _inner(C), _inner(z)
     y = torch.empty_like(x)
-    if impl == "v2":
-        from .verify_v2 import launch_verify_v2
-        return launch_verify_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z,
+    if impl == "per_head":
+        from .verify import launch_verify
+        return launch_verify(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z,
                                 y, L=L, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale,
                                 config=config)
-    from .triton_impl import MODE_VERIFY, launch
+    from .head_group import MODE_VERIFY, launch
     launch(MODE_VERIFY, ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y,
            L=L, T=T, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale, advance=False,
            config=config)
@@ -159,7 +160,7 @@ def mamba2_replay_flush(ckpt, ring_x, ring_dt, ring_B, write_pos, A, slot_ids, *
         return mamba2_replay_flush_ref(ckpt, ring_x, ring_dt, ring_B, write_pos, A, slot_ids, L=L,
                                        min_room=min_room, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
                                        ckpt_lo_scale=ckpt_lo_scale, advance=advance)
-    from .triton_impl import MODE_FLUSH, launch
+    from .head_group import MODE_FLUSH, launch
     launch(MODE_FLUSH, ckpt, ring_x, ring_dt, ring_B, write_pos, None, None, A, None, None, None, None,
            slot_ids, None, None, L=L, T=1, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo,
            ckpt_lo_scale=ckpt_lo_scale, advance=advance, min_room=min_room, config=config)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .common import dequantize, store_state
+from ..replay_common import dequantize, store_state
 
 
 def _history(ring_x, ring_dt, ring_B, s, n, hpg):

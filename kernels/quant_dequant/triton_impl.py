@@ -14,14 +14,13 @@ import triton
 import triton.language as tl
 
 from .._tl import _round_bf16
-from ..quant_linear.codec import _e4m3, _e5m2, _scale
-from ..quant_linear.triton_impl import FMT_IDS
+from ..quant_linear.codec import FMT_IDS, _e4m3, _e5m2, _scale
 
 
 @triton.jit
 def _e2m1(c):
     """int32 E2M1 codes (0..15) -> fp32: e = 0 is m * 0.5, else 2^(e-1) (1 + m / 2); sign by an integer OR.
-    The exact value itself (not triton_impl's _bits_lo / _bits_hi, value * 2^-126 for kernels whose scale carries
+    The exact value itself (not quant_linear.dot's _bits_lo / _bits_hi, value * 2^-126 for kernels whose scale carries
     the 2^126): here it meets an arbitrary fp32 block scale, as in the reference."""
     e = (c >> 1) & 3
     m = c & 1

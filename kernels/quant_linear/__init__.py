@@ -12,8 +12,8 @@ W8A16) or 'mxfp4' (activations fake-quantized in-kernel to MXFP4, 'floor' scale 
 The weights are dequantized in registers, so decode reads ~4.25 bits (MXFP4) / 4.5 bits (NVFP4) per
 weight instead of 16. Backends: "auto" (Triton on CUDA tensors, reference otherwise) | "triton" | "ref".
 
-Kernels (triton_impl, gemvh): "gemvh" (CUDA-core GEMV for one or two rows with fp16x2 FMAs), "gemv32" (the
-same from fp32 arithmetic, one row), "dotp" and "dot" (tl.dot, any M); the default config takes gemvh for M <= 2
+Kernels (dot.py, dotp.py, gemv32.py, gemvh.py; picked in launch.py): "gemvh" (CUDA-core GEMV for one or two
+rows with fp16x2 FMAs), "gemv32" (the same from fp32 arithmetic, one row), "dotp" and "dot" (tl.dot, any M); the default config takes gemvh for M <= 2
 with bf16 / fp16 activations, gemv32 for one fp32 row, dotp above. Measured on an H200 (bench_quant.py,
 2026-11-30, bf16 activations, weights read from HBM, 4096x14336 and 14336x4096): M = 1 "gemvh" 2.1-2.3x the bf16
 F.linear for MXFP4, 1.6-1.8x NVFP4, 1.5-1.7x MXFP8 (gemv32: 1.41-1.47x, 1.41-1.47x, 1.03-1.09x); M = 2 gemvh
@@ -63,7 +63,7 @@ def quant_linear(x: torch.Tensor, q, s: torch.Tensor | None = None, bias: torch.
     """x [..., K] (bf16 / fp16 / fp32) -> y [..., N] in x.dtype. `config` overrides the Triton launch
     config (KERNEL dot | gemv32 | dotp | gemvh, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, SEM (in-kernel
     split-K reduction), BLOCK_M (dot, dotp: rows per tile; gemvh: 1 or 2), and for dot TWO_MUL (exact decode for
-    any block scale); see triton_impl.resolve_config; for MXFP8, FP8_CVT=True decodes with the hardware fp8
+    any block scale); see launch.resolve_config; for MXFP8, FP8_CVT=True decodes with the hardware fp8
     conversion in dot)."""
     _check(x, q, s, bias, act_quant)
     if backend == "auto":
@@ -76,7 +76,7 @@ def quant_linear(x: torch.Tensor, q, s: torch.Tensor | None = None, bias: torch.
         raise ValueError(f"q.fmt={q.fmt!r}: the kernel reads {', '.join(KERNEL_FORMATS)}; use backend='ref'")
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("backend: 'triton' needs CUDA tensors (or TRITON_INTERPRET=1); use 'ref' or 'auto'")
-    from .triton_impl import quant_linear_triton
+    from .launch import quant_linear_triton
     N, K = q.shape
     x2d = x.reshape(-1, K).contiguous()
     p = None if q.tensor_scale is None else q.tensor_scale.reshape(1).to(torch.float32)

@@ -1,5 +1,5 @@
 """Element decoders, the in-kernel MXFP4 activation quantizer and the split-K output store, shared by the
-quant_linear kernels (`triton_impl`: dot, dotp, gemv32; `gemvh`)."""
+quant_linear kernels (`dot`, `dotp`, `gemv32`, `gemvh`; launched from `launch`)."""
 from __future__ import annotations
 
 import triton
@@ -124,3 +124,6 @@ def _shl(w, S: tl.constexpr):
         return w << S
     else:
         return w >> (-S)
+
+
+FMT_IDS = {"mxfp4": 0, "nvfp4": 1, "mxfp8_e4m3": 2, "mxfp8_e5m2": 3}  # the kernels' FMT constexpr

@@ -14,7 +14,7 @@ from synodic.kernels.mamba2_replay import (
     replay_commit,
     replay_flush_reset,
 )
-from synodic.kernels.mamba2_replay.common import store_state
+from synodic.kernels.replay_common import store_state
 
 from .base import StateBackend
 

@@ -13,7 +13,7 @@ TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin
 CODE = """
 import json
 from benchmarks import reg_usage
-from synodic.kernels.mamba2_replay.triton_v2 import FOLDS, _mamba2_replay_decode_v2_kernel as m2
+from synodic.kernels.mamba2_replay.decode import FOLDS, _mamba2_replay_decode_kernel as m2
 ptrs = dict(reg_usage.M2_PTRS, lo_ptr="*bf16")
 c = dict(H=128, G=8, P=64, N=128, L=16, LP=16, BP=64, BN=128, HAS_Z=True, FOLD=FOLDS["tf32x3"], TPP=1,
          HAS_LO=True, CK_FP8=False, LO_FP8=False, ROUND_CK=False, ROUND_LO=False, ROUND_OUT=False)
@@ -35,8 +35,8 @@ def test_output_only_launch_needs_fewer_registers():
 GDN_CODE = """
 import json
 from benchmarks import reg_usage
-from synodic.kernels.gdn_replay.decode_v2 import _gdn_replay_decode_v2_kernel as gdn
-from synodic.kernels.mamba2_replay.triton_v2 import FOLDS
+from synodic.kernels.gdn_replay.decode import _gdn_replay_decode_kernel as gdn
+from synodic.kernels.mamba2_replay.decode import FOLDS
 ptrs = dict(reg_usage.GDN_PTRS, lo_ptr="*fp32")
 c = dict(HV=32, Hk=16, V=128, K=128, L=16, LP=16, BV=32, BK=128, USE_L2=True, ROUND_RU=False, ROUND_RK=False,
          TPP=1, RW=2 * 128 + 2 * 16 + 8, HAS_LO=False, CK_FP8=False, LO_FP8=False, ROUND_CK=False, ROUND_LO=False,
@@ -63,7 +63,7 @@ def test_gdn_ring_dots_compiles_and_frees_registers():
 M2_DOTS_CODE = """
 import json
 from benchmarks import reg_usage
-from synodic.kernels.mamba2_replay.triton_v2 import FOLDS, _mamba2_replay_decode_v2_kernel as m2
+from synodic.kernels.mamba2_replay.decode import FOLDS, _mamba2_replay_decode_kernel as m2
 ptrs = dict(reg_usage.M2_PTRS, lo_ptr="*bf16")
 c = dict(H=128, G=8, P=64, N=128, L=16, LP=16, BP=64, BN=128, HAS_Z=True, FOLD=FOLDS["tf32x3"], TPP=1, ROUTE=1,
          HAS_LO=True, CK_FP8=False, LO_FP8=False, ROUND_CK=False, ROUND_LO=False, ROUND_OUT=False, RW=18,

@@ -3,7 +3,7 @@ import json
 
 import pytest
 import torch
-from synodic.kernels.quant_linear.triton_impl import resolve_config
+from synodic.kernels.quant_linear.launch import resolve_config
 
 from benchmarks import tune_quant
 

@@ -1,7 +1,7 @@
-"""Fixtures shared by the ReplaySSM v2 kernel tests (decode and verify, Mamba-2 and GDN)."""
+"""Fixtures shared by the ReplaySSM per-head kernel tests (decode and verify, Mamba-2 and GDN)."""
 import torch
 from kernel_errors import rel_max, rel_rmse
-from synodic.kernels.mamba2_replay.common import dequantize, quantize_rows_fp8, store_state
+from synodic.kernels.replay_common import dequantize, quantize_rows_fp8, store_state
 
 MODES = {  # name: (ckpt dtype, low-precision copy dtype)
     "fp32": (torch.float32, None),
@@ -40,7 +40,7 @@ def rows_for(step):
 
 
 def check_checkpoints(c, c_ref, mode, step):
-    """Decode v2 vs the reference after one step: the fp32 checkpoint exact, the bf16 copy within one
+    """Decode per-head vs the reference after one step: the fp32 checkpoint exact, the bf16 copy within one
     ulp, fp8 states (dequantised) and their per-row scales close."""
     if MODES[mode][0] == torch.float32:
         assert rel_max(c["ckpt"], c_ref["ckpt"]) <= 1e-5, step

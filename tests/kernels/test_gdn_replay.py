@@ -16,7 +16,7 @@ from synodic.kernels.gdn_replay import (
     gdn_replay_verify,
     replay_commit,
 )
-from synodic.kernels.mamba2_replay.common import quantize_rows_fp8, store_state
+from synodic.kernels.replay_common import quantize_rows_fp8, store_state
 
 HV, HK, V, K = 6, 3, 5, 7
 SLOTS = 4

@@ -48,7 +48,7 @@ def fresh(device, L, gen, dtype=torch.float32, ckpt_dtype=torch.float32, lo_dtyp
                             device=device)
     S = torch.randn(SLOTS, H, P, N, generator=gen).to(device) * 0.5
     if ckpt_dtype == torch.float8_e4m3fn:
-        from synodic.kernels.mamba2_replay.common import quantize_rows_fp8
+        from synodic.kernels.replay_common import quantize_rows_fp8
         q, sc = quantize_rows_fp8(S)
         c["ckpt"].copy_(q)
         c["ckpt_scale"].copy_(sc)
@@ -57,7 +57,7 @@ def fresh(device, L, gen, dtype=torch.float32, ckpt_dtype=torch.float32, lo_dtyp
         c["ckpt"].copy_(S.to(ckpt_dtype))
         S = c["ckpt"].float()
     if lo_dtype is not None:
-        from synodic.kernels.mamba2_replay.common import store_state
+        from synodic.kernels.replay_common import store_state
         store_state(c["ckpt_lo"], c.get("ckpt_lo_scale"), S)
     for k in ("ring_x", "ring_B"):
         c[k].fill_(float("nan"))  # unwritten ring entries must never be read

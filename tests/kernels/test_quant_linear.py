@@ -8,8 +8,9 @@ import triton
 import triton.language as tl
 from kernel_errors import rel_rmse
 from synodic.kernels.quant_linear import quant_linear
-from synodic.kernels.quant_linear.codec import _decode, _e8m0
-from synodic.kernels.quant_linear.triton_impl import FMT_IDS, _bits8, _bits_hi, _bits_lo, _fold, _pair32
+from synodic.kernels.quant_linear.codec import FMT_IDS, _decode, _e8m0
+from synodic.kernels.quant_linear.dot import _bits8, _bits_hi, _bits_lo, _fold
+from synodic.kernels.quant_linear.gemv32 import _pair32
 
 from synodic.quant import QuantLinear, quantize
 
@@ -214,7 +215,7 @@ V2_CASES = [  # fmt, N, K, M, dtype, act_quant, config
 
 @pytest.mark.parametrize("fmt,N,K,M,dtype,act,config", V2_CASES)
 def test_kernels_match_ref(fmt, N, K, M, dtype, act, config, device, nan_empty):
-    from synodic.kernels.quant_linear.triton_impl import _CNT
+    from synodic.kernels.quant_linear.launch import _CNT
     w, x, s, b = make(N, K, M, dtype, device, seed=N * K + M + 1)
     q = quantize(w, fmt)
     y_ref = quant_linear(x, q, s, b, act_quant=act, backend="ref")
@@ -253,7 +254,8 @@ V2_SCALES = {  # block-scale codes inside the documented exact range (E8M0 2^-61
 def test_v2_decode_bit_exact(fmt, hi, device):
     """Every code byte (both nibbles of a 4-bit byte): decode * folded scale == dequantize() * 2^-64 bit for bit,
     NaN where it is NaN (the tl.dot path's weights; the accumulator is multiplied by 2^64 at the end)."""
-    from synodic.kernels.quant_linear.triton_impl import _DSH, _code_shift
+    from synodic.kernels.quant_linear.dot import _DSH
+    from synodic.kernels.quant_linear.launch import _code_shift
 
     from synodic.quant import QTensor, dequantize
     codes = torch.arange(256, dtype=torch.uint8, device=device)
@@ -296,7 +298,7 @@ def test_gemv32_matches_ref(fmt, N, K, dtype, act, with_sb, config, device, nan_
 
 def check_kernel_matches_ref(kernel, fmt, N, K, M, dtype, act, with_sb, config, device, seed):
     """KERNEL=kernel against the reference, twice (the split-K counters must be back at zero after a call)."""
-    from synodic.kernels.quant_linear.triton_impl import _CNT
+    from synodic.kernels.quant_linear.launch import _CNT
     w, x, s, b = make(N, K, M, dtype, device, seed=seed)
     s, b = (s, b) if with_sb else (None, None)
     q = quantize(w, fmt)
@@ -344,7 +346,7 @@ def _pair32_kernel(w_ptr, o_ptr, FMT: tl.constexpr, E: tl.constexpr, NW: tl.cons
 def test_gemv32_decode_bit_exact(fmt, device):
     """Every code byte at every byte position of a word: gemv32's decode == dequantize() * 2^-R bit for bit,
     NaN where it is NaN (E4M3 0x7F/0xFF, E5M2 NaN codes; E5M2 +-Inf kept)."""
-    from synodic.kernels.quant_linear.triton_impl import _code_shift, code_words
+    from synodic.kernels.quant_linear.launch import _code_shift, code_words
 
     from synodic.quant import QTensor, dequantize
     ar = torch.arange(256)
@@ -436,7 +438,7 @@ def test_dotp_config_checks(device):
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3", "mxfp8_e5m2"])
 def test_dotp_asm_decode_matches_ref(fmt):
     """Every code byte at every byte position of an asm call: the inline-asm bf16 patterns == `_dec_ref`'s."""
-    from synodic.kernels.quant_linear.triton_impl import _dec_asm, _dec_ref
+    from synodic.kernels.quant_linear.dotp import _dec_asm, _dec_ref
 
     @triton.jit
     def kern(c_ptr, o_ptr, r_ptr, FMT: tl.constexpr):
@@ -490,7 +492,7 @@ def test_config_keys_checked(device):
 def test_default_one_row_kernel_follows_activation_dtype():
     """One or two rows: gemvh (fp16 arithmetic) for bf16 / fp16 activations, gemv32 (fp32) for one fp32 row;
     more rows: dotp."""
-    from synodic.kernels.quant_linear.triton_impl import resolve_config
+    from synodic.kernels.quant_linear.launch import resolve_config
     assert resolve_config(1, 4096, 14336, "mxfp4", None)["KERNEL"] == "gemvh"
     assert resolve_config(2, 4096, 14336, "nvfp4", None)["BLOCK_M"] == 2
     assert resolve_config(3, 4096, 14336, "mxfp4", None)["KERNEL"] == "dotp"
@@ -573,7 +575,7 @@ GH_CASES += [  # PREFETCH: the next K tile loaded before this one is decoded; se
 
 @pytest.mark.parametrize("fmt,N,K,dtype,act,with_sb,config,M", [c if len(c) == 8 else c + (1,) for c in GH_CASES])
 def test_gemvh_matches_ref(fmt, N, K, dtype, act, with_sb, config, M, device, nan_empty):
-    from synodic.kernels.quant_linear.triton_impl import _CNT
+    from synodic.kernels.quant_linear.launch import _CNT
     w, x, s, b = make(N, K, M, dtype, device, seed=N * K + 7)
     s, b = (s, b) if with_sb else (None, None)
     q = quantize(w, fmt)

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 from synodic.kernels.quant_linear import KERNEL_FORMATS, tuned
-from synodic.kernels.quant_linear.triton_impl import resolve_config
+from synodic.kernels.quant_linear.launch import resolve_config
 
 
 def test_buckets():
@@ -33,7 +33,7 @@ def test_malformed_table_is_refused(tmp_path):
 
 
 def test_tuned_config_only_for_cuda_low_precision_calls():
-    from synodic.kernels.quant_linear.triton_impl import tuned_config
+    from synodic.kernels.quant_linear.launch import tuned_config
 
     assert tuned_config(2, 4096, 8192, "mxfp8_e4m3", torch.device("cpu")) is None
     assert tuned_config(2, 4096, 8192, "mxfp8_e4m3", torch.device("cuda"), fp32_act=True) is None
@@ -54,7 +54,7 @@ def test_shipped_tables_are_valid():
 def test_table_entry_reaches_the_launch(tmp_path, monkeypatch):
     """A call without a config takes this GPU's table entry: a deliberately invalid one is refused by the launcher."""
     from synodic.kernels.quant_linear import quant_linear
-    from synodic.kernels.quant_linear.triton_impl import _device_name
+    from synodic.kernels.quant_linear.launch import _device_name
 
     from synodic.quant import quantize
 

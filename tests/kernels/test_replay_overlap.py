@@ -1,4 +1,4 @@
-"""A split v2 decode step with its flush launch on the side stream (overlap=True) vs in order (overlap=False):
+"""A split per-head decode step with its flush launch on the side stream (overlap=True) vs in order (overlap=False):
 the two launches touch disjoint rows, so outputs, checkpoints and rings must match bit for bit, eagerly and in a
 captured CUDA graph (the fork / join the engine's graphs record). GPU only: the interpreter has no streams."""
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _gdn(gen, mode):
                     beta=torch.rand(b, HV, generator=gen, device="cuda"))
 
     def step(cache, kw, overlap):
-        return gdn_replay_decode(**cache, **kw, L=L, advance=False, backend="triton", impl="v2", split=True,
+        return gdn_replay_decode(**cache, **kw, L=L, advance=False, backend="triton", impl="per_head", split=True,
                                  overlap=overlap)
     return c, inputs, step
 
@@ -53,7 +53,7 @@ def _mamba2(gen, mode):
         sid = kw["slot_ids"]
         row_wp = torch.where(sid >= 0, cache["write_pos"][sid.clamp(min=0).long()], 0).to(torch.int32)
         return mamba2_replay_decode(**cache, **kw, A=A, D=D, dt_bias=bias, L=L, advance=False, backend="triton",
-                                    impl="v2", split=True, row_wp=row_wp, overlap=overlap)
+                                    impl="per_head", split=True, row_wp=row_wp, overlap=overlap)
     return c, inputs, step
 
 

@@ -1,4 +1,4 @@
-"""Mamba-2 ReplaySSM decode, impl="v2" (eager-shaped Triton kernel, advance=False) vs the torch
+"""Mamba-2 ReplaySSM decode, impl="per_head" (eager-shaped Triton kernel, advance=False) vs the torch
 reference, step by step with a shared cursor moved by ``replay_advance``.
 
 Odd shapes, L = 4, 2L+1 steps (two flushes per slot), rows at different cursors (a slot joins
@@ -13,12 +13,12 @@ from kernel_errors import rel_rmse as rrmse
 from replay_fixtures import MODES, check_checkpoints, fill_state, poison, rows_for
 from synodic.kernels.mamba2_decode.ref import mamba2_decode_ref
 from synodic.kernels.mamba2_replay import mamba2_replay_alloc, mamba2_replay_decode, replay_advance
-from synodic.kernels.mamba2_replay.triton_v2 import launch_decode_v2
+from synodic.kernels.mamba2_replay.decode import launch_decode
 
 SLOTS = 4
 L = 4
-# worst-step relative RMSE of y, v2 vs the reference (measured ~2e-7 in every mode: the kernel rounds
-# its low-precision stores to nearest even like torch, see triton_v2._round_e4m3).
+# worst-step relative RMSE of y, per-head vs the reference (measured ~2e-7 in every mode: the kernel rounds
+# its low-precision stores to nearest even like torch, see m2_decode._round_e4m3).
 Y_TOL = {"fp32": 1e-5, "dual_bf16": 1e-5, "dual_fp8": 1e-5, "single_fp8": 1e-5}
 
 
@@ -43,7 +43,7 @@ def params(gen, H):
     return -(torch.rand(H, generator=gen) + 0.3), torch.randn(H, generator=gen), torch.randn(H, generator=gen) * 0.5
 
 
-def v2_step(c, step, config, split=None, **kw):
+def per_head_step(c, step, config, split=None, **kw):
     """Even steps through the public dispatch, odd steps straight into the launcher with a
     NaN-poisoned output buffer (every element, padding rows included, must be written).
     split: None / False / True, a flush launch config (split=True with that config), or "cursor_first"
@@ -65,12 +65,12 @@ def v2_step(c, step, config, split=None, **kw):
         row_wp = torch.where(sid >= 0, c["write_pos"][sid.clamp(min=0).long()], 0).to(torch.int32)
     split = True if (flush or first or row_wp is not None) else split
     if step % 2 == 0:
-        return mamba2_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="v2", config=config,
+        return mamba2_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="per_head", config=config,
                                     split=split, flush_config=flush, row_wp=row_wp, ring_by_cursor=ring,
                                     ring_dots=dots)
     y = torch.full_like(kw["x"], float("nan"))
     keys = ("x", "dt", "A", "B", "C", "D", "dt_bias", "slot_ids", "z")
-    launch_decode_v2(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], *(kw[k] for k in keys), y,
+    launch_decode(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], *(kw[k] for k in keys), y,
                      L=L, ckpt_scale=c.get("ckpt_scale"), ckpt_lo=c.get("ckpt_lo"),
                      ckpt_lo_scale=c.get("ckpt_lo_scale"), config=config, split=split, flush_config=flush,
                      cursor_first=first, row_wp=row_wp, ring_by_cursor=ring, ring_dots=dots)
@@ -105,7 +105,7 @@ CASES = [  # (H, G, P, N, mode, config (BLOCK_P, warps[, fold]) or None = the ea
 
 
 @pytest.mark.parametrize("H,G,P,N,mode,config,split", CASES)
-def test_v2_decode_matches_ref_across_flushes(H, G, P, N, mode, config, split, device):
+def test_per_head_decode_matches_ref_across_flushes(H, G, P, N, mode, config, split, device):
     gen = torch.Generator().manual_seed(10 + H + len(mode))
     A, D, bias = params(gen, H)
     c, _ = fresh(gen, H, G, P, N, mode)
@@ -121,9 +121,9 @@ def test_v2_decode_matches_ref_across_flushes(H, G, P, N, mode, config, split, d
             z = None
         kw = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, z=z)
         wp = c["write_pos"].clone()
-        y = v2_step(c, step, config, split, **kw)
+        y = per_head_step(c, step, config, split, **kw)
         y_ref = mamba2_replay_decode(**c_ref, **kw, L=L, advance=False, backend="ref")
-        assert torch.equal(c["write_pos"], wp)  # v2 never moves the cursor
+        assert torch.equal(c["write_pos"], wp)  # per-head never moves the cursor
         assert not torch.isnan(y).any(), step
         assert torch.all(y[sid < 0] == 0)
         err = rrmse(y, y_ref)
@@ -147,7 +147,7 @@ def test_v2_decode_matches_ref_across_flushes(H, G, P, N, mode, config, split, d
     assert c["write_pos"].tolist() == [steps % L, 0, steps % L, (steps - 2) % L]
 
 
-def test_v2_matches_eager_fp32(device):
+def test_per_head_matches_eager_fp32(device):
     """End to end against eager fp32 decoding (not just the replay reference)."""
     H, G, P, N = 6, 3, 5, 7
     gen = torch.Generator().manual_seed(3)
@@ -158,7 +158,7 @@ def test_v2_matches_eager_fp32(device):
     sid = torch.tensor([1, -1, 3, 0], dtype=torch.int32, device=device)
     for step in range(L + 2):
         x, dt, B, C, z = (t.to(device) for t in inputs(gen, 4, H, G, P, N))
-        y = v2_step(c, step, None, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, z=z)
+        y = per_head_step(c, step, None, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, z=z)
         y_eager = mamba2_decode_ref(S_eager, x, dt, A, B, C, D, bias, sid, z)
         assert rel(y, y_eager) <= 1e-4, step
         replay_advance(c["write_pos"], sid, L=L)
@@ -170,7 +170,7 @@ def test_v2_matches_eager_fp32(device):
                                         ("bf16x3", "ring"), ("tf32x3", "row_cursor_ring"),
                                         ("tf32x3", (16, 4, "bf16x3", 2)), ("tf32x3", (16, 4, "bf16x3", 1)),
                                         ("tf32x3", "split_dots"), ("tf32x3", "row_cursor_dots")])
-def test_v2_full_ring_and_cursor_at_L(fold, split, device):
+def test_per_head_full_ring_and_cursor_at_L(fold, split, device):
     """Cursor at L (a verify committed a full window): the step flushes all L entries + this token;
     at L-1 it flushes too; bf16 ring / activations."""
     H, G, P, N = 6, 3, 5, 7
@@ -186,7 +186,7 @@ def test_v2_full_ring_and_cursor_at_L(fold, split, device):
     sid = torch.tensor([0, 1, -1, 2, 3], dtype=torch.int32, device=device)
     x, dt, B, C, z = (t.to(device) for t in inputs(gen, 5, H, G, P, N, dtype=torch.bfloat16))
     kw = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, z=z)
-    y = v2_step(c, 1, (4, 4, fold), split, **kw)
+    y = per_head_step(c, 1, (4, 4, fold), split, **kw)
     y_ref = mamba2_replay_decode(**c_ref, **kw, L=L, advance=False, backend="ref")
     assert y.dtype == torch.bfloat16
     assert rel(y, y_ref) <= 1e-2  # bf16 outputs
@@ -194,7 +194,7 @@ def test_v2_full_ring_and_cursor_at_L(fold, split, device):
         torch.testing.assert_close(c[k].float(), c_ref[k].float(), rtol=1e-5, atol=1e-5)
 
 
-def test_v2_needs_advance_false(device):
+def test_per_head_needs_advance_false(device):
     H, G, P, N = 3, 1, 5, 7
     gen = torch.Generator().manual_seed(5)
     A, D, bias = params(gen, H)
@@ -204,27 +204,27 @@ def test_v2_needs_advance_false(device):
     x, dt, B, C, z = (t.to(device) for t in inputs(gen, 1, H, G, P, N))
     sid = torch.tensor([0], dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="advance=False"):
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2")
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="per_head")
     with pytest.raises(ValueError, match="fold"):
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="per_head",
                              advance=False, backend="triton", config=(8, 4, "fma"))
     with pytest.raises(ValueError, match=r"expected \(BLOCK, num_warps"):
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="per_head",
                              advance=False, backend="triton", config=(8,))
     with pytest.raises(ValueError, match="flush_config: fold"):
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="per_head",
                              advance=False, backend="triton", split=True, flush_config=(8, 2, "fma"))
     with pytest.raises(ValueError, match=r"flush_config: expected \(BLOCK, num_warps"):
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="per_head",
                              advance=False, backend="triton", split=True, flush_config=(8, 2, "dot", 4, 1))
     with pytest.raises(ValueError, match="flush_config: tiles per program"):
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="per_head",
                              advance=False, backend="triton", split=True, flush_config=(8, 2, "dot", 0))
     with pytest.raises(ValueError, match="row_wp: expected int32"):
-        launch_decode_v2(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], x, dt, A, B, C, D, bias,
+        launch_decode(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], x, dt, A, B, C, D, bias,
                          sid, None, torch.empty_like(x), L=L, split=True, row_wp=sid.long())
     with pytest.raises(ValueError, match="fold 'bf16x3' needs a bf16 B ring"):  # this cache's ring is fp32
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v2",
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="per_head",
                              advance=False, backend="triton", split=True, flush_config=(8, 2, "bf16x3"))
     with pytest.raises(ValueError, match="impl"):
         mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v3")

@@ -1,4 +1,4 @@
-"""Gated DeltaNet ReplaySSM speculative verify, v2: shaped like the eager-style decode kernels.
+"""Gated DeltaNet ReplaySSM speculative verify, per-head: shaped like the eager-style decode kernels.
 
 Main kernel: one program per (V-tile x value head, batch row), grid ``(HV * cdiv(V, BLOCK_V), batch)``,
 one value head per program, state tile [BLOCK_V, K] read once (the fp32 checkpoint, or the
@@ -17,7 +17,7 @@ scalars), forward substitution:
 the corrected values u_r of earlier window tokens stay in a [T, BLOCK_V] fp32 register tile (row s
 written once by a ``where`` insert, read through one causal-weighted sum; no row selection). The
 state tile is held as [K / KC, BLOCK_V, KC] (k = a * KC + c) so S0 k_s and S0 q_s are mostly
-in-thread sums (see the Mamba-2 verify_v2).
+in-thread sums (see the Mamba-2 verify).
 
 The key-head quantities (normalised k_s, q_s; k_j . k_s, k_j . q_s over the ring; k_r . k_s,
 k_r . q_s over the window; k_s . q_s) are the same for the HV/Hk value heads of a key head and all
@@ -36,8 +36,7 @@ import triton
 import triton.language as tl
 
 from .._tl import _head_tile, _ring_mask, _round_bf16, _slot_of
-from ..mamba2_replay.common import is_fp8, next_pow2
-from ..mamba2_replay.verify_v2 import _parse_config
+from ..replay_common import is_fp8, next_pow2, parse_verify_config
 
 KCHUNK = 16  # K-chunk width KC of the state-tile split (64 bytes of fp32 per row per warp load)
 
@@ -95,7 +94,7 @@ def _gdn_verify_keys_kernel(
 
 
 @triton.jit
-def _gdn_replay_verify_v2_kernel(
+def _gdn_replay_verify_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     ru_ptr, rk_ptr, rg_ptr, wp_ptr,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, sid_ptr, kq_ptr,
@@ -274,7 +273,7 @@ def pick_config(ckpt, ckpt_lo, V: int, K: int, rows: int, T: int) -> tuple[int, 
     """(BLOCK_V, num_warps, gram, dot) for `rows` = batch x value heads. H200 sweep (bench_window --sweep 256,
     2026-11-30 ~03:05 UTC, HV=32 Hk=16 K=V=128, T=4, verify alone, CUDA graphs): with the per-key-head
     prologue (gram) (16, 1 warp) 877 us, (16, 2) 951, (32, 2) 982, (64, 4) 1114, (64, 2) 1423, (128, 8) 1777;
-    without it (32, 2) 1226, (16, 2) 1535; v1 (16, 2 heads, 2 warps) 1540. The eager window kernel took
+    without it (32, 2) 1226, (16, 2) 1535; head-group (16, 2 heads, 2 warps) 1540. The eager window kernel took
     817 us: verify is compute-bound (2T reductions over the tile per window), not byte-bound.
     Then (2026-11-30 ~04:20 UTC, code `f6bce30`) S0 k_s and S0 q_s as two tf32x3 tl.dot (dot=True, with the
     prologue): (64, 2 warps) 477 us, (16, 1) 546, (32, 2) 667, (16, 2) 1017 — vs 940 us for (16, 1, prologue)
@@ -287,7 +286,7 @@ def pick_config(ckpt, ckpt_lo, V: int, K: int, rows: int, T: int) -> tuple[int, 
     return min(16, cap), 2, False, False
 
 
-def launch_verify_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale=None,
+def launch_verify(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale=None,
                      use_qk_l2norm=True, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None):
     """q/k [b,T,Hk,K], v [b,T,HV,V], g/beta [b,T,HV], o [b,T,HV,V] (written; every element, padding
     rows zero). Inner strides 1. config = (BLOCK_V, num_warps[, gram[, maxnreg]])."""
@@ -299,7 +298,7 @@ def launch_verify_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     if b == 0 or T == 0:
         return o
     default = pick_config(ckpt, ckpt_lo, V, K, b * HV, T)
-    bv, nw, gram, maxnreg, dot = _parse_config(config, default[:3], "BLOCK_V") if config else (*default[:3], None,
+    bv, nw, gram, maxnreg, dot = parse_verify_config(config, default[:3], "BLOCK_V") if config else (*default[:3], None,
                                                                                               default[3])
     if dot and not (gram and bv >= 16 and next_pow2(K) >= 16):
         raise ValueError(f"config: dot=True needs gram=True (the prologue's normalised k / q), BLOCK_V >= 16 and "
@@ -323,7 +322,7 @@ def launch_verify_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     extra = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
     strides = tuple(t.stride(i) for t in (v, g, beta, o) for i in range(3))
     grid = (HV * triton.cdiv(V, bv), b)
-    _gdn_replay_verify_v2_kernel[grid](
+    _gdn_replay_verify_kernel[grid](
         ckpt, ckpt_scale if ckpt_scale is not None else dummy,
         ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
         ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, o, slot_ids, kq,

@@ -1,11 +1,11 @@
-"""Gated DeltaNet ReplaySSM decode step, v2: shaped like the Mamba-2 v2 kernel so it can stream.
+"""Gated DeltaNet ReplaySSM decode step, per-head: shaped like the Mamba-2 per-head kernel so it can stream.
 
 One program per (V-tile x value head, batch row), grid ``(HV * cdiv(V, BLOCK_V), batch)``, tile
 [BLOCK_V, K] of the checkpoint (or of its low-precision copy in dual precision), chosen by
-``pick_config_v2``. T = 1, ``advance=False`` only: write_pos is read, never written (the caller moves
+``pick_decode_config``. T = 1, ``advance=False`` only: write_pos is read, never written (the caller moves
 the shared cursor once per step with ``replay_advance``).
 
-Latency layout (as in ``mamba2_replay.triton_v2``): nothing but the slot id sits in front of the
+Latency layout (as in ``mamba2_replay.decode``): nothing but the slot id sits in front of the
 loads. The checkpoint tile, all L ring entries (u tile, the key head's k, g) and this token's inputs
 are issued without waiting for the cursor; the cursor is one scalar used only in arithmetic (entries
 j >= wp are zeroed with ``where``: stale ring contents may be NaN). A split step's output-only launch instead
@@ -21,7 +21,7 @@ G_t = sum(ring g) + g_t, and k, q L2-normalised (q times scale):
 A split step's output-only launch (``ring_dots``, the default there) takes k, q, k . q and the ring's k_j . k,
 k_j . q from the verify prologue run at T = 1, once per (row, key head), instead of every (value head, V-tile)
 program reading the [L, K] key ring (55-58 fewer registers in the output-only launch; see
-``mamba2_replay.common.ring_dots_default``).
+``replay_common.ring_dots_default``).
 Config: ``(BLOCK_V, num_warps[, fold[, maxnreg]])``; fold = how a flush folds the ring: "serial" rank-1
 updates, or one fp32 ``tl.dot`` over the ring ("dot", FMA; "tf32x3", tensor cores; "bf16x3" with a bf16 k ring:
 three bf16 parts of the decayed u on bf16 tensor cores) as in the Mamba-2 kernel
@@ -35,15 +35,32 @@ import torch
 import triton
 import triton.language as tl
 
-from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _tile_mask
-from ..mamba2_replay.common import is_fp8, overlap_default, ring_by_cursor_default, ring_dots_default, run_split
-from ..mamba2_replay.triton_impl import _serial_fold
-from ..mamba2_replay.triton_v2 import FOLDS, _fold_bf16x3, _store_tile, decode_config, resolve_flush_config
-from .verify_v2 import _gdn_verify_keys_kernel
+from .._tl import (
+    _fold_bf16x3,
+    _head_tile,
+    _limit_masks,
+    _ring_mask,
+    _round_bf16,
+    _serial_fold,
+    _slot_of,
+    _store_tile,
+    _tile_mask,
+)
+from ..replay_common import (
+    FOLDS,
+    decode_config,
+    is_fp8,
+    overlap_default,
+    resolve_flush_config,
+    ring_by_cursor_default,
+    ring_dots_default,
+    run_split,
+)
+from .verify import _gdn_verify_keys_kernel
 
 
 @triton.jit
-def _gdn_replay_decode_v2_kernel(
+def _gdn_replay_decode_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     ru_ptr, rk_ptr, rg_ptr, wp_ptr,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, sid_ptr, kq_ptr,
@@ -58,10 +75,10 @@ def _gdn_replay_decode_v2_kernel(
     """ROUTE 0: every row (both routes, one kernel); 1: output-only rows only (a flushing row is left
     alone: no output, no append); 2: flushing rows only, TPP (value head, V-tile)s per program, grid
     (cdiv(HV * V-tiles, TPP), batch): the cursor is read first and a program of a non-flushing row exits
-    (as in ``mamba2_replay.triton_v2``). RING_BY_CURSOR (routes 0, 1): the cursor is read right after the
+    (as in ``mamba2_replay.decode``). RING_BY_CURSOR (routes 0, 1): the cursor is read right after the
     checkpoint tile is issued and ring entries at or past it are never read (a plain step reads wp entries,
     not L); route 1 then also skips a flushing row before its tile. DOTS (routes 0, 1): the key-head
-    quantities come from the prologue's record at kq_ptr (``verify_v2._gdn_verify_keys_kernel`` with T = 1,
+    quantities come from the prologue's record at kq_ptr (``verify._gdn_verify_keys_kernel`` with T = 1,
     which also appended k), so the [L, K] key ring is read only by a flush that folds it as a dot."""
     REP: tl.constexpr = HV // Hk
     if ROUTE == 2:
@@ -73,7 +90,7 @@ def _gdn_replay_decode_v2_kernel(
                 tile = tl.program_id(0) * TPP + i
                 if tile < HV * NUM_T:
                     hv = tile // NUM_T
-                    _gdn_decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
+                    _gdn_decode_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
                                        q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, kq_ptr,
                                        sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h,
                                        scale, row, hv, tile % NUM_T, hv // REP, slot, valid, HV, Hk, V, K, L, LP,
@@ -86,7 +103,7 @@ def _gdn_replay_decode_v2_kernel(
         if ROUTE == 1 and RING_BY_CURSOR:  # padding rows run (they write zeros)
             run = tl.where(valid, tl.load(wp_ptr + slot, mask=valid, other=0), 0) < L - 1
         if run:
-            _gdn_decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
+            _gdn_decode_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
                                q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, kq_ptr,
                                sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
                                row, hv, vt, hk, slot, valid, HV, Hk, V, K, L, LP, BV, BK, USE_L2, CK_FP8, HAS_LO,
@@ -95,7 +112,7 @@ def _gdn_replay_decode_v2_kernel(
 
 
 @triton.jit
-def _gdn_decode_v2_row(
+def _gdn_decode_row(
     ck_ptr, cks_ptr, lo_ptr, los_ptr, ru_ptr, rk_ptr, rg_ptr, wp_ptr,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, kq_ptr,
     sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sbt_b, sbt_h, so_b, so_h, scale,
@@ -138,7 +155,7 @@ def _gdn_decode_v2_row(
     rk_base = rk_ptr + skh * L * K
     rg_base = rg_ptr + sh * L
     ru_raw = tl.load(ru_base + offs_l[:, None] * V + offs_v[None, :], mask=ru_mask, other=0.0)
-    if KEYS:  # record (verify_v2's layout): [k (BK) | q (BK) | k_j . k (LP) | k_j . q (LP) | 2 x TP unused | k . q]
+    if KEYS:  # record (verify's layout): [k (BK) | q (BK) | k_j . k (LP) | k_j . q (LP) | 2 x TP unused | k . q]
         rec = kq_ptr + (row * Hk + hk) * RW
         dk = tl.load(rec + 2 * BK + offs_l)
         dq = tl.load(rec + 2 * BK + LP + offs_l)
@@ -280,7 +297,7 @@ def _gdn_output_only(S0, ru_raw, dk, dq, kq, lm, Gt, Gam, kt, qt, vt_, bt):
     return ut, Sq + ut * kq
 
 
-def pick_config_v2(batch: int, HV: int, V: int, lo: bool) -> tuple[int, int]:
+def pick_decode_config(batch: int, HV: int, V: int, lo: bool) -> tuple[int, int]:
     """(BLOCK_V, num_warps). H200 sweep (bench_replay --ops gdn --sweep 256, 2026-11-30 ~02:50 UTC, HV=32,
     Hk=16, K=V=128, L=16), speedup over the eager kernel at batch 256:
       fp32:      (32, 1 warp) 1.61x; (64, 2) 1.39x; (16, 1) 1.27x; (128, 4) 1.23x; (32, 2) 1.10x; (64, 4) 0.97x
@@ -301,7 +318,7 @@ def pick_config_v2(batch: int, HV: int, V: int, lo: bool) -> tuple[int, int]:
 
 def pick_fold(ckpt_lo, BV: int, nw: int, rows: int, ring_k_dtype=torch.bfloat16) -> str:
     """How a flush folds the ring. Below 1024 rows (batch x value heads) the step is latency-bound: the fp32 FMA
-    dot over the ring already in registers, not L dependent rank-1 updates (see `pick_config_v2`). H200, batch
+    dot over the ring already in registers, not L dependent rank-1 updates (see `pick_decode_config`). H200, batch
     256, a plain step (cursor 5) / the flush step (cursor 15), 2026-11-30 ~06:20 UTC (bench_replay_flush): fp32
     (32, 1 warp) serial 166 / 401 µs, dot 183 / 353, tf32x3 212 / 422; dual_bf16 serial 148 / 581, dot 149 / 485,
     tf32x3 165 / 549. Full cycles in CUDA graphs (bench_replay --ops gdn --batches 256 --sweep 256, 2026-11-30
@@ -317,12 +334,12 @@ def pick_fold(ckpt_lo, BV: int, nw: int, rows: int, ring_k_dtype=torch.bfloat16)
 
 
 def split_default(ckpt_lo, rows: int) -> bool:
-    """Two launches (output-only rows, then flushing rows), as `mamba2_replay.triton_v2.split_default`: the
+    """Two launches (output-only rows, then flushing rows), as `mamba2_replay.decode.split_default`: the
     fused dual kernel has 255 registers and spills, its output-only path 154. H200, batch 256,
     bench_replay_flush 2026-11-30 07:50 UTC, dual_bf16 (32, 1 warp, dot), plain / flush step: fused 148 / 483 µs,
     split 123 / 649 µs; cycle 1.61x -> 1.75x eager (graph-timed bench_replay: 1.89x). fp32: 195 vs 254
     registers, yet plain 166 -> 197 µs with the flush launch, so fused. With the flush launch beside the
-    output-only one (`mamba2_replay.common.overlap_default`), dual bf16, 24 slot sets, staggered / aligned cursors,
+    output-only one (`replay_common.overlap_default`), dual bf16, 24 slot sets, staggered / aligned cursors,
     µs fused -> split (H200, 2026-12-01 10:16 UTC): batch 16 17.3 -> 21.8 / 15.9 -> 15.1; batch 32 24.8 -> 26.8 /
     23.8 -> 23.4; batch 64 43.3 -> 40.2 / 41.7 -> 38.6; batch 128 80.3 -> 70.4 / 78.1 -> 70.3. Yet in the model
     the split step at batch 64 (rows 2048) was slower: qwen35_gdn_4b dual bf16 decode 4.460 / 4.464 ms fused vs
@@ -331,7 +348,7 @@ def split_default(ckpt_lo, rows: int) -> bool:
     return ckpt_lo is not None and rows >= 4096
 
 
-def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,
+def launch_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, o, *, L, scale,
                      use_qk_l2norm, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
                      flush_config=None, ring_by_cursor: bool | None = None, ring_dots: bool | None = None,
                      overlap: bool | None = None):
@@ -339,15 +356,15 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     split: None = `split_default`; True = output-only launch (config) + flush launch (`resolve_flush_config`),
     False = one fused launch (config). ring_by_cursor: the fused / output-only launch reads the cursor before
     the ring and never reads entries at or past it (kernel RING_BY_CURSOR);
-    None = `mamba2_replay.common.ring_by_cursor_default`. ring_dots: the key-head prologue first (kernel DOTS);
-    None = `mamba2_replay.common.ring_dots_default` (on for a split step). overlap (split, CUDA): the flush launch
-    on a high-priority side stream beside the output-only launch; None = `mamba2_replay.common.overlap_default`."""
+    None = `replay_common.ring_by_cursor_default`. ring_dots: the key-head prologue first (kernel DOTS);
+    None = `replay_common.ring_dots_default` (on for a split step). overlap (split, CUDA): the flush launch
+    on a high-priority side stream beside the output-only launch; None = `replay_common.overlap_default`."""
     slots, HV, V, K = ckpt.shape
     Hk = ring_k.shape[1]
     b = slot_ids.shape[0]
     if b == 0:
         return o
-    bv, nw, fold, maxnreg = decode_config(config, pick_config_v2(b, HV, V, ckpt_lo is not None),
+    bv, nw, fold, maxnreg = decode_config(config, pick_decode_config(b, HV, V, ckpt_lo is not None),
                                           lambda block, warps: pick_fold(ckpt_lo, block, warps, b * HV, ring_k.dtype))
     if split is None:
         split = split_default(ckpt_lo, b * HV)
@@ -368,8 +385,8 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
     dummy = ckpt
     sc = float(K ** -0.5 if scale is None else scale)
     LP, BK = max(16, triton.next_power_of_2(L)), triton.next_power_of_2(K)
-    TP = 2  # the prologue's window width at T = 1 (verify_v2: max(2, T))
-    RW = 2 * BK + 2 * LP + 4 * TP  # its record, as verify_v2 lays it out
+    TP = 2  # the prologue's window width at T = 1 (verify: max(2, T))
+    RW = 2 * BK + 2 * LP + 4 * TP  # its record, as verify lays it out
     kq = dummy
     if ring_dots:
         kq = torch.empty(b, Hk, RW, dtype=torch.float32, device=v.device)
@@ -391,16 +408,16 @@ def launch_decode_v2(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, 
                 ROUND_OUT=interp and o.dtype == torch.bfloat16)
     grid = (HV * triton.cdiv(V, bv), b)
     if not split:
-        _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw,
+        _gdn_replay_decode_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw,
                                            RING_BY_CURSOR=bool(ring_by_cursor), **extra)
         return o
 
     def output_only():
-        _gdn_replay_decode_v2_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
+        _gdn_replay_decode_kernel[grid](*args, **meta, BV=bv, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
                                            RING_BY_CURSOR=bool(ring_by_cursor), **extra)
 
     def flush():
-        _gdn_replay_decode_v2_kernel[(triton.cdiv(HV * triton.cdiv(V, fbv), tpp), b)](
+        _gdn_replay_decode_kernel[(triton.cdiv(HV * triton.cdiv(V, fbv), tpp), b)](
             *args, **meta, BV=fbv, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
 
     # the two launches touch disjoint rows (by cursor), so their order is free and they may run side by side

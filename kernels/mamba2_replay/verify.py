@@ -1,10 +1,10 @@
-"""Mamba-2 ReplaySSM speculative verify, v2: shaped like the eager-style decode kernel of ``triton_v2``.
+"""Mamba-2 ReplaySSM speculative verify, per-head: shaped like the eager-style decode kernel of ``decode``.
 
 Main kernel: one program per (P-tile x head, batch row), grid ``(H * cdiv(P, BLOCK_P), batch)``, one
 head per program, state tile [BLOCK_P, N] read once (the fp32 checkpoint, or the low-precision copy
 ckpt_lo / an fp8 checkpoint with its per-row scales).
 
-Latency layout (as in the decode v2 kernel): nothing but the slot id sits in front of the loads. The
+Latency layout (as in the decode per-head kernel): nothing but the slot id sits in front of the loads. The
 state tile, all L ring entries (x tile, dt; masked by ``offs_l < L``, not by the cursor), the
 window's x tile [T, BLOCK_P] and dt, and the cursor (one scalar) are all issued up front; the cursor
 is used only in arithmetic: ring entries j >= wp are zeroed with ``where`` (stale ring contents may
@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .._tl import _head_tile, _ring_mask, _round_bf16, _slot_of, _softplus, _tile_mask
-from .common import is_fp8, next_pow2
+from ..replay_common import is_fp8, next_pow2, parse_verify_config
 
 NCHUNK = 16  # N-chunk width NC of the state-tile split (64 bytes of fp32 per row per warp load)
 
@@ -80,7 +80,7 @@ def _mamba2_verify_gram_kernel(
 
 
 @triton.jit
-def _mamba2_replay_verify_v2_kernel(
+def _mamba2_replay_verify_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr, bc_ptr,
@@ -226,7 +226,7 @@ def pick_config(ckpt, ckpt_lo, P: int, rows: int, T: int) -> tuple[int, int, boo
     """(BLOCK_P, num_warps, gram, dot) for `rows` = batch x heads. H200 sweep (bench_window --sweep 256,
     2026-11-30 ~03:05 UTC, H=128 P=64 N=128 G=8, T=4, verify alone, CUDA graphs): with the per-group
     prologue (gram) (64, 2 warps) 896 us, (32, 2) 999, (16, 2) 1081, (64, 4, maxnreg 128) 1109,
-    (64, 4) 1207; without it (16, 2) 1216, (32, 2) 1247, (64, 2) 1275; v1 (64, 1 head, 4 warps) 1593.
+    (64, 4) 1207; without it (16, 2) 1216, (32, 2) 1247, (64, 2) 1275; head-group (64, 1 head, 4 warps) 1593.
     The eager window kernel took 1388 us (1.39x with the flush check). Then (~03:27 UTC, code `e7529d3`)
     the window's T state products as one tf32x3 tl.dot (dot=True): (64, 2, prologue, dot) 571 us,
     (32, 2, ..) 636, (64, 4, ..) 789, (32, 4, ..) 1016, (64, 8, ..) 2135 — vs 885 us for (64, 2, prologue)
@@ -239,22 +239,7 @@ def pick_config(ckpt, ckpt_lo, P: int, rows: int, T: int) -> tuple[int, int, boo
     return min(32 if ckpt_lo is not None else 16, cap), 2, False, False
 
 
-def _parse_config(config, default, block_name):
-    """config = (BLOCK, num_warps[, gram[, maxnreg[, dot]]]); missing entries from the default."""
-    cfg = tuple(config)
-    if not 2 <= len(cfg) <= 5:
-        raise ValueError(f"config: impl='v2' takes ({block_name}, num_warps[, gram[, maxnreg[, dot]]]), got {cfg!r}")
-    if len(cfg) > 2 and not isinstance(cfg[2], bool):  # e.g. a v1 config (BLOCK, heads, warps, maxnreg)
-        raise ValueError(f"config: impl='v2' takes ({block_name}, num_warps[, gram[, maxnreg]]) with gram a bool, "
-                         f"got {cfg!r}")
-    block, nw = int(cfg[0]), int(cfg[1])
-    gram = cfg[2] if len(cfg) > 2 else default[2]
-    maxnreg = cfg[3] if len(cfg) > 3 else None
-    dot = bool(cfg[4]) if len(cfg) > 4 else False
-    return block, nw, gram, maxnreg, dot
-
-
-def launch_verify_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
+def launch_verify(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
                      L, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None):
     """x [b,T,H,P], dt [b,T,H], B/C [b,T,G,N], z [b,T,H,P] or None, y [b,T,H,P] (written; every
     element, padding rows zero). Inner strides 1. config = (BLOCK_P, num_warps[, gram[, maxnreg]])."""
@@ -266,7 +251,7 @@ def launch_verify_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     if b == 0 or T == 0:
         return y
     default = pick_config(ckpt, ckpt_lo, P, b * H, T)
-    bp, nw, gram, maxnreg, dot = (_parse_config(config, default, "BLOCK_P") if config
+    bp, nw, gram, maxnreg, dot = (parse_verify_config(config, default, "BLOCK_P") if config
                                   else (default[0], default[1], default[2], None, default[3]))
     if dot and (bp < 16 or next_pow2(N) < 16):
         raise ValueError(f"config: dot=True needs BLOCK_P >= 16 and N >= 16 (tl.dot tiles), got BLOCK_P={bp}, N={N}")
@@ -286,7 +271,7 @@ def launch_verify_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     zz = z if z is not None else x
     extra = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
     grid = (H * triton.cdiv(P, bp), b)
-    _mamba2_replay_verify_v2_kernel[grid](
+    _mamba2_replay_verify_kernel[grid](
         ckpt, ckpt_scale if ckpt_scale is not None else dummy,
         ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,
         ring_x, ring_dt, ring_B, write_pos,

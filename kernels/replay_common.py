@@ -1,4 +1,4 @@
-"""Helpers shared by the ReplaySSM kernels (Mamba-2 and GDN): cursor moves, fp8 checkpoints, the v2 decode
+"""Helpers shared by the ReplaySSM kernels (Mamba-2 and GDN): cursor moves, fp8 checkpoints, the per-head decode
 launchers' defaults and their split-step dispatch (`run_split`).
 
 Cursor contract (per slot, per SSM layer; ``write_pos`` is int32 ``[slots]`` on the state device):
@@ -150,8 +150,9 @@ def split_default(ckpt_lo, rows: int) -> bool:
 
 
 def ring_by_cursor_default(split: bool) -> bool:
-    """Whether a v2 decode launch reads only the ring entries below the cursor (a plain step then moves wp entries,
-    on average half the ring bytes) instead of all L with no cursor dependency. Shared by the Mamba-2 and GDN v2
+    """Whether a per-head decode launch reads only the ring entries below the cursor (a plain step then moves wp
+    entries,
+    on average half the ring bytes) instead of all L with no cursor dependency. Shared by the Mamba-2 and GDN per-head
     decode kernels. H200, bench_replay --ring-sweep, full L = 16 cycles in CUDA graphs, batch 256 (2026-11-30 10:33
     and 10:45 UTC): the split dual step's output-only launch, Mamba-2 208.0 / 209.2 -> 200.2 / 201.4 µs, GDN 146.1
     -> 136.9 µs; the fused fp32 step, whose cursor load then sits between the slot id and the ring loads, Mamba-2
@@ -162,9 +163,10 @@ def ring_by_cursor_default(split: bool) -> bool:
 
 
 def ring_dots_default(split: bool) -> bool:
-    """Whether a v2 decode step first runs the verify path's prologue at T = 1 (GDN: the normalised k and q, k . q
+    """Whether a per-head decode step first runs the verify path's prologue at T = 1 (GDN: the normalised k and q, k . q
     and the ring's k_j . k, k_j . q once per (row, key head); Mamba-2: B_j . C_t and B_t . C_t once per (row,
-    group)) so the main kernel reads no [L, K] key / [L, N] B ring. Shared by the Mamba-2 and GDN v2 decode kernels.
+    group)) so the main kernel reads no [L, K] key / [L, N] B ring. Shared by the Mamba-2 and GDN per-head decode
+    kernels.
     Registers (offline sm_90 compile): GDN (32, 1 warp) fused fp32 255 -> 221, output-only fp32 200 -> 145,
     output-only dual bf16 154 -> 96; Mamba-2 dual output-only ([64, N], 2 warps, the engine's cursor mode) 168 ->
     128. H200, 24 slot sets, off / on / off / on, µs per step (bench_replay --stagger --dots-sweep, 2026-12-01
@@ -223,3 +225,51 @@ def run_split(device: torch.device, output_only, flush, overlap: bool) -> None:
         flush()
     output_only()
     cur.wait_stream(side)
+
+
+# -- launch plans shared by the Mamba-2 and GDN per-head kernels ------------------------------------
+FOLDS = {"serial": 0, "dot": 1, "tf32x3": 2, "bf16x3": 3}
+
+
+def decode_config(config, block_warps: tuple[int, int], fold_for) -> tuple[int, int, str, int | None]:
+    """A per-head decode launch config (BLOCK, num_warps[, fold[, maxnreg]]) over the defaults (shared with the GDN
+    kernel): block_warps when config is empty, fold_for(BLOCK, num_warps) when it names no fold."""
+    c = tuple(config or ())
+    if c and not 2 <= len(c) <= 4:
+        raise ValueError(f"config: expected (BLOCK, num_warps[, fold[, maxnreg]]), got {config!r}")
+    block, nw = c[:2] if c else block_warps
+    fold = c[2] if len(c) > 2 else fold_for(block, nw)
+    if fold not in FOLDS:
+        raise ValueError(f"config: fold {fold!r}, expected one of {sorted(FOLDS)}")
+    return block, nw, fold, (c[3] if len(c) > 3 else None)
+
+
+def resolve_flush_config(config, block: int, warps: int, fold: str, tpp: int = 16) -> tuple[int, int, str, int]:
+    """(BLOCK, num_warps, fold, tiles per program) of the flush launch of a split step (shared with the GDN
+    kernel): config over (block, warps, fold, tpp)."""
+    c = tuple(config or ())
+    if c and not 2 <= len(c) <= 4:
+        raise ValueError(f"flush_config: expected (BLOCK, num_warps[, fold[, tiles per program]]), got {config!r}")
+    out = c + (block, warps, fold, tpp)[len(c):]
+    if out[2] not in FOLDS:
+        raise ValueError(f"flush_config: fold {out[2]!r}, expected one of {sorted(FOLDS)}")
+    if not (isinstance(out[3], int) and out[3] >= 1):
+        raise ValueError(f"flush_config: tiles per program {out[3]!r}, expected an integer >= 1")
+    return out
+
+
+def parse_verify_config(config, default, block_name):
+    """config = (BLOCK, num_warps[, gram[, maxnreg[, dot]]]); missing entries from the default."""
+    cfg = tuple(config)
+    if not 2 <= len(cfg) <= 5:
+        raise ValueError(f"config: impl='per_head' takes ({block_name}, num_warps[, gram[, maxnreg[, dot]]]), "
+                         f"got {cfg!r}")
+    if len(cfg) > 2 and not isinstance(cfg[2], bool):  # e.g. a head-group config (BLOCK, heads, warps, maxnreg)
+        raise ValueError(f"config: impl='per_head' takes ({block_name}, num_warps[, gram[, maxnreg]]) with gram a "
+                         f"bool, "
+                         f"got {cfg!r}")
+    block, nw = int(cfg[0]), int(cfg[1])
+    gram = cfg[2] if len(cfg) > 2 else default[2]
+    maxnreg = cfg[3] if len(cfg) > 3 else None
+    dot = bool(cfg[4]) if len(cfg) > 4 else False
+    return block, nw, gram, maxnreg, dot

@@ -18,14 +18,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..mamba2_replay.common import WP_TICKET, is_fp8, next_pow2
-from ..mamba2_replay.triton_impl import _serial_fold, _store_state
+from .._tl import _serial_fold, _store_state
+from ..replay_common import WP_TICKET, is_fp8, next_pow2
 
 MODE_DECODE, MODE_VERIFY, MODE_FLUSH = 0, 1, 2
 
 
 @triton.jit
-def _gdn_replay_kernel(
+def _gdn_head_group_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     ru_ptr, rk_ptr, rg_ptr, wp_ptr,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, sid_ptr,
@@ -174,7 +174,7 @@ def _gdn_replay_kernel(
 
 
 @triton.jit
-def _gdn_replay_decode_kernel(
+def _gdn_head_group_decode_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     ru_ptr, rk_ptr, rg_ptr, wp_ptr,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, sid_ptr,
@@ -340,7 +340,7 @@ def launch(mode, ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot
         strides = (0,) * 18
     else:
         strides = tuple(t.stride(i) for t in (q, k, v, g, beta, o) for i in range(3))
-    kern = _gdn_replay_decode_kernel if mode == MODE_DECODE else _gdn_replay_kernel
+    kern = _gdn_head_group_decode_kernel if mode == MODE_DECODE else _gdn_head_group_kernel
     kern[grid](
         ckpt, ckpt_scale if ckpt_scale is not None else dummy,
         ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,

@@ -1,7 +1,7 @@
-"""Mamba-2 ReplaySSM decode step, v2: shaped like the eager ``mamba2_decode`` kernel so it can stream.
+"""Mamba-2 ReplaySSM decode step, per-head: shaped like the eager ``mamba2_decode`` kernel so it can stream.
 
 One program per (P-tile x head, batch row), grid ``(H * cdiv(P, BLOCK_P), batch)``, tile
-[BLOCK_P, N] chosen by ``pick_config_v2`` (more tile elements per thread than the eager kernel: a
+[BLOCK_P, N] chosen by ``pick_decode_config`` (more tile elements per thread than the eager kernel: a
 read-only step needs more bytes in flight), read every step: the checkpoint, or its low-precision
 copy in dual precision. T = 1, ``advance=False`` only:
 write_pos is read, never written (the caller moves the shared cursor once per step).
@@ -22,7 +22,7 @@ c_t = A * (sum of ring dt + dt_t):
     default, or one [BP, L] x [L, N] ``tl.dot`` (fp32 "dot" / "tf32x3" / "bf16x3"): see ``pick_fold``.
 A split step's output-only launch (``ring_dots``, the default there) takes B_j . C_t and B_t . C_t from the verify
 gram prologue run at T = 1, once per (row, group), instead of every (head, P-tile) program reading the [L, N] B
-ring (see ``common.ring_dots_default``).
+ring (see ``replay_common.ring_dots_default``).
 Config: ``(BLOCK_P, num_warps[, fold[, maxnreg]])``; the N axis is masked only when N is not a power of two.
 """
 from __future__ import annotations
@@ -33,74 +33,35 @@ import torch
 import triton
 import triton.language as tl
 
-from .._tl import _head_tile, _limit_masks, _ring_mask, _round_bf16, _slot_of, _softplus, _tile_mask
-from .common import is_fp8, overlap_default, ring_by_cursor_default, ring_dots_default, run_split, split_default
-from .verify_v2 import _mamba2_verify_gram_kernel
-
-_INTERP = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
-
-
-@triton.jit
-def _round_e4m3(v):
-    # fp32 -> fp32 holding the round-to-nearest-even float8_e4m3fn value (|v| <= 448). Used only
-    # under TRITON_INTERPRET, whose fp8 cast carries a rounded-up mantissa into the wrong exponent
-    # bit (halving e.g. 1.97 -> 1.0); a pre-rounded value converts exactly.
-    bits = v.to(tl.uint32, bitcast=True)
-    neg = (bits >> 31) != 0
-    bits = bits + (0x7FFFF + ((bits >> 20) & 1))
-    normal = ((bits >> 20) << 20).to(tl.float32, bitcast=True)
-    a = tl.abs(v)
-    sub = (a + 24576.0) - 24576.0  # subnormals (|v| < 2^-6): multiples of 2^-9, ties to even
-    sub = tl.where(neg, -sub, sub)
-    return tl.where(a < 0.015625, sub, normal)
-
-
-@triton.jit
-def _store_tile(ptr, sc_ptr, off, S, offs_p, pm, mask, IS_FP8: tl.constexpr, ROUND: tl.constexpr):
-    """fp32 tile -> state copy; fp8: per-row scale amax/448 (1 for a zero row), like common.store_state.
-    ROUND (interpreter only): round in fp32 first, as the GPU's casts do (RTNE)."""
-    if IS_FP8:
-        sc = tl.max(tl.abs(S), axis=1) / 448.0
-        sc = tl.where(sc > 0.0, sc, 1.0)
-        q = tl.minimum(tl.maximum(S / sc[:, None], -448.0), 448.0)
-        if ROUND:
-            q = _round_e4m3(q)
-        tl.store(ptr + off, q.to(ptr.dtype.element_ty), mask=mask)
-        tl.store(sc_ptr + offs_p, sc, mask=pm)
-    else:
-        if ROUND:
-            S = _round_bf16(S)
-        tl.store(ptr + off, S.to(ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _fold_bf16x3(acc, a, b):
-    """acc + a @ b for a bf16-valued b (a bf16 ring): a [BP, LP] fp32 split into three bf16 parts (hi + mid + lo
-    hold its 24 bits, so each product is the fp32 one) on bf16 tensor cores, accumulated in fp32 into acc.
-    Why not tf32x3: it also splits b (exact in bf16 already) and adds the dot result to S in another layout;
-    with acc = the decayed checkpoint the tile stays in the MMA layout. The Triton interpreter's bf16 dot is
-    wrong (3.9): there the parts go through an fp32 dot (the same products)."""
-    a1 = a.to(tl.bfloat16)
-    r = a - a1.to(tl.float32)
-    a2 = r.to(tl.bfloat16)
-    a3 = (r - a2.to(tl.float32)).to(tl.bfloat16)
-    if _INTERP:
-        bf = b.to(tl.bfloat16).to(tl.float32)
-        acc = tl.dot(a1.to(tl.float32), bf, acc, input_precision="ieee")
-        acc = tl.dot(a2.to(tl.float32), bf, acc, input_precision="ieee")
-        acc = tl.dot(a3.to(tl.float32), bf, acc, input_precision="ieee")
-    else:
-        bb = b.to(tl.bfloat16)
-        acc = tl.dot(a1, bb, acc)
-        acc = tl.dot(a2, bb, acc)
-        acc = tl.dot(a3, bb, acc)
-    return acc
+from .._tl import (
+    _fold_bf16x3,
+    _head_tile,
+    _limit_masks,
+    _ring_mask,
+    _round_bf16,
+    _slot_of,
+    _softplus,
+    _store_tile,
+    _tile_mask,
+)
+from ..replay_common import (
+    FOLDS,
+    decode_config,
+    is_fp8,
+    overlap_default,
+    resolve_flush_config,
+    ring_by_cursor_default,
+    ring_dots_default,
+    run_split,
+    split_default,
+)
+from .verify import _mamba2_verify_gram_kernel
 
 
 @triton.jit
 def _fold_ring(S, ct, wr, xr, rB, rdt_base, rx_base, rB_base, A_h, wp, offs_p, offs_n, pm, nm,
                P: tl.constexpr, N: tl.constexpr, L: tl.constexpr, FOLD: tl.constexpr):
-    """S_t before this token: e^{c_t} S0 + the ring's rank-1 terms (see pick_config_v2 for the folds)."""
+    """S_t before this token: e^{c_t} S0 + the ring's rank-1 terms (see pick_decode_config for the folds)."""
     if FOLD == 1:    # one fp32 dot over the ring: [BP, LP] x [LP, BN] (FMA; ~190 regs)
         S = tl.exp(ct) * S + tl.dot(tl.trans(wr[:, None] * xr), rB, input_precision="ieee")
     elif FOLD == 2:  # the same on tensor cores, 3-pass tf32 (~fp32 accuracy; 95-115 regs)
@@ -128,7 +89,7 @@ def _fold_ring(S, ct, wr, xr, rB, rdt_base, rx_base, rB_base, A_h, wp, offs_p, o
 
 
 @triton.jit
-def _mamba2_replay_decode_v2_kernel(
+def _mamba2_replay_decode_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr, rwp_ptr, bc_ptr,
@@ -149,7 +110,7 @@ def _mamba2_replay_decode_v2_kernel(
     (cdiv(H * P-tiles, TPP), batch): the cursor is read first and a program of a non-flushing row exits
     (few, short programs on a plain step; one per tile cost ~40 µs at batch 256 when the flush kernel's
     registers allow 3 programs per SM). DOTS (route 1): B_j . C_t over the ring and B_t . C_t come from the
-    prologue's record at bc_ptr (``verify_v2._mamba2_verify_gram_kernel`` at T = 1, which also appended B), so
+    prologue's record at bc_ptr (``verify._mamba2_verify_gram_kernel`` at T = 1, which also appended B), so
     the [L, N] B ring is not read."""
     HPG: tl.constexpr = H // G
     if ROUTE == 2:
@@ -161,7 +122,7 @@ def _mamba2_replay_decode_v2_kernel(
                 tile = tl.program_id(0) * TPP + i
                 if tile < H * NUM_T:
                     h = tile // NUM_T
-                    _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
+                    _decode_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
                                    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
                                    sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
                                    row, h, tile % NUM_T, h // HPG, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z,
@@ -176,14 +137,14 @@ def _mamba2_replay_decode_v2_kernel(
             else:
                 wp_first = tl.load(wp_ptr + slot, mask=valid, other=0)
             if tl.where(valid, wp_first, 0) < L - 1:  # padding rows run (they write zeros)
-                _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
+                _decode_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
                                x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
                                sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
                                row, h, pt, g, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8,
                                ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE, wp_first, True, RING_BY_CURSOR,
                                bc_ptr, DOTS, RW)
         else:
-            _decode_v2_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
+            _decode_row(ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
                            x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
                            sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
                            row, h, pt, g, slot, valid, H, G, P, N, L, LP, BP, BN, HAS_Z, CK_FP8, HAS_LO, LO_FP8,
@@ -191,7 +152,7 @@ def _mamba2_replay_decode_v2_kernel(
 
 
 @triton.jit
-def _decode_v2_row(
+def _decode_row(
     ck_ptr, cks_ptr, lo_ptr, los_ptr, rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr,
     sx_b, sx_h, sz_b, sz_h, sy_b, sy_h, sdt_b, sdt_h, sB_b, sB_g, sC_b, sC_g,
@@ -344,10 +305,7 @@ def _output_only(S0, ct, wr, xr, BCr, BCt, Ct, xt, dtt):
             + tl.sum((wr * BCr)[:, None] * xr, axis=0) + (dtt * BCt) * xt)
 
 
-FOLDS = {"serial": 0, "dot": 1, "tf32x3": 2, "bf16x3": 3}
-
-
-def pick_config_v2(ckpt, ckpt_lo, P: int, N: int, rows: int) -> tuple[int, int]:
+def pick_decode_config(ckpt, ckpt_lo, P: int, N: int, rows: int) -> tuple[int, int]:
     """(BLOCK_P, num_warps) for `rows` = batch x heads (the fold: `pick_fold`).
 
     A read-only step needs about twice the bytes in flight of the eager read+write step to reach the
@@ -373,7 +331,7 @@ def pick_config_v2(ckpt, ckpt_lo, P: int, N: int, rows: int) -> tuple[int, int]:
 
 
 def pick_fold(ckpt_lo, BP: int, ring_B=None) -> str:
-    """The flush fold measured best for [64, N] tiles (see pick_config_v2): bf16x3 with a bf16 B ring, else
+    """The flush fold measured best for [64, N] tiles (see pick_decode_config): bf16x3 with a bf16 B ring, else
     tf32x3 with a bf16 copy; serial for smaller tiles (unmeasured with bf16x3). H200, batch 256:
       fused step, graph-timed L-cycle (bench_replay --sweep 256, 2026-11-30 09:34 UTC): fp32 checkpoint
       294.5 µs vs serial 303.8; dual bf16 copy, do_bench (bench_replay_flush): bf16x3 plain 220 / flush
@@ -394,34 +352,7 @@ def pick_fold(ckpt_lo, BP: int, ring_B=None) -> str:
     return "tf32x3" if ckpt_lo is not None and ckpt_lo.dtype == torch.bfloat16 else "serial"
 
 
-def decode_config(config, block_warps: tuple[int, int], fold_for) -> tuple[int, int, str, int | None]:
-    """A v2 decode launch config (BLOCK, num_warps[, fold[, maxnreg]]) over the defaults (shared with the GDN
-    kernel): block_warps when config is empty, fold_for(BLOCK, num_warps) when it names no fold."""
-    c = tuple(config or ())
-    if c and not 2 <= len(c) <= 4:
-        raise ValueError(f"config: expected (BLOCK, num_warps[, fold[, maxnreg]]), got {config!r}")
-    block, nw = c[:2] if c else block_warps
-    fold = c[2] if len(c) > 2 else fold_for(block, nw)
-    if fold not in FOLDS:
-        raise ValueError(f"config: fold {fold!r}, expected one of {sorted(FOLDS)}")
-    return block, nw, fold, (c[3] if len(c) > 3 else None)
-
-
-def resolve_flush_config(config, block: int, warps: int, fold: str, tpp: int = 16) -> tuple[int, int, str, int]:
-    """(BLOCK, num_warps, fold, tiles per program) of the flush launch of a split step (shared with the GDN
-    kernel): config over (block, warps, fold, tpp)."""
-    c = tuple(config or ())
-    if c and not 2 <= len(c) <= 4:
-        raise ValueError(f"flush_config: expected (BLOCK, num_warps[, fold[, tiles per program]]), got {config!r}")
-    out = c + (block, warps, fold, tpp)[len(c):]
-    if out[2] not in FOLDS:
-        raise ValueError(f"flush_config: fold {out[2]!r}, expected one of {sorted(FOLDS)}")
-    if not (isinstance(out[3], int) and out[3] >= 1):
-        raise ValueError(f"flush_config: tiles per program {out[3]!r}, expected an integer >= 1")
-    return out
-
-
-def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
+def launch_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
                      L, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, config=None, split=None,
                      flush_config=None, cursor_first: bool = False, row_wp=None, ring_by_cursor: bool | None = None,
                      ring_dots: bool | None = None, overlap: bool | None = None):
@@ -435,17 +366,17 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     nothing and the others wait no longer than before (kernel CURSOR_FIRST + ROW_CURSOR); a fused step
     ignores it. H200, batch 256, dual_bf16: the flush step's output-only launch 162 -> 25 µs, a plain step's
     unchanged (166 µs; bench_replay_flush, 2026-11-30). ring_by_cursor: the fused / output-only launch reads only
-    the ring entries below the cursor (kernel RING_BY_CURSOR); None = `common.ring_by_cursor_default`.
+    the ring entries below the cursor (kernel RING_BY_CURSOR); None = `replay_common.ring_by_cursor_default`.
     ring_dots (split): the output-only launch takes B_j . C_t and B_t . C_t from the group prologue
-    (``verify_v2._mamba2_verify_gram_kernel`` at T = 1) instead of reading the B ring (kernel DOTS);
-    None = `common.ring_dots_default`. overlap (split, CUDA): the flush launch on a high-priority side stream
-    beside the output-only launch; None = `common.overlap_default`."""
+    (``verify._mamba2_verify_gram_kernel`` at T = 1) instead of reading the B ring (kernel DOTS);
+    None = `replay_common.ring_dots_default`. overlap (split, CUDA): the flush launch on a high-priority side stream
+    beside the output-only launch; None = `replay_common.overlap_default`."""
     slots, H, P, N = ckpt.shape
     G = ring_B.shape[1]
     b = slot_ids.shape[0]
     if b == 0:
         return y
-    bp, nw, fold, maxnreg = decode_config(config, pick_config_v2(ckpt, ckpt_lo, P, N, b * H),
+    bp, nw, fold, maxnreg = decode_config(config, pick_decode_config(ckpt, ckpt_lo, P, N, b * H),
                                           lambda block, _: pick_fold(ckpt_lo, block, ring_B))
     if split is None:
         split = split_default(ckpt_lo, b * H)
@@ -466,7 +397,7 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     dummy = ckpt
     zz = z if z is not None else x
     LP, BN = max(16, triton.next_power_of_2(L)), triton.next_power_of_2(N)
-    TP = 2  # the prologue's window width at T = 1 (verify_v2: max(2, T))
+    TP = 2  # the prologue's window width at T = 1 (verify: max(2, T))
     RW = LP + TP  # its record: [B_j . C_t (LP) | B_t . C_t, 0]
     bc = dummy
     if split and ring_dots:
@@ -490,18 +421,18 @@ def launch_decode_v2(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D
     regs = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
     grid = (H * triton.cdiv(P, bp), b)
     if not split:
-        _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw,
+        _mamba2_replay_decode_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=0, num_warps=nw,
                                               RING_BY_CURSOR=bool(ring_by_cursor), **regs)
         return y
 
     def output_only():
-        _mamba2_replay_decode_v2_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
+        _mamba2_replay_decode_kernel[grid](*args, **meta, BP=bp, FOLD=FOLDS[fold], ROUTE=1, num_warps=nw,
                                               CURSOR_FIRST=cursor_first or row_wp is not None,
                                               ROW_CURSOR=row_wp is not None, RING_BY_CURSOR=bool(ring_by_cursor),
                                               DOTS=bool(ring_dots), **regs)
 
     def flush():
-        _mamba2_replay_decode_v2_kernel[(triton.cdiv(H * triton.cdiv(P, fbp), tpp), b)](
+        _mamba2_replay_decode_kernel[(triton.cdiv(H * triton.cdiv(P, fbp), tpp), b)](
             *args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
 
     # the two launches touch disjoint rows (by cursor), so their order is free and they may run side by side

@@ -18,49 +18,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import WP_TICKET, is_fp8, next_pow2
+from .._tl import _serial_fold, _store_state
+from ..replay_common import WP_TICKET, is_fp8, next_pow2
 
 MODE_DECODE, MODE_VERIFY, MODE_FLUSH = 0, 1, 2
 
 
 @triton.jit
-def _serial_fold(S, a_ptrs, b_ptrs, d_ptr, a_step, b_step, n, coef, am, bm, L, SCALE_BY_D: tl.constexpr):
-    """The eager recurrence over ring entries j < n, in order, on an fp32 register tile:
-    Mamba-2 (SCALE_BY_D): S <- e^{coef d_j} S + (d_j a_j) b_j^T ; GDN: S <- e^{d_j} S + a_j b_j^T.
-    Register-light (no dot operands), next entry prefetched; used by every flush."""
-    aj = tl.load(a_ptrs, mask=am, other=0.0).to(tl.float32)
-    bj = tl.load(b_ptrs, mask=bm, other=0.0).to(tl.float32)
-    dj = tl.load(d_ptr)
-    for j in range(0, n):
-        jn = tl.minimum(j + 1, L - 1)  # in-bounds prefetch; unused after the last entry
-        an = tl.load(a_ptrs + jn * a_step, mask=am, other=0.0).to(tl.float32)
-        bn = tl.load(b_ptrs + jn * b_step, mask=bm, other=0.0).to(tl.float32)
-        dn = tl.load(d_ptr + jn)
-        if SCALE_BY_D:
-            S = tl.exp(coef * dj) * S + (dj * aj)[:, None] * bj[None, :]
-        else:
-            S = tl.exp(dj) * S + aj[:, None] * bj[None, :]
-        aj = an
-        bj = bn
-        dj = dn
-    return S
-
-
-@triton.jit
-def _store_state(ptr, sc_ptr, off, S, offs_p, pm, mask, IS_FP8: tl.constexpr):
-    if IS_FP8:
-        amax = tl.max(tl.abs(S), axis=1)
-        sc = amax / 448.0
-        sc = tl.where(sc > 0.0, sc, 1.0)
-        q = tl.minimum(tl.maximum(S / sc[:, None], -448.0), 448.0)
-        tl.store(ptr + off, q.to(ptr.dtype.element_ty), mask=mask)
-        tl.store(sc_ptr + offs_p, sc, mask=pm)
-    else:
-        tl.store(ptr + off, S.to(ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _mamba2_replay_kernel(
+def _mamba2_head_group_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr,
@@ -207,7 +172,7 @@ def _mamba2_replay_kernel(
 
 
 @triton.jit
-def _mamba2_replay_decode_kernel(
+def _mamba2_head_group_decode_kernel(
     ck_ptr, cks_ptr, lo_ptr, los_ptr,
     rx_ptr, rdt_ptr, rB_ptr, wp_ptr,
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, z_ptr, y_ptr, sid_ptr,
@@ -373,7 +338,7 @@ def launch(mode, ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt
         sdt = (dt.stride(0), dt.stride(1), dt.stride(2))
         sB = (B.stride(0), B.stride(1), B.stride(2))
         sC = (C.stride(0), C.stride(1), C.stride(2))
-    kern = _mamba2_replay_decode_kernel if mode == MODE_DECODE else _mamba2_replay_kernel
+    kern = _mamba2_head_group_decode_kernel if mode == MODE_DECODE else _mamba2_head_group_kernel
     kern[grid](
         ckpt, ckpt_scale if ckpt_scale is not None else dummy,
         ckpt_lo if ckpt_lo is not None else dummy, ckpt_lo_scale if ckpt_lo_scale is not None else dummy,

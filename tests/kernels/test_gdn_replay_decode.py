@@ -1,4 +1,4 @@
-"""Gated DeltaNet ReplaySSM decode, impl="v2" (eager-shaped Triton kernel, advance=False) vs the
+"""Gated DeltaNet ReplaySSM decode, impl="per_head" (eager-shaped Triton kernel, advance=False) vs the
 torch reference, step by step with a shared cursor moved by ``replay_advance``.
 
 Odd shapes (HV=6, Hk=3, V=5, K=7), L = 4, 2L+1 steps (two flushes per slot), rows at different
@@ -13,7 +13,7 @@ from kernel_errors import rel_rmse as rrmse
 from replay_fixtures import MODES, check_checkpoints, fill_state, poison, rows_for
 from synodic.kernels.gdn_decode.ref import gdn_decode_ref
 from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_decode, replay_advance
-from synodic.kernels.gdn_replay.decode_v2 import launch_decode_v2
+from synodic.kernels.gdn_replay.decode import launch_decode
 
 SLOTS = 4
 L = 4
@@ -36,17 +36,17 @@ def inputs(gen, b, HV, Hk, V, K, dtype=torch.float32):
     return dict(q=q, k=k, v=v, g=g, beta=beta)
 
 
-def v2_step(c, step, config, split=None, ring_by_cursor=None, ring_dots=None, **kw):
+def per_head_step(c, step, config, split=None, ring_by_cursor=None, ring_dots=None, **kw):
     """Even steps through the public dispatch, odd steps straight into the launcher with a
     NaN-poisoned output buffer (every element, padding rows included, must be written).
     split: None / False / True, or a flush launch config (split=True with that config)."""
     flush = split if isinstance(split, tuple) else None
     split = True if flush else split
     if step % 2 == 0:
-        return gdn_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="v2", config=config,
+        return gdn_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="per_head", config=config,
                                  split=split, flush_config=flush, ring_by_cursor=ring_by_cursor, ring_dots=ring_dots)
     o = torch.full_like(kw["v"], float("nan"))
-    launch_decode_v2(c["ckpt"], c["ring_u"], c["ring_k"], c["ring_g"], c["write_pos"], kw["q"], kw["k"], kw["v"],
+    launch_decode(c["ckpt"], c["ring_u"], c["ring_k"], c["ring_g"], c["write_pos"], kw["q"], kw["k"], kw["v"],
                      kw["g"], kw["beta"], kw["slot_ids"], o, L=L, scale=None, use_qk_l2norm=True,
                      ckpt_scale=c.get("ckpt_scale"), ckpt_lo=c.get("ckpt_lo"), ckpt_lo_scale=c.get("ckpt_lo_scale"),
                      config=config, split=split, flush_config=flush, ring_by_cursor=ring_by_cursor,
@@ -54,7 +54,7 @@ def v2_step(c, step, config, split=None, ring_by_cursor=None, ring_dots=None, **
     return o
 
 
-CASES = [  # (HV, Hk, V, K, mode, config (BLOCK_V, warps[, fold]) or None = pick_config_v2, split[, ring by cursor])
+CASES = [  # (HV, Hk, V, K, mode, config (BLOCK_V, warps[, fold]) or None = pick_decode_config, split[, ring by cursor])
     (6, 3, 5, 7, "fp32", (4, 2), False),          # two V-tiles, the second partial; K masked
     (6, 3, 5, 7, "fp32", (4, 2), False, True),    # the ring read only below the cursor (poisoned entries unread)
     (4, 2, 8, 16, "dual_bf16", (8, 1, "dot"), True, True),  # output-only launch: flushing rows skipped first
@@ -80,7 +80,8 @@ DOTS_CASES = [CASES[i] for i in (0, 2, 5, 6, 7, 11)]
 @pytest.mark.parametrize("HV,Hk,V,K,mode,config,split,ring_by_cursor,ring_dots",
                          [c + (None,) * (8 - len(c)) + (False,) for c in CASES]
                          + [c + (None,) * (8 - len(c)) + (True,) for c in DOTS_CASES])
-def test_v2_decode_matches_ref_across_flushes(HV, Hk, V, K, mode, config, split, ring_by_cursor, ring_dots, device):
+def test_per_head_decode_matches_ref_across_flushes(HV, Hk, V, K, mode, config, split, ring_by_cursor, ring_dots,
+                                                    device):
     gen = torch.Generator().manual_seed(20 + HV + len(mode))
     c, _ = fresh(gen, HV, Hk, V, K, mode)
     c = {k: v.to(device) for k, v in c.items()}
@@ -92,9 +93,9 @@ def test_v2_decode_matches_ref_across_flushes(HV, Hk, V, K, mode, config, split,
         kw = {k: t.to(device) for k, t in inputs(gen, len(sid), HV, Hk, V, K).items()}
         kw["slot_ids"] = sid
         wp = c["write_pos"].clone()
-        o = v2_step(c, step, config, split, ring_by_cursor, ring_dots, **kw)
+        o = per_head_step(c, step, config, split, ring_by_cursor, ring_dots, **kw)
         o_ref = gdn_replay_decode(**c_ref, **kw, L=L, advance=False, backend="ref")
-        assert torch.equal(c["write_pos"], wp)  # v2 never moves the cursor
+        assert torch.equal(c["write_pos"], wp)  # per-head never moves the cursor
         assert not torch.isnan(o).any(), step
         assert torch.all(o[sid < 0] == 0)
         worst = max(worst, rrmse(o, o_ref))
@@ -109,7 +110,7 @@ def test_v2_decode_matches_ref_across_flushes(HV, Hk, V, K, mode, config, split,
     assert c["write_pos"].tolist() == [steps % L, 0, steps % L, (steps - 2) % L]
 
 
-def test_v2_matches_eager_fp32(device):
+def test_per_head_matches_eager_fp32(device):
     """End to end against eager fp32 decoding (not just the replay reference)."""
     HV, Hk, V, K = 6, 3, 5, 7
     gen = torch.Generator().manual_seed(3)
@@ -119,7 +120,7 @@ def test_v2_matches_eager_fp32(device):
     sid = torch.tensor([1, -1, 3, 0], dtype=torch.int32, device=device)
     for step in range(L + 2):
         kw = {k: t.to(device) for k, t in inputs(gen, 4, HV, Hk, V, K).items()}
-        o = v2_step(c, step, None, **kw, slot_ids=sid)
+        o = per_head_step(c, step, None, **kw, slot_ids=sid)
         o_eager = gdn_decode_ref(S_eager, kw["q"], kw["k"], kw["v"], kw["g"], kw["beta"], sid)
         assert rel(o, o_eager) <= 1e-4, step
         replay_advance(c["write_pos"], sid, L=L)
@@ -130,7 +131,7 @@ def test_v2_matches_eager_fp32(device):
     (False, False, "serial", False), (True, False, "serial", False), (False, True, "serial", False),
     (True, True, "serial", False), (False, None, "bf16x3", False), (True, None, "bf16x3", False),
     (False, None, "serial", True), (False, None, "bf16x3", True), (True, None, "bf16x3", True)])
-def test_v2_full_ring_and_cursor_at_L(split, ring_by_cursor, fold, ring_dots, device):
+def test_per_head_full_ring_and_cursor_at_L(split, ring_by_cursor, fold, ring_dots, device):
     """Cursor at L (a verify committed a full window): the step flushes all L entries + this token;
     at L-1 it flushes too; bf16 ring / activations (bf16x3: the fold on bf16 tensor cores, fp32-exact)."""
     HV, Hk, V, K = 6, 3, 5, 7
@@ -144,7 +145,7 @@ def test_v2_full_ring_and_cursor_at_L(split, ring_by_cursor, fold, ring_dots, de
     c_ref = {k: v.clone() for k, v in c.items()}
     sid = torch.tensor([0, 1, -1, 2, 3], dtype=torch.int32, device=device)
     kw = {k: t.to(device) for k, t in inputs(gen, 5, HV, Hk, V, K, dtype=torch.bfloat16).items()}
-    o = v2_step(c, 1, (4, 2, fold), split, ring_by_cursor, ring_dots, **kw, slot_ids=sid)
+    o = per_head_step(c, 1, (4, 2, fold), split, ring_by_cursor, ring_dots, **kw, slot_ids=sid)
     o_ref = gdn_replay_decode(**c_ref, **kw, slot_ids=sid, L=L, advance=False, backend="ref")
     assert o.dtype == torch.bfloat16
     assert rel(o, o_ref) <= 1e-2  # bf16 outputs
@@ -152,19 +153,19 @@ def test_v2_full_ring_and_cursor_at_L(split, ring_by_cursor, fold, ring_dots, de
         torch.testing.assert_close(c[key].float(), c_ref[key].float(), rtol=1e-5, atol=1e-5)
 
 
-def test_v2_argument_errors(device):
+def test_per_head_argument_errors(device):
     HV, Hk, V, K = 3, 1, 5, 7
     gen = torch.Generator().manual_seed(5)
     c, _ = fresh(gen, HV, Hk, V, K, "fp32")
     kw = inputs(gen, 1, HV, Hk, V, K)
     sid = torch.tensor([0], dtype=torch.int32)
     with pytest.raises(ValueError, match="advance=False"):
-        gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="v2")
+        gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="per_head")
     with pytest.raises(ValueError, match="advance=False"):
-        gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="v2", advance=False, route="state")
+        gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="per_head", advance=False, route="state")
     with pytest.raises(ValueError, match="impl"):
         gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="v3")
     with pytest.raises(ValueError, match="bf16 k ring"):  # an fp32 ring is not exact in bf16
         gdn_replay_decode(**{k: v.to(device) for k, v in c.items()}, **{k: v.to(device) for k, v in kw.items()},
-                          slot_ids=sid.to(device), L=L, impl="v2", advance=False, backend="triton",
+                          slot_ids=sid.to(device), L=L, impl="per_head", advance=False, backend="triton",
                           config=(4, 2, "bf16x3"))

@@ -1,5 +1,5 @@
-"""ReplaySSM speculative verify, impl="v2" (Mamba-2 and GDN, eager-shaped Triton kernels) vs the torch
-reference (and v1 on a few cases).
+"""ReplaySSM speculative verify, impl="per_head" (Mamba-2 and GDN, eager-shaped Triton kernels) vs the torch
+reference (and head-group on a few cases).
 
 Odd shapes (odd head counts, P / V / N / K not powers of two, partial last tiles), T in {1, 3, 4}, one
 launch with rows at cursor 0, mid-ring and wp + T == L, a padding row (slot -1), an unused slot,
@@ -14,9 +14,9 @@ import torch
 from kernel_errors import rel_max as rel
 from replay_fixtures import MODES, fill_state
 from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_verify
-from synodic.kernels.gdn_replay.verify_v2 import launch_verify_v2 as gdn_launch_v2
+from synodic.kernels.gdn_replay.verify import launch_verify as gdn_launch_verify
 from synodic.kernels.mamba2_replay import mamba2_replay_alloc, mamba2_replay_verify
-from synodic.kernels.mamba2_replay.verify_v2 import launch_verify_v2 as mamba_launch_v2
+from synodic.kernels.mamba2_replay.verify import launch_verify as mamba_launch_verify
 
 L = 6
 SLOTS = 4
@@ -94,7 +94,7 @@ def mamba_problem(H, G, P, N, T, mode, dtype, seed):
 
 
 @pytest.mark.parametrize("H,G,P,N,T,mode,dtype,config,use_z,direct", MAMBA_CASES)
-def test_mamba2_verify_v2_matches_ref(H, G, P, N, T, mode, dtype, config, use_z, direct, device):
+def test_mamba2_verify_per_head_matches_ref(H, G, P, N, T, mode, dtype, config, use_z, direct, device):
     c, kw = mamba_problem(H, G, P, N, T, mode, dtype, seed=H * 100 + N + T)
     if not use_z:
         kw["z"] = None
@@ -105,11 +105,12 @@ def test_mamba2_verify_v2_matches_ref(H, G, P, N, T, mode, dtype, config, use_z,
     if direct:  # straight into the launcher with a NaN-poisoned output: every element must be written
         y = torch.full_like(kw["x"], float("nan"))
         keys = ("x", "dt", "A", "B", "C", "D", "dt_bias", "slot_ids", "z")
-        mamba_launch_v2(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], *(kw[k] for k in keys), y,
+        mamba_launch_verify(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], *(kw[k] for k in keys),
+                            y,
                         L=L, ckpt_scale=c.get("ckpt_scale"), ckpt_lo=c.get("ckpt_lo"),
                         ckpt_lo_scale=c.get("ckpt_lo_scale"), config=config)
     else:
-        y = mamba2_replay_verify(**c, **kw, L=L, backend="triton", impl="v2", config=config)
+        y = mamba2_replay_verify(**c, **kw, L=L, backend="triton", impl="per_head", config=config)
     y_ref = mamba2_replay_verify(**c_ref, **kw, L=L, backend="ref")
     assert y.dtype == dtype and not torch.isnan(y).any()
     assert torch.all(y[kw["slot_ids"] < 0] == 0)
@@ -119,14 +120,14 @@ def test_mamba2_verify_v2_matches_ref(H, G, P, N, T, mode, dtype, config, use_z,
 
 
 @pytest.mark.parametrize("gram", [False, True])
-def test_mamba2_verify_v2_matches_v1(gram, device):
+def test_mamba2_verify_per_head_matches_head_group(gram, device):
     H, G, P, N, T = 6, 2, 5, 7, 3
     c, kw = mamba_problem(H, G, P, N, T, "fp32", torch.float32, seed=7)
     c = {k: v.to(device) for k, v in c.items()}
     kw = {k: v.to(device) for k, v in kw.items()}
     c1 = {k: v.clone() for k, v in c.items()}
-    y2 = mamba2_replay_verify(**c, **kw, L=L, backend="triton", config=(8, 2, gram))  # auto = v2
-    y1 = mamba2_replay_verify(**c1, **kw, L=L, backend="triton", impl="v1")
+    y2 = mamba2_replay_verify(**c, **kw, L=L, backend="triton", config=(8, 2, gram))  # auto = per-head
+    y1 = mamba2_replay_verify(**c1, **kw, L=L, backend="triton", impl="head_group")
     assert rel(y2, y1) <= 1e-5
     for k in c:
         torch.testing.assert_close(c[k].float().nan_to_num(7.0), c1[k].float().nan_to_num(7.0), rtol=1e-6, atol=1e-6)
@@ -161,7 +162,7 @@ def gdn_problem(HV, Hk, V, K, T, mode, dtype, seed):
 
 
 @pytest.mark.parametrize("HV,Hk,V,K,T,mode,dtype,config,qk,direct", GDN_CASES)
-def test_gdn_verify_v2_matches_ref(HV, Hk, V, K, T, mode, dtype, config, qk, direct, device):
+def test_gdn_verify_per_head_matches_ref(HV, Hk, V, K, T, mode, dtype, config, qk, direct, device):
     c, kw = gdn_problem(HV, Hk, V, K, T, mode, dtype, seed=HV * 100 + K + T)
     c = {k: v.to(device) for k, v in c.items()}
     kw = {k: v.to(device) for k, v in kw.items()}
@@ -171,11 +172,11 @@ def test_gdn_verify_v2_matches_ref(HV, Hk, V, K, T, mode, dtype, config, qk, dir
     if direct:  # straight into the launcher with a NaN-poisoned output: every element must be written
         o = torch.full_like(kw["v"], float("nan"))
         keys = ("q", "k", "v", "g", "beta", "slot_ids")
-        gdn_launch_v2(c["ckpt"], c["ring_u"], c["ring_k"], c["ring_g"], c["write_pos"], *(kw[k] for k in keys), o,
+        gdn_launch_verify(c["ckpt"], c["ring_u"], c["ring_k"], c["ring_g"], c["write_pos"], *(kw[k] for k in keys), o,
                       L=L, scale=scale, use_qk_l2norm=use_l2, ckpt_scale=c.get("ckpt_scale"),
                       ckpt_lo=c.get("ckpt_lo"), ckpt_lo_scale=c.get("ckpt_lo_scale"), config=config)
     else:
-        o = gdn_replay_verify(**c, **kw, L=L, scale=scale, use_qk_l2norm=use_l2, backend="triton", impl="v2",
+        o = gdn_replay_verify(**c, **kw, L=L, scale=scale, use_qk_l2norm=use_l2, backend="triton", impl="per_head",
                               config=config)
     o_ref = gdn_replay_verify(**c_ref, **kw, L=L, scale=scale, use_qk_l2norm=use_l2, backend="ref")
     assert o.dtype == dtype and not torch.isnan(o).any()
@@ -187,14 +188,14 @@ def test_gdn_verify_v2_matches_ref(HV, Hk, V, K, T, mode, dtype, config, qk, dir
 
 
 @pytest.mark.parametrize("gram,l2", [(False, False), (True, True)])
-def test_gdn_verify_v2_matches_v1(gram, l2, device):
+def test_gdn_verify_per_head_matches_head_group(gram, l2, device):
     HV, Hk, V, K, T = 4, 2, 5, 7, 3
     c, kw = gdn_problem(HV, Hk, V, K, T, "fp32", torch.float32, seed=8)
     c = {k: v.to(device) for k, v in c.items()}
     kw = {k: v.to(device) for k, v in kw.items()}
     c1 = {k: v.clone() for k, v in c.items()}
-    o2 = gdn_replay_verify(**c, **kw, L=L, use_qk_l2norm=l2, backend="triton", config=(8, 1, gram))  # auto = v2
-    o1 = gdn_replay_verify(**c1, **kw, L=L, use_qk_l2norm=l2, backend="triton", impl="v1")
+    o2 = gdn_replay_verify(**c, **kw, L=L, use_qk_l2norm=l2, backend="triton", config=(8, 1, gram))  # auto = per-head
+    o1 = gdn_replay_verify(**c1, **kw, L=L, use_qk_l2norm=l2, backend="triton", impl="head_group")
     assert rel(o2, o1) <= 1e-5
     for k in c:
         torch.testing.assert_close(c[k].float().nan_to_num(7.0), c1[k].float().nan_to_num(7.0), rtol=1e-5, atol=1e-6)
@@ -203,17 +204,17 @@ def test_gdn_verify_v2_matches_v1(gram, l2, device):
 def test_verify_impl_and_config_errors(device):
     c, kw = mamba_problem(3, 1, 5, 7, 1, "fp32", torch.float32, seed=1)
     c, kw = ({k: v.to(device) for k, v in d.items()} for d in (c, kw))
-    with pytest.raises(ValueError, match=r"impl.*'auto', 'v1', 'v2'.*'v3'"):
+    with pytest.raises(ValueError, match=r"impl.*'auto', 'head_group', 'per_head'.*'v3'"):
         mamba2_replay_verify(**c, **kw, L=L, backend="ref", impl="v3")
     with pytest.raises(ValueError, match="BLOCK_P, num_warps"):
-        mamba2_replay_verify(**c, **kw, L=L, backend="triton", impl="v2", config=(8, 1, 4, None, 0))
+        mamba2_replay_verify(**c, **kw, L=L, backend="triton", impl="per_head", config=(8, 1, 4, None, 0))
     c, kw = gdn_problem(3, 1, 5, 7, 1, "fp32", torch.float32, seed=1)
     c, kw = ({k: v.to(device) for k, v in d.items()} for d in (c, kw))
-    with pytest.raises(ValueError, match=r"impl.*'auto', 'v1', 'v2'.*'fast'"):
+    with pytest.raises(ValueError, match=r"impl.*'auto', 'head_group', 'per_head'.*'fast'"):
         gdn_replay_verify(**c, **kw, L=L, backend="ref", impl="fast")
     with pytest.raises(ValueError, match="BLOCK_V, num_warps"):
         gdn_replay_verify(**c, **kw, L=L, backend="triton", config=(8,))
-    with pytest.raises(ValueError, match="gram a bool"):  # a v1 config handed to v2
+    with pytest.raises(ValueError, match="gram a bool"):  # a head-group config handed to per-head
         gdn_replay_verify(**c, **kw, L=L, backend="triton", config=(16, 2, 2, None))
     with pytest.raises(ValueError, match="dot=True needs gram=True"):
         gdn_replay_verify(**c, **kw, L=L, backend="triton", config=(16, 2, False, None, True))
