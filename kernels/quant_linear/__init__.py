@@ -13,8 +13,8 @@ The weights are dequantized in registers, so decode reads ~4.25 bits (MXFP4) / 4
 weight instead of 16. Backends: "auto" (Triton on CUDA tensors, reference otherwise) | "triton" | "ref".
 
 Kernels (dot.py, dotp.py, gemv32.py, gemvh.py; picked in launch.py): "gemvh" (CUDA-core GEMV for one or two
-rows with fp16x2 FMAs), "gemv32" (the same from fp32 arithmetic, one row), "dotp" and "dot" (tl.dot, any M); the default config takes gemvh for M <= 2
-with bf16 / fp16 activations, gemv32 for one fp32 row, dotp above. Measured on an H200 (bench_quant.py,
+rows with fp16x2 FMAs), "gemv32" (the same from fp32 arithmetic, one row), "dotp" and "dot" (tl.dot, any M);
+the default config takes gemvh for M <= 2 with bf16 / fp16 activations, gemv32 for one fp32 row, dotp above. Measured on an H200 (bench_quant.py,
 2026-11-30, bf16 activations, weights read from HBM, 4096x14336 and 14336x4096): M = 1 "gemvh" 2.1-2.3x the bf16
 F.linear for MXFP4, 1.6-1.8x NVFP4, 1.5-1.7x MXFP8 (gemv32: 1.41-1.47x, 1.41-1.47x, 1.03-1.09x); M = 2 gemvh
 1.46-1.51x MXFP4, 1.29-1.31x NVFP4; M = 32 "dotp" 0.63-0.94x ("dot" 0.41-0.74x).
