@@ -23,7 +23,9 @@ after dotp's aligned code loads and tile re-sweep of 2026-12-01; one row for fp3
 when the layer keeps no dense copy (PACKED_ONLY_MAX_ROWS). A call without a config takes the GPU's tuned table entry
 for its shape where there is one (tuned.py). gemvh rounds products to fp16 (rel. error ~1.5e-3 vs the fp32 reference);
 on bf16 activations the dot path rounds x * s to bf16 before the MMA (rel. error ~1e-3; fp32 activations run an IEEE
-fp32 dot). """ from __future__ import annotations
+fp32 dot).
+"""
+from __future__ import annotations
 
 import os
 
