@@ -172,3 +172,33 @@ def _store_state(ptr, sc_ptr, off, S, offs_p, pm, mask, IS_FP8: tl.constexpr):
         tl.store(sc_ptr + offs_p, sc, mask=pm)
     else:
         tl.store(ptr + off, S.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _window_cursor(wp_ptr, slot64, valid, L: tl.constexpr, min_room, MODE: tl.constexpr, ADVANCE: tl.constexpr,
+                   NPROG: tl.constexpr, TICKET: tl.constexpr):
+    """The head-group replay kernels' cursor: (wp, flush) of the row's slot. Flush mode (MODE 2) fires where
+    wp > 0 and wp + min_room > L; only a firing flush moves the cursor: every program of the slot decides
+    alike, takes a ticket in write_pos's high bits, and the last one resets it (a flush check that does not
+    fire is one load per program, no atomics). Other modes never flush and never move the cursor."""
+    wp = tl.load(wp_ptr + slot64, mask=valid, other=0)
+    if MODE == 2:
+        wp = wp & (TICKET - 1)  # other programs of the slot may have added their tickets already
+        flush = (wp > 0) & (wp + min_room > L) & valid
+        if ADVANCE:  # (the launcher clears ADVANCE for verify)
+            if flush:
+                old = tl.atomic_add(wp_ptr + slot64, TICKET)
+                tl.atomic_xchg(wp_ptr + slot64, 0, mask=(old // TICKET) == NPROG - 1)
+    else:
+        flush = wp < 0  # never
+    return wp, flush
+
+
+@triton.jit
+def _load_state(ptr, sc_ptr, st_off, tile_mask, sc_off, sc_mask, FP8: tl.constexpr):
+    """A state tile as fp32: ptr[st_off] (checkpoint or its low-precision copy), times its per-row scale
+    sc_ptr[sc_off] when stored as fp8."""
+    S = tl.load(ptr + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+    if FP8:
+        S = S * tl.load(sc_ptr + sc_off, mask=sc_mask, other=0.0)[:, None]
+    return S

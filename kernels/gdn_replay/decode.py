@@ -39,6 +39,7 @@ from .._tl import (
     _fold_bf16x3,
     _head_tile,
     _limit_masks,
+    _load_state,
     _ring_mask,
     _round_bf16,
     _serial_fold,
@@ -137,13 +138,9 @@ def _gdn_decode_row(
     # ---- 1) the step's big read: checkpoint tile (or its low-precision copy; a flush-only launch reads
     #         the fp32 checkpoint straight away) ----
     if HAS_LO and ROUTE != 2:
-        S0 = tl.load(lo_ptr + sh * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-        if LO_FP8:
-            S0 = S0 * tl.load(los_ptr + sh * V + offs_v, mask=vm, other=0.0)[:, None]
+        S0 = _load_state(lo_ptr + sh * V * K, los_ptr + sh * V, st_off, tile_mask, offs_v, vm, LO_FP8)
     else:
-        S0 = tl.load(ck_ptr + sh * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-        if CK_FP8:
-            S0 = S0 * tl.load(cks_ptr + sh * V + offs_v, mask=vm, other=0.0)[:, None]
+        S0 = _load_state(ck_ptr + sh * V * K, cks_ptr + sh * V, st_off, tile_mask, offs_v, vm, CK_FP8)
     # ---- 2) the ring: all L entries with no cursor dependency, or (RING_BY_CURSOR) only the wp written ones,
     #         which waits one scalar load but moves on average half the ring bytes ----
     if RING_BY_CURSOR:
@@ -203,9 +200,7 @@ def _gdn_decode_row(
         if flush:
             # serial replay on the fp32 checkpoint (dual precision: S0 above was the copy)
             if HAS_LO:
-                S = tl.load(ck_ptr + sh * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-                if CK_FP8:
-                    S = S * tl.load(cks_ptr + sh * V + offs_v, mask=vm, other=0.0)[:, None]
+                S = _load_state(ck_ptr + sh * V * K, cks_ptr + sh * V, st_off, tile_mask, offs_v, vm, CK_FP8)
             else:
                 S = S0
             if KEYS and FOLD != 0:  # a dot fold reads the key ring as a tile (a new name: rk_raw is the record's)

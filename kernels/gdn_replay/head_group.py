@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._tl import _serial_fold, _store_state
+from .._tl import _load_state, _serial_fold, _store_state, _window_cursor
 from ..replay_common import WP_TICKET, is_fp8, next_pow2
 
 MODE_DECODE, MODE_VERIFY, MODE_FLUSH = 0, 1, 2
@@ -46,20 +46,7 @@ def _gdn_head_group_kernel(
     valid = slot >= 0
     slot64 = tl.maximum(slot, 0).to(tl.int64)
 
-    # ---- cursor ----
-    wp = tl.load(wp_ptr + slot64, mask=valid, other=0)
-    if MODE == 2:
-        wp = wp & (TICKET - 1)  # other programs of the slot may have added their tickets already
-        flush = (wp > 0) & (wp + min_room > L) & valid
-        if ADVANCE:  # (the launcher clears ADVANCE for verify)
-            if flush:
-                # Only a firing flush moves the cursor: every program of the slot decides alike, takes a
-                # ticket in write_pos's high bits, and the last one resets it. A flush check that does
-                # not fire (the common case before a window) is one load per program, no atomics.
-                old = tl.atomic_add(wp_ptr + slot64, TICKET)
-                tl.atomic_xchg(wp_ptr + slot64, 0, mask=(old // TICKET) == NPROG - 1)
-    else:
-        flush = wp < 0  # never
+    wp, flush = _window_cursor(wp_ptr, slot64, valid, L, min_room, MODE, ADVANCE, NPROG, TICKET)
 
     rep = HV // Hk
     hv0 = hc * HPP
@@ -210,13 +197,9 @@ def _gdn_head_group_decode_kernel(
         ring_h = slot64 * HV + hv
         # 1) checkpoint tile (or its low-precision copy) first
         if HAS_LO:
-            S0 = tl.load(lo_ptr + ring_h * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-            if LO_FP8:
-                S0 = S0 * tl.load(los_ptr + ring_h * V + offs_v, mask=vm, other=0.0)[:, None]
+            S0 = _load_state(lo_ptr + ring_h * V * K, los_ptr + ring_h * V, st_off, tile_mask, offs_v, vm, LO_FP8)
         else:
-            S0 = tl.load(ck_ptr + ring_h * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-            if CK_FP8:
-                S0 = S0 * tl.load(cks_ptr + ring_h * V + offs_v, mask=vm, other=0.0)[:, None]
+            S0 = _load_state(ck_ptr + ring_h * V * K, cks_ptr + ring_h * V, st_off, tile_mask, offs_v, vm, CK_FP8)
         # 2) this token's inputs
         gt = tl.load(g_ptr + row * sg_b + hv * sg_h, mask=valid, other=0.0).to(tl.float32)
         bt = tl.load(beta_ptr + row * sbt_b + hv * sbt_h, mask=valid, other=0.0).to(tl.float32)
@@ -259,9 +242,7 @@ def _gdn_head_group_decode_kernel(
         if flush:
             # flush (both routes): serial replay on the fp32 checkpoint tile, finish the step, write
             if HAS_LO or CK_FP8:
-                S = tl.load(ck_ptr + ring_h * V * K + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-                if CK_FP8:
-                    S = S * tl.load(cks_ptr + ring_h * V + offs_v, mask=vm, other=0.0)[:, None]
+                S = _load_state(ck_ptr + ring_h * V * K, cks_ptr + ring_h * V, st_off, tile_mask, offs_v, vm, CK_FP8)
             else:
                 S = S0
             S = _serial_fold(S, ru_ptr + ring_h * L * V + offs_v, rk_base + offs_k, rg_ptr + ring_h * L, V, K, wp,

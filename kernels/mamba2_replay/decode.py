@@ -37,6 +37,7 @@ from .._tl import (
     _fold_bf16x3,
     _head_tile,
     _limit_masks,
+    _load_state,
     _ring_mask,
     _round_bf16,
     _slot_of,
@@ -179,13 +180,9 @@ def _decode_row(
     # ---- 1) the step's big read: checkpoint tile (or its low-precision copy; a flush-only launch reads
     #         the fp32 checkpoint straight away) ----
     if HAS_LO and ROUTE != 2:
-        S0 = tl.load(lo_ptr + sh * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-        if LO_FP8:
-            S0 = S0 * tl.load(los_ptr + sh * P + offs_p, mask=pm, other=0.0)[:, None]
+        S0 = _load_state(lo_ptr + sh * P * N, los_ptr + sh * P, st_off, tile_mask, offs_p, pm, LO_FP8)
     else:
-        S0 = tl.load(ck_ptr + sh * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-        if CK_FP8:
-            S0 = S0 * tl.load(cks_ptr + sh * P + offs_p, mask=pm, other=0.0)[:, None]
+        S0 = _load_state(ck_ptr + sh * P * N, cks_ptr + sh * P, st_off, tile_mask, offs_p, pm, CK_FP8)
     # ---- 2) the ring: all L entries with no cursor dependency, or (RING_BY_CURSOR) only the wp written ones ----
     if HAS_WP:
         wp = tl.where(valid, wp_known, 0)
@@ -244,9 +241,7 @@ def _decode_row(
         if flush:
             # state route from the fp32 checkpoint (dual precision: S0 above was the copy)
             if HAS_LO:
-                S = tl.load(ck_ptr + sh * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-                if CK_FP8:
-                    S = S * tl.load(cks_ptr + sh * P + offs_p, mask=pm, other=0.0)[:, None]
+                S = _load_state(ck_ptr + sh * P * N, cks_ptr + sh * P, st_off, tile_mask, offs_p, pm, CK_FP8)
             else:
                 S = S0
             yv = _state_route(S, ck_ptr, cks_ptr, lo_ptr, los_ptr, sh, st_off, tile_mask, ct, wr, xr, rB,

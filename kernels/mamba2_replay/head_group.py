@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._tl import _serial_fold, _store_state
+from .._tl import _load_state, _serial_fold, _store_state, _window_cursor
 from ..replay_common import WP_TICKET, is_fp8, next_pow2
 
 MODE_DECODE, MODE_VERIFY, MODE_FLUSH = 0, 1, 2
@@ -46,20 +46,7 @@ def _mamba2_head_group_kernel(
     valid = slot >= 0
     slot64 = tl.maximum(slot, 0).to(tl.int64)
 
-    # ---- cursor ----
-    wp = tl.load(wp_ptr + slot64, mask=valid, other=0)
-    if MODE == 2:
-        wp = wp & (TICKET - 1)  # other programs of the slot may have added their tickets already
-        flush = (wp > 0) & (wp + min_room > L) & valid
-        if ADVANCE:  # (the launcher clears ADVANCE for verify)
-            if flush:
-                # Only a firing flush moves the cursor: every program of the slot decides alike, takes a
-                # ticket in write_pos's high bits, and the last one resets it. A flush check that does
-                # not fire (the common case before a window) is one load per program, no atomics.
-                old = tl.atomic_add(wp_ptr + slot64, TICKET)
-                tl.atomic_xchg(wp_ptr + slot64, 0, mask=(old // TICKET) == NPROG - 1)
-    else:
-        flush = wp < 0  # never
+    wp, flush = _window_cursor(wp_ptr, slot64, valid, L, min_room, MODE, ADVANCE, NPROG, TICKET)
 
     hpg = H // G
     h0 = hc * HPP
@@ -209,13 +196,9 @@ def _mamba2_head_group_decode_kernel(
         ring_h = slot64 * H + h
         # 1) the checkpoint tile (or its low-precision copy): the step's big read, issued first
         if HAS_LO:
-            S0 = tl.load(lo_ptr + ring_h * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-            if LO_FP8:
-                S0 = S0 * tl.load(los_ptr + ring_h * P + offs_p, mask=pm, other=0.0)[:, None]
+            S0 = _load_state(lo_ptr + ring_h * P * N, los_ptr + ring_h * P, st_off, tile_mask, offs_p, pm, LO_FP8)
         else:
-            S0 = tl.load(ck_ptr + ring_h * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-            if CK_FP8:
-                S0 = S0 * tl.load(cks_ptr + ring_h * P + offs_p, mask=pm, other=0.0)[:, None]
+            S0 = _load_state(ck_ptr + ring_h * P * N, cks_ptr + ring_h * P, st_off, tile_mask, offs_p, pm, CK_FP8)
         # 2) this token's inputs (independent of the cursor)
         xt_raw = tl.load(x_ptr + row * sx_b + h * sx_h + offs_p, mask=pm, other=0.0)
         xt = xt_raw.to(tl.float32)
@@ -269,9 +252,7 @@ def _mamba2_head_group_decode_kernel(
             # state route: S_t = e^{c_t} S0 + (x * w)^T B over the ring + dt_t x_t B_t^T from the
             # fp32 checkpoint -> checkpoint (+ low-precision copy)
             if HAS_LO or CK_FP8:
-                S = tl.load(ck_ptr + ring_h * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
-                if CK_FP8:
-                    S = S * tl.load(cks_ptr + ring_h * P + offs_p, mask=pm, other=0.0)[:, None]
+                S = _load_state(ck_ptr + ring_h * P * N, cks_ptr + ring_h * P, st_off, tile_mask, offs_p, pm, CK_FP8)
             else:
                 S = S0
             S = _serial_fold(S, rx_ptr + ring_h * L * P + offs_p, rB_base + offs_n, rdt_ptr + ring_h * L, P, N, wp,

@@ -324,11 +324,7 @@ class AdaptivePolicy(HotBufferPolicy):
         self.page_stamp[self.rows[:, None], col] = self.step_t
 
     def place_prefill(self, i, slot, kv, sel_last):
-        self.quiesce_host()
-        T = kv.shape[0]
-        pos = torch.arange(T, device=kv.device)
-        rs = torch.full_like(pos, slot)
-        self.host.write(i, self.host.rows(rs, pos), kv)
+        pos, _ = self.prefill_to_host(i, slot, kv)
         page = self.res_table[slot, pos // self.bs].long()
         res = page >= 0
         self.kv[i].view(-1, self.W)[(page * self.bs + pos % self.bs)[res]] = kv[res]

@@ -153,11 +153,8 @@ class HiSparsePolicy(HotBufferPolicy):
         return ids
 
     def place_prefill(self, i, slot, kv, sel_last):
-        self.quiesce_host()
+        pos, rs = self.prefill_to_host(i, slot, kv)
         T = kv.shape[0]
-        pos = torch.arange(T, device=kv.device)
-        rs = torch.full_like(pos, slot)
-        self.host.write(i, self.host.rows(rs, pos), kv)
         if T <= self.B:  # short: slot = position
             self.kv[i].view(-1, self.W)[self._rows_of(self.hot_table, rs, pos)] = kv
             self.hot_pos[i, slot, :T] = pos.int()

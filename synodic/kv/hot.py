@@ -55,6 +55,15 @@ class HotBufferPolicy(TopKPolicy):
         self.quiesce_host()   # last step's rows reach the host before this step's misses read it
         super().bind(rows, positions, view_blocks)
 
+    def prefill_to_host(self, i: int, slot: int, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A prompt's K/V rows [T, W] of layer i into the host pool (every row lives there); returns their positions
+        and the slot per row, for the policy's device placement."""
+        self.quiesce_host()
+        pos = torch.arange(kv.shape[0], device=kv.device)
+        rs = torch.full_like(pos, slot)
+        self.host.write(i, self.host.rows(rs, pos), kv)
+        return pos, rs
+
     def quiesce_host(self) -> None:
         """Backups queued and finished (compute stream ordered after them): before host rows are read or
         rewritten, or pages freed."""
