@@ -15,22 +15,21 @@ class DecodePipeline(Component):
 
 
 def serve(cfg, requests=None, progress=True, on_token=None):
-    """Builds the graph and serves the workload; returns (graph, engine, requests)."""
+    """Serves the workload on the runtime's executor; returns (graph, engine, requests)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from synodic.engine.engine import Engine
     from synodic.engine.text import load_codec
     from synodic.engine.workload import build_requests, max_seq_len
-    from synodic.graph import build_graph, checkpoint_dir
+    from synodic.graph import checkpoint_dir
     wl = cfg.workload
     vocab = cfg.model.architecture().vocab_size
     requests = requests or build_requests(wl, load_codec(checkpoint_dir(cfg.model)), vocab)
-    graph = build_graph(cfg, max_seq_len(wl, requests))
-    engine = Engine(graph, max_running=wl.concurrency)
+    executor = cfg.runtime.executor(cfg)
+    seq_len = max_seq_len(wl, requests)
     total = sum(r.params.max_tokens for r in requests)
     if not progress:
-        engine.generate(requests, on_token=on_token)
-        return graph, engine, requests
+        s = executor.serve(requests, seq_len, wl.concurrency, on_token=on_token)
+        return s.graph, s.engine, s.requests
     with Progress(TextColumn("decode"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                   TimeElapsedColumn(), transient=True) as bar:
         task = bar.add_task("decode", total=total)
@@ -40,8 +39,9 @@ def serve(cfg, requests=None, progress=True, on_token=None):
             made[0] += 1
             if on_token is not None:
                 on_token(r, t)
-        engine.generate(requests, on_token=tick, progress=lambda _: bar.update(task, completed=made[0]))
-    return graph, engine, requests
+        s = executor.serve(requests, seq_len, wl.concurrency, on_token=tick,
+                           progress=lambda _: bar.update(task, completed=made[0]))
+    return s.graph, s.engine, s.requests
 
 
 def metrics(engine, requests) -> dict:

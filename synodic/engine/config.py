@@ -22,3 +22,8 @@ class LocalRuntime(Component):
         "are prefilled together up to this many tokens (a longer one runs alone); KV policies with sparse "
         "prefill (hisparse, adaptive) prefill one request at a time")
     seed: int = Field(0, description="global torch seed")
+
+    def executor(self, cfg):
+        """Serves the run's requests in this process (synodic/engine/executor.py)."""
+        from .executor import LocalExecutor
+        return LocalExecutor(cfg)
