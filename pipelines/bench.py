@@ -42,6 +42,7 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
     import torch
 
     from synodic.engine.runner import ModelRunner
+    from synodic.engine.scheduler import Scheduler
     from synodic.transfer import PendingTokens
 
     runner = ModelRunner(graph.model, graph.ssm, graph.kv, graph.max_slots, graph.device, graph.cuda_graphs)
@@ -57,10 +58,8 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
                                f"stagger + warmup + steps + 2) needs {need} pages of {blocks.block_size}; expected "
                                f"kv.num_blocks >= {need} or fewer pipeline.steps"])
     prompts = [torch.randint(0, vocab, (p.prompt_len,), generator=gen).tolist() for _ in range(b)]
-    if graph.kv is not None:
-        for s in range(b):
-            graph.kv.blocks.release(s)
-            graph.kv.blocks.grow(s, total)
+    Scheduler(graph.max_slots, graph.kv.blocks if graph.kv is not None else None, graph.max_slots).hold(
+        list(range(b)), total)
     per = max(1, graph.cfg.runtime.prefill_tokens // p.prompt_len) if runner.batched_prefill else 1
     toks = []
     for s in range(0, b, per):  # batched prefill, as the engine's

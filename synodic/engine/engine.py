@@ -152,14 +152,8 @@ class Engine:
         evicts = sched.blocks is not None and sched.blocks.evicts
         if evicts and len(keep) < sum(not r.done for r in step.batch):
             return None
-        if sched.blocks is not None:
-            for i in keep:  # the next step writes position r.length
-                r = step.batch[i]
-                if not sched.blocks.can_grow(r.slot, r.length + 1) or (
-                        evicts and not sched.blocks.fits_free(r.slot, r.length + 1)):
-                    return None
-                sched.blocks.grow(r.slot, r.length + 1)
-        return keep
+        # the next step writes position r.length
+        return keep if sched.reserve([step.batch[i] for i in keep], 1, free_only=True) else None
 
     def _gather(self, tokens: torch.Tensor, keep: list[int]) -> torch.Tensor:
         """tokens[keep] on the device, the index copied without waiting for the stream."""
@@ -190,12 +184,8 @@ class Engine:
         the pages cannot hold the window this step, so the caller takes a plain step instead."""
         drafts = drafter(batch)
         T = 1 + len(drafts[0])
-        if self.scheduler.blocks is not None:  # pages for the whole window before it runs
-            short = [r for r in batch if not self.scheduler.blocks.can_grow(r.slot, r.length + T - 1)]
-            if short:  # fall back to a plain step; the scheduler preempts as usual next time
-                return False
-            for r in batch:
-                self.scheduler.blocks.grow(r.slot, r.length + T - 1)
+        if not self.scheduler.reserve(batch, T - 1):  # pages for the whole window before it runs
+            return False  # fall back to a plain step; the scheduler preempts as usual next time
         ts = time.perf_counter()
         windows = [[r.output_ids[-1], *d] for r, d in zip(batch, drafts)]
         logits = self.runner.verify([r.slot for r in batch], [r.length - 1 for r in batch], windows,

@@ -73,6 +73,29 @@ class Scheduler:
             preempted.append(victim)
         return preempted
 
+    def reserve(self, rows: list[Request], extra: int, free_only: bool = False) -> bool:
+        """Pages for each row to hold r.length + extra tokens (a queued overlapped step: extra = 1; a verify
+        window of T: T - 1), row by row; False at the first row that cannot have them. free_only: only from
+        free pages, never by a policy taking other requests' pages (kv=adaptive's demotion)."""
+        if self.blocks is None:
+            return True
+        for r in rows:
+            n = r.length + extra
+            if not self.blocks.can_grow(r.slot, n) or (free_only and self.blocks.evicts
+                                                        and not self.blocks.fits_free(r.slot, n)):
+                return False
+            self.blocks.grow(r.slot, n)
+        return True
+
+    def hold(self, slots: list[int], tokens: int) -> None:
+        """Fresh pages for raw slots outside request bookkeeping (the teacher-forced scorer, the bench
+        pipeline): each slot's pages released, then grown to `tokens`."""
+        if self.blocks is None:
+            return
+        for s in slots:
+            self.blocks.release(s)
+            self.blocks.grow(s, tokens)
+
     def _release(self, r: Request) -> None:
         if self.blocks is not None:
             self.blocks.release(r.slot)

@@ -4,6 +4,7 @@ ssm=replay, or between KV policies), so the logits are the ones decoding would s
 import torch
 
 from .runner import ModelRunner
+from .scheduler import Scheduler
 
 
 class DecodePathScorer:
@@ -28,11 +29,8 @@ class DecodePathScorer:
             raise ValueError(f"batch {b} exceeds the graph's {self.graph.max_slots} slots")
         rows = x.tolist()
         slots = list(range(b))
-        blocks = self.graph.kv.blocks if self.graph.kv is not None else None
-        if blocks is not None:
-            for s in slots:
-                blocks.release(s)
-                blocks.grow(s, T)
+        Scheduler(self.graph.max_slots, self.graph.kv.blocks if self.graph.kv is not None else None,
+                  self.graph.max_slots).hold(slots, T)
         firsts = [r[:1] for r in rows]
         if self.runner.batched_prefill:
             first = self.runner.prefill_batch(slots, firsts)[:, None]  # [b, 1, V]
