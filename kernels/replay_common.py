@@ -131,68 +131,34 @@ def replay_flush_reset(write_pos: torch.Tensor, slot_ids: torch.Tensor, *, L: in
 
 
 def split_default(ckpt_lo, rows: int) -> bool:
-    """Two launches (output-only rows, then flushing rows) instead of one fused kernel: the fused kernel's
-    register budget is set by its rarely taken flush branch (dual bf16 [64, N] on 2 warps: 255 registers and
-    spills, the output-only path alone 168; `python -m benchmarks.reg_usage`, Triton 3.9), so the common
-    step runs at low occupancy. H200, batch 256, bench_replay_flush 2026-11-30 07:50 UTC, do_bench plain / flush step:
-    dual_bf16 fused (64, 2, tf32x3) 234 / 1120 µs, split 174 / 1134 µs (flush launch (64, 4 warps, tf32x3,
-    16 tiles per program)); cycle 1.84x -> 2.27x eager (graph-timed bench_replay: 2.41x). A cursor-first
-    output-only launch trades 8 µs per plain step for 135 µs per flush step: equal over a cycle, so off.
-    fp32 gains nothing (240 vs 252 registers: the fp32 tile itself is the budget) and pays the flush launch
-    (plain 292 -> 319 µs). At batch 8 (1024 rows) the second launch made the step slower (15.5 vs 14.0 µs).
-    With the flush launch beside the output-only one (`overlap_default`), dual bf16 with the engine's per-row
-    cursors, 24 slot sets, staggered / aligned cursors, µs fused -> split (H200, 2026-12-01 10:16 UTC): batch 16
-    29.8 -> 38.7 / 29.4 -> 27.0; batch 32 41.7 -> 47.2 / 40.8 -> 33.8; batch 64 73.7 -> 59.2 / 71.4 -> 57.3;
-    batch 128 137.3 -> 101.8 / 133.0 -> 103.8. Serving staggers the cursors, so: a low-precision copy at
-    rows = batch x heads >= 8192 (batch 64 at 128 heads; was 4096). In the model, nemotron_h_8b dual bf16 decode at
-    batch 32 (staggered): 5.991 / 5.991 ms split -> 5.754 / 5.763 ms fused (10:21 UTC)."""
+    """Two launches (output-only rows, then flushing rows) instead of one fused kernel, for a low-precision
+    checkpoint copy at rows = batch x heads >= 8192: the fused kernel's registers are set by its rarely taken flush
+    branch, so the common step runs at low occupancy; fp32 gains nothing. See docs/tuning/replay.md."""
     return ckpt_lo is not None and rows >= 8192
 
 
 def ring_by_cursor_default(split: bool) -> bool:
-    """Whether a per-head decode launch reads only the ring entries below the cursor (a plain step then moves wp
-    entries,
-    on average half the ring bytes) instead of all L with no cursor dependency. Shared by the Mamba-2 and GDN per-head
-    decode kernels. H200, bench_replay --ring-sweep, full L = 16 cycles in CUDA graphs, batch 256 (2026-11-30 10:33
-    and 10:45 UTC): the split dual step's output-only launch, Mamba-2 208.0 / 209.2 -> 200.2 / 201.4 µs, GDN 146.1
-    -> 136.9 µs; the fused fp32 step, whose cursor load then sits between the slot id and the ring loads, Mamba-2
-    291.7 / 294.3 -> 318.4 / 318.6 µs, GDN 173.2 -> 194.8 µs (with the cursor gathered per row before the step,
-    loaded beside the slot id, Mamba-2 fp32 still 298.9 -> 312.1 µs); fused at batch 1-32: equal or slower. So on
-    for the output-only launch of a split step only."""
+    """Whether a decode launch reads only the ring entries below the cursor (a plain step then moves on average
+    half the ring bytes) instead of all L with no cursor dependency. Shared by the Mamba-2 and GDN decode kernels.
+    On for a split step's output-only launch only: in a fused step the cursor load delays the ring loads
+    (docs/tuning/replay.md)."""
     return split
 
 
 def ring_dots_default(split: bool) -> bool:
-    """Whether a per-head decode step first runs the verify path's prologue at T = 1 (GDN: the normalised k and q, k . q
+    """Whether a decode step first runs the verify path's prologue at T = 1 (GDN: the normalised k and q, k . q
     and the ring's k_j . k, k_j . q once per (row, key head); Mamba-2: B_j . C_t and B_t . C_t once per (row,
-    group)) so the main kernel reads no [L, K] key / [L, N] B ring. Shared by the Mamba-2 and GDN per-head decode
-    kernels.
-    Registers (offline sm_90 compile): GDN (32, 1 warp) fused fp32 255 -> 221, output-only fp32 200 -> 145,
-    output-only dual bf16 154 -> 96; Mamba-2 dual output-only ([64, N], 2 warps, the engine's cursor mode) 168 ->
-    128. H200, 24 slot sets, off / on / off / on, µs per step (bench_replay --stagger --dots-sweep, 2026-12-01
-    07:49, 07:53, 08:15 UTC), aligned cursors ; staggered:
-      GDN split dual bf16, batch 256: 137.3 / 131.4 / 137.5 / 131.5 ; 156.6 / 147.5 / 156.3 / 148.0
-                           batch 128: 73.1 / 72.5 / 73.1 / 72.4 ; 92.3 / 89.8 / 92.5 / 89.9;  batch 32: 23.8 -> 23.6
-      GDN fused fp32,      batch 256: 179.3 / 185.1 / 186.5 / 185.0 ; 189.2 / 187.2 / 189.0 / 187.4
-                           batch 128: 91.6 / 96.9 / 91.5 / 96.8 ; 94.7 / 99.5 / 94.7 / 99.6;  batch 32: 30.0 -> 33.6
-      GDN fp32 as two launches with the prologue, batch 256: 190.7 ; 217.6 (slower than fused)
-      Mamba-2 split dual bf16, batch 256: per-row cursors (the engine's) 215.0 / 201.4 / 214.9 / 201.4; cursor read
-                           in the kernel 205.2 / 204.3 / 206.1 / 204.3; staggered 224.9 / 225.3 / 224.9 / 225.1.
-    In the model at batch 256 (staggered): qwen35_gdn_4b dual bf16 8.613 / 8.400 / 8.605 / 8.390 ms, fp32 9.335 /
-    9.329 / 9.284 / 9.294 ms (07:54 UTC); nemotron_h_8b dual bf16 12.99 -> 12.81 and 12.95 -> 12.77 ms (08:16,
-    08:17 UTC). So on for a split step's output-only launch, off for a fused step."""
+    group)) so the main kernel reads no [L, K] key / [L, N] B ring. Shared by the Mamba-2 and GDN decode kernels.
+    It cuts the main kernel's registers; on for a split step's output-only launch, off for a fused step, where the
+    extra launch costs more than it saves (docs/tuning/replay.md)."""
     return split
 
 
 def overlap_default(split: bool) -> bool:
     """Whether a split step's flush launch runs on a side stream beside the output-only launch (their rows are
     disjoint) instead of after it. In order, the flush launch's few long programs (1/L of the rows when cursors
-    are staggered, as in serving) left most SMs idle at its end; beside the output-only launch they fill its gaps.
-    H200, batch 256, 24 slot sets, the engine's cursor modes, µs per step in order -> overlapped (bench_replay
-    cases, 2026-12-01 09:51-09:56 UTC): GDN dual bf16 staggered 148.6 -> 128.6, aligned 132.1 ->
-    129.0; Mamba-2 dual bf16 (per-row cursors) staggered 220.8 -> 195.7, aligned 200.3 -> 195.8. The fp32 steps
-    stay fused: as split steps, even overlapped, GDN took 185.6-192.7 µs against fused 177.3-181.9, Mamba-2
-    300.7-344.5 against 305.5-309.7 (and a slower model step). So on wherever a step is split."""
+    are staggered, as in serving) leave most SMs idle at its end; beside the output-only launch they fill its gaps.
+    On wherever a step is split; fp32 steps stay fused (docs/tuning/replay.md)."""
     return split
 
 

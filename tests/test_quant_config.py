@@ -113,7 +113,7 @@ def test_layer_patterns_mxfp6_and_smoothquant():
 def test_report_errors_and_plot(tmp_path):
     from synodic.quant.report import error_rows, layer_errors, plot_layer_errors
     model = tiny()
-    with torch.no_grad():  # uneven input channels, where DualQuant's column scales pay off (QUANT.md)
+    with torch.no_grad():  # uneven input channels, where DualQuant's column scales pay off (docs/quantization.md)
         cols = torch.randn(384, generator=torch.Generator().manual_seed(0))
         model.blocks[0].mixer.in_proj.weight.mul_(torch.exp(cols))
     layers = ["blocks.0.*", "blocks.1.*"]

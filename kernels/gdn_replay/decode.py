@@ -164,7 +164,7 @@ def _gdn_decode_row(
     if not RING_BY_CURSOR:
         wp = tl.load(wp_ptr + slot, mask=valid, other=0)
     # k stays in its load dtype until the compute below: converting it here puts a wait for the load in front of
-    # the v / g / beta loads (batch 1: 3.9 -> 4.3 µs, H200 2026-12-01)
+    # the v / g / beta loads (measurably slower at batch 1; docs/tuning/replay.md)
     if KEYS:  # normalised (q scaled) by the prologue
         kt_raw = tl.load(rec + offs_k)
         qt = tl.load(rec + BK + offs_k)
@@ -293,17 +293,9 @@ def _gdn_output_only(S0, ru_raw, dk, dq, kq, lm, Gt, Gam, kt, qt, vt_, bt):
 
 
 def pick_decode_config(batch: int, HV: int, V: int, lo: bool) -> tuple[int, int]:
-    """(BLOCK_V, num_warps). H200 sweep (bench_replay --ops gdn --sweep 256, 2026-11-30 ~02:50 UTC, HV=32,
-    Hk=16, K=V=128, L=16), speedup over the eager kernel at batch 256:
-      fp32:      (32, 1 warp) 1.61x; (64, 2) 1.39x; (16, 1) 1.27x; (128, 4) 1.23x; (32, 2) 1.10x; (64, 4) 0.97x
-      dual_bf16: (32, 1) 1.65x; (64, 2) 1.56x; (128, 4) 1.32x; (16, 1) 1.31x; (128, 2) spills (0.10x)
-    i.e. a [32, K] tile on one warp (128 elements per thread, the Mamba-2 winner's load per thread) once
-    batch x heads fills the GPU (>= 1024 rows). Below that the flush folds with the fp32 dot (`pick_fold`) and
-    (bench_replay --ops gdn --batches 1,8 --sweep 1,8, 2026-11-30 11:09 UTC, fp32 / dual_bf16 speedups):
-      batch 1: (16, 2) 0.99x / 1.00x (serial fold 0.97x / 0.93x); (8, 1) 0.98x / 0.99x; (16, 1) 0.89x / 0.86x
-      batch 8: (16, 1) 1.07x / 1.26x; (16, 2) 0.81x / 0.86x (serial fold 1.03x / 1.05x); (8, 1) 0.97x / 1.02x
-    so [16, K] tiles on 2 warps up to 64 rows (batch 2 here), on one warp above; timed as defaults (11:12 UTC,
-    code f2fa02f): batch 2 1.01x / 1.07x, batch 4 1.12x / 1.25x, batch 16 1.12x / 1.30x."""
+    """(BLOCK_V, num_warps): a [32, K] tile on one warp (128 elements per thread, the Mamba-2 winner's load per
+    thread) once batch x heads fills the GPU (>= 1024 rows); below, where the flush folds with the fp32 dot
+    (`pick_fold`), [16, K] tiles on 2 warps up to 64 rows, on one warp above. See docs/tuning/replay.md."""
     cap = triton.next_power_of_2(V)
     rows = batch * HV
     if rows >= 1024:
@@ -313,14 +305,9 @@ def pick_decode_config(batch: int, HV: int, V: int, lo: bool) -> tuple[int, int]
 
 def pick_fold(ckpt_lo, BV: int, nw: int, rows: int, ring_k_dtype=torch.bfloat16) -> str:
     """How a flush folds the ring. Below 1024 rows (batch x value heads) the step is latency-bound: the fp32 FMA
-    dot over the ring already in registers, not L dependent rank-1 updates (see `pick_decode_config`). H200, batch
-    256, a plain step (cursor 5) / the flush step (cursor 15), 2026-11-30 ~06:20 UTC (bench_replay_flush): fp32
-    (32, 1 warp) serial 166 / 401 µs, dot 183 / 353, tf32x3 212 / 422; dual_bf16 serial 148 / 581, dot 149 / 485,
-    tf32x3 165 / 549. Full cycles in CUDA graphs (bench_replay --ops gdn --batches 256 --sweep 256, 2026-11-30
-    11:22 UTC, code c478db8): fp32 fused (32, 1) serial 173.2 µs, bf16x3 179.5, dot 186.3; dual (split, the
-    fold is the flush launch's) serial 136.2, dot 137.2, **bf16x3 128.6** (2.15x eager). So from 1024 rows: fp32
-    serial (the fused kernel's registers: bf16x3 spills 128 B there); a bf16 copy at (32, 1) bf16x3 with a bf16 k
-    ring (exact in bf16), else the dot."""
+    dot over the ring already in registers, not L dependent rank-1 updates. From 1024 rows: fp32 serial (the fused
+    kernel's registers: bf16x3 spills there); a bf16 copy at (32, 1) bf16x3 with a bf16 k ring (exact in bf16),
+    else the dot. See docs/tuning/replay.md."""
     if rows < 1024:
         return "dot"
     if ckpt_lo is not None and ckpt_lo.dtype == torch.bfloat16 and (BV, nw) == (32, 1):
@@ -329,17 +316,10 @@ def pick_fold(ckpt_lo, BV: int, nw: int, rows: int, ring_k_dtype=torch.bfloat16)
 
 
 def split_default(ckpt_lo, rows: int) -> bool:
-    """Two launches (output-only rows, then flushing rows), as `mamba2_replay.decode.split_default`: the
-    fused dual kernel has 255 registers and spills, its output-only path 154. H200, batch 256,
-    bench_replay_flush 2026-11-30 07:50 UTC, dual_bf16 (32, 1 warp, dot), plain / flush step: fused 148 / 483 µs,
-    split 123 / 649 µs; cycle 1.61x -> 1.75x eager (graph-timed bench_replay: 1.89x). fp32: 195 vs 254
-    registers, yet plain 166 -> 197 µs with the flush launch, so fused. With the flush launch beside the
-    output-only one (`replay_common.overlap_default`), dual bf16, 24 slot sets, staggered / aligned cursors,
-    µs fused -> split (H200, 2026-12-01 10:16 UTC): batch 16 17.3 -> 21.8 / 15.9 -> 15.1; batch 32 24.8 -> 26.8 /
-    23.8 -> 23.4; batch 64 43.3 -> 40.2 / 41.7 -> 38.6; batch 128 80.3 -> 70.4 / 78.1 -> 70.3. Yet in the model
-    the split step at batch 64 (rows 2048) was slower: qwen35_gdn_4b dual bf16 decode 4.460 / 4.464 ms fused vs
-    4.515 / 4.520 ms split (10:19 UTC; the prologue launch and the fork / join cost more than the kernel gains at a
-    40 µs step). So split for a low-precision copy at rows = batch x value heads >= 4096."""
+    """Two launches (output-only rows, then flushing rows), as `mamba2_replay.decode.split_default`: the fused
+    dual kernel spills, its output-only path does not. For a low-precision copy at rows = batch x value heads
+    >= 4096: below, the prologue launch and the fork / join cost more than the kernel gains; fp32 stays fused
+    (the flush launch costs more than the registers save). See docs/tuning/replay.md."""
     return ckpt_lo is not None and rows >= 4096
 
 
@@ -368,9 +348,7 @@ def launch_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slo
     if ring_dots is None:
         ring_dots = ring_dots_default(split)
     # 4 tiles per program: with staggered cursors (1/L of the rows flush each step) 16 put the flush on a few long
-    # programs: 146.7 vs 201.1 µs staggered, 130.8 vs 128.4 aligned (H200, batch 256, dual_bf16,
-    # bench_replay --stagger --flush-sweep 2026-11-30 18:52 UTC)
-    # (rows per program instead, tried in the same sweep, never beat tiles per program: removed)
+    # programs; rows per program instead never beat tiles per program (docs/tuning/replay.md)
     fbv, fnw, ffold, tpp = resolve_flush_config(flush_config, bv, nw, fold, 4)
     if "bf16x3" in (fold, ffold if split else None) and ring_k.dtype != torch.bfloat16:
         raise ValueError(f"config: fold 'bf16x3' needs a bf16 k ring (exact in bf16), got {ring_k.dtype}")

@@ -276,19 +276,16 @@ def _gdn_head_group_decode_kernel(
 
 def pick_config(batch: int, HV: int, V: int, rep: int, T: int = 1, route_state: bool = False,
                 lo: bool = False) -> tuple[int, int, int, int | None]:
-    """(BLOCK_V, value heads per program, num_warps, maxnreg). H200 sweeps of the adjoint decode
-    (bench_replay --sweep): 2026-11-30 at batch 256, one warp per program was best (below); then
-    (16, 2, 2 warps) 244 us (1.14x eager) beat
-    (16, 1, 2) 256, (32, 2, 4) 264, (16, 2, 4, maxnreg 80) 286 and (32, 2, 8) 407 — fewer warps per
-    tile, i.e. more loads in flight per thread, as for Mamba-2; batch 8: (16, 2, 2) 1.06x; batch 1:
-    (16, 1, 2) 0.83x, (32, 1, 4) 0.76x. Two value heads per program share the key head's ring k and
-    k.k / k.q products. Smaller batches split V (down to 8 rows; 16 for the state route's dot)."""
+    """(BLOCK_V, value heads per program, num_warps, maxnreg) of the first GDN replay kernel: fewer warps per
+    tile, i.e. more loads in flight per thread, as for Mamba-2. Two value heads per program share the key head's
+    ring k and k.k / k.q products. Smaller batches split V (down to 8 rows; 16 for the state route's dot).
+    See docs/tuning/replay.md."""
     floor = 16 if route_state else 8
     if T == 1 and not route_state and batch * HV >= 4096:  # batch >= 128 (measured at 256 only):
-        # one warp per program: (16, 2, 1) 205 us (1.35x) fp32; with a bf16 copy (32, 1, 1) 183 us (1.51x)
+        # one warp per program beat 2 warps, fp32 and with a bf16 copy (docs/tuning/replay.md)
         bv1 = max(floor, min(32 if lo or rep % 2 else 16, next_pow2(V)))
         return (bv1, 1, 1, None) if lo or rep % 2 else (bv1, 2, 1, None)
-    if not route_state:  # decode and verify windows (verify T=4, batch 256: (16, 2, 2) 1543 us vs (32, 1, 8) 3661)
+    if not route_state:  # decode and verify windows ((16, 2, 2) beat (32, 1, 8) on verify)
         return max(floor, min(16, next_pow2(V))), (2 if batch * HV >= 256 and rep % 2 == 0 else 1), 2, None
     bv = max(floor, min(32, next_pow2(V)))
     while bv > floor and batch * HV * triton.cdiv(V, bv) < 1024:

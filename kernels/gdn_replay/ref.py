@@ -1,5 +1,5 @@
 """Plain-torch reference of the Gated DeltaNet ReplaySSM kernels, row by row from the equations of
-design/REPLAYSSM.md in fp32. Same signatures and in-place effects as the public functions.
+docs/replayssm.md in fp32. Same signatures and in-place effects as the public functions.
 
 Eager step (state [V, K]): S <- e^g S;  u = beta (v - S k);  S <- S + u k^T;  o = S q
 (k, q L2-normalised, q scaled by K^-1/2). The ring caches the corrected value u, the normalised k

@@ -270,16 +270,10 @@ def _gdn_replay_verify_kernel(
 
 
 def pick_config(ckpt, ckpt_lo, V: int, K: int, rows: int, T: int) -> tuple[int, int, bool, bool]:
-    """(BLOCK_V, num_warps, gram, dot) for `rows` = batch x value heads. H200 sweep (bench_window --sweep 256,
-    2026-11-30 ~03:05 UTC, HV=32 Hk=16 K=V=128, T=4, verify alone, CUDA graphs): with the per-key-head
-    prologue (gram) (16, 1 warp) 877 us, (16, 2) 951, (32, 2) 982, (64, 4) 1114, (64, 2) 1423, (128, 8) 1777;
-    without it (32, 2) 1226, (16, 2) 1535; head-group (16, 2 heads, 2 warps) 1540. The eager window kernel took
-    817 us: verify is compute-bound (2T reductions over the tile per window), not byte-bound.
-    Then (2026-11-30 ~04:20 UTC, code `f6bce30`) S0 k_s and S0 q_s as two tf32x3 tl.dot (dot=True, with the
-    prologue): (64, 2 warps) 477 us, (16, 1) 546, (32, 2) 667, (16, 2) 1017 — vs 940 us for (16, 1, prologue)
-    and 827 us for the eager window in that run; a wider sweep (~04:40 UTC, code `2ec8fdb`): (32, 1) 436 us,
-    (64, 2) 478, (16, 1) 548, (64, 4) 827, (64, 1) 897, (128, 4) 928, (128, 2) 1269. So prologue + dot on
-    [32, K] tiles, 1 warp, at >= 1024 rows (tl.dot needs BLOCK_V and K >= 16); below, (16, 2) in one launch."""
+    """(BLOCK_V, num_warps, gram, dot) for `rows` = batch x value heads. Verify is compute-bound (2T reductions
+    over the tile per window), not byte-bound: from 1024 rows the per-key-head prologue (gram) and S0 k_s, S0 q_s
+    as two tf32x3 tl.dot on [32, K] tiles, 1 warp (tl.dot needs BLOCK_V and K >= 16); below, (16, 2) in one
+    launch. See docs/tuning/replay.md."""
     cap = next_pow2(V)
     if rows >= 1024 and cap >= 16 and next_pow2(K) >= 16:
         return min(32, cap), 1, True, True

@@ -54,7 +54,8 @@ def kv_resolve(sel, rows, pos, *, res_table, hot_table, hot_pos, lru, idx_table,
                config: dict | None = None):
     """See the module docstring. backend: "auto" (Triton on CUDA, reference otherwise) | "triton" | "ref".
     `scratch` (triton only): a `triton_impl.ResolveScratch` reused across calls (fixed addresses).
-    `config` (triton only): launch overrides, keys of `triton_impl.CONFIG_KEYS` (bench_kv_resolve sweeps them)."""
+    `config` (triton only): launch overrides, keys of `triton_impl.CONFIG_KEYS`
+    (`python -m benchmarks.kv_resolve` sweeps them)."""
     _check(sel, rows, pos, hot_pos, lru, slot_of, src, dev, block_size)
     if backend == "auto":
         backend = "triton" if sel.is_cuda else "ref"

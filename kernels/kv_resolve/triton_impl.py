@@ -236,7 +236,7 @@ def _copy_misses_kernel(plan_ptr, vict_ptr, nmiss_ptr, src_ptr, dev_ptr, K, W, S
     goes to program c % SPLIT), so even one request's misses spread over many SMs. Grid (SPLIT, requests):
     programs launched together copy one request's rows, whose host pages sit together — with the request
     as the fast grid axis, 128 requests' rows interleaved ran at 0.46-0.60x a plain gather of the same
-    scattered rows (H200, bench_kv_resolve: host-pool page-translation locality, presumably)."""
+    scattered rows (H200, benchmarks.kv_resolve: host-pool page-translation locality, presumably)."""
     c = tl.program_id(0)
     n = tl.program_id(1).to(tl.int64)
     m = tl.load(nmiss_ptr + n)
@@ -244,12 +244,8 @@ def _copy_misses_kernel(plan_ptr, vict_ptr, nmiss_ptr, src_ptr, dev_ptr, K, W, S
 
 
 CONFIG_KEYS = ("num_warps", "copy_j", "split", "block_w", "stage", "stage_j")
-# the stage path for at most this many request rows per call. H200, bench_kv_resolve --sweep 2026-11-30 11:06 UTC
-# (code d01cbbe, CUDA graphs, every row missing): batch 1, 656-B rows, scattered / 8-row runs, stage 44.6 / 41.2 µs
-# vs 50.7 / 45.0 µs without; 1152-B rows 64.6 / 62.0 vs 69.2 / 64.6 µs; batch 8 equal within 1 %. With the
-# staging count raised before the copy (code 420bd23, 2026-12-01 00:28 UTC): 33.6 / 33.0 µs, 1152-B 52.3 / 52.4 µs
-# (0.90-0.93x the gather); and (00:32 UTC, --sweep --batches 2,4,8,32) stage / without at 656-B scattered rows:
-# 2 rows 62.1 / 78.7 µs, 4 rows 121.5 / 135.1, 8 rows 240.2 / 245.4, 32 rows 948.8 / 930.6 (1152-B alike).
+# the stage path for at most this many request rows per call: up to 8 rows it hides the resolve before the copy,
+# at 32 rows it no longer wins (docs/tuning/kv_resolve.md)
 STAGE_MAX_ROWS = 8
 
 
@@ -281,9 +277,8 @@ def kv_resolve_triton(sel, rows, pos, res_table, hot_table, hot_pos, lru, idx_ta
                       num_warps: int | None = None, copy_j: int = 8, split: int | None = None,
                       block_w: int | None = None, stage: bool | None = None, stage_j: int = 16):
     """split: programs per request for the miss copy (a second launch); 0 = copy inside the resolve
-    program. Default: one program per copy_j-row chunk on the (chunk, request) grid (H200, bench_kv_resolve
-    2026-11-30, 656-B rows at batch 128: 0.60 -> 1.00x of the gather scattered, 0.85 -> 1.02x in 8-row runs;
-    equal at smaller batches). block_w: columns per copy step (default the row, up to 1024).
+    program. Default: one program per copy_j-row chunk on the (chunk, request) grid (it brings the large-batch copy
+    level with a plain gather; docs/tuning/kv_resolve.md). block_w: columns per copy step (default the row, up to 1024).
     stage: the host copy starts beside the resolve instead of after it — cdiv(K, stage_j) staging programs per
     request copy its missed rows (stage_j each) to device staging rows while the resolve program assigns
     victims, and the second launch copies staging → hot rows on the device (see `_resolve_kernel`); default

@@ -303,22 +303,13 @@ def _output_only(S0, ct, wr, xr, BCr, BCt, Ct, xt, dtt):
 def pick_decode_config(ckpt, ckpt_lo, P: int, N: int, rows: int) -> tuple[int, int]:
     """(BLOCK_P, num_warps) for `rows` = batch x heads (the fold: `pick_fold`).
 
-    A read-only step needs about twice the bytes in flight of the eager read+write step to reach the
-    same rate, so the lever is tile elements per thread: H200 sweep (bench_replay --sweep 1,8,256,
-    2026-11-30, H=128 P=64 N=128, L=16), speedup over the eager kernel:
-      batch 256: (64, 2 warps) fp32 1.78x / dual_bf16 2.00x; (32, 2) 1.36 / 1.61; (32, 4) 1.35 / 1.43;
-                 (32, 8) — the eager rule — 0.95 / 1.14; (16, 2) 1.40 / 1.50.
-      batch 8:   (64, 2) 1.38 / 1.58; (32, 2) 1.20 / 1.44.
-      batch 1:   (16, 2) 1.08 / 1.18; (32, 2) 0.99 / 1.19; (64, 2) 0.98 / 1.02.
-    So: [64, N] tiles on 2 warps once batch x heads fills the GPU (>= 1024 rows), else a [16, N]
-    (fp32) or [32, N] (low-precision copy) tile on 2 warps for more programs.
+    A read-only step needs about twice the bytes in flight of the eager read+write step to reach the same rate, so
+    the lever is tile elements per thread: [64, N] tiles on 2 warps once batch x heads fills the GPU (>= 1024 rows),
+    else a [16, N] (fp32) or [32, N] (low-precision copy) tile on 2 warps for more programs.
 
-    fold = how a flush rebuilds S_t: "serial" rank-1 updates (register-light; the rarely taken branch
-    sets the register budget of every step), or one fp32 dot over the ring ("dot" FMA, "tf32x3" tensor
-    cores). H200, batch 256, (64, 2 warps), a plain step (cursor 5) / the flush step (cursor 15), 2026-11-30
-    ~06:20 UTC (bench_replay_flush): fp32 serial 290 / 693 µs, tf32x3 311 / 708, dot 4291 (spills);
-    dual_bf16 serial 236 / 1236, tf32x3 236 / 1134, dot 3467. Since then "bf16x3" (bf16 tensor cores, the
-    checkpoint as the accumulator) beat both wherever the B ring is bf16: `pick_fold`."""
+    fold = how a flush rebuilds S_t: "serial" rank-1 updates (register-light; the rarely taken branch sets the
+    register budget of every step), one fp32 dot over the ring ("dot" FMA, "tf32x3" tensor cores), or "bf16x3"
+    (bf16 tensor cores, the checkpoint as the accumulator). Measurements: docs/tuning/replay.md."""
     lo = ckpt_lo is not None
     cap = triton.next_power_of_2(P)
     bp = min(64 if rows >= 1024 else (32 if lo else 16), cap)
@@ -326,20 +317,10 @@ def pick_decode_config(ckpt, ckpt_lo, P: int, N: int, rows: int) -> tuple[int, i
 
 
 def pick_fold(ckpt_lo, BP: int, ring_B=None) -> str:
-    """The flush fold measured best for [64, N] tiles (see pick_decode_config): bf16x3 with a bf16 B ring, else
-    tf32x3 with a bf16 copy; serial for smaller tiles (unmeasured with bf16x3). H200, batch 256:
-      fused step, graph-timed L-cycle (bench_replay --sweep 256, 2026-11-30 09:34 UTC): fp32 checkpoint
-      294.5 µs vs serial 303.8; dual bf16 copy, do_bench (bench_replay_flush): bf16x3 plain 220 / flush
-      841 µs (09:12 UTC), tf32x3 234 / 1120 µs (an earlier run, 07:50 UTC);
-      split step's flush launch (64, 4 warps, 16 tiles per program; bench_replay_flush 09:12 UTC): 937 µs vs
-      1131 with tf32x3 (800 µs with the per-row cursor, `row_wp`). A timing probe without any fold gave 722 µs:
-      tf32x3's fold cost ~385 µs, its result added to S in another register layout; bf16x3 accumulates into the
-      decayed checkpoint and skips splitting B (exact in bf16).
-    The fused fp32 step (no copy) folds serially: with 24 slot sets (a model's rings cold in L2; bench_replay
-    --sets) and staggered cursors, serial vs bf16x3 took 306.8 / 309.8 / 308.2 vs 309.1 / 319.6 / 321.8 µs,
-    interleaved, and tied with aligned cursors (306.0 / 309.5 / 305.7 vs 309.8 / 302.7 / 311.8; H200, batch 256,
-    2026-11-30 21:52 UTC; on a later lease, 22:13 UTC, the two tied at 340-366 µs). The one-set 3 % for bf16x3
-    above came with the ring L2-hot."""
+    """The flush fold for [64, N] tiles with a low-precision copy: bf16x3 with a bf16 B ring (it accumulates into
+    the decayed checkpoint and is exact in bf16), else tf32x3; serial for smaller tiles (unmeasured with bf16x3)
+    and for the fused fp32 step, where bf16x3 was no faster once the rings were cold in L2
+    (docs/tuning/replay.md)."""
     if BP != 64 or ckpt_lo is None:
         return "serial"
     if ring_B is not None and ring_B.dtype == torch.bfloat16:
@@ -359,8 +340,8 @@ def launch_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, d
     write_pos[slot_ids] gathered by the caller once per step (every layer shares it; padding rows any value);
     a split step's output-only launch then reads each row's cursor beside its slot id, so a flushing row reads
     nothing and the others wait no longer than before (kernel CURSOR_FIRST + ROW_CURSOR); a fused step
-    ignores it. H200, batch 256, dual_bf16: the flush step's output-only launch 162 -> 25 µs, a plain step's
-    unchanged (166 µs; bench_replay_flush, 2026-11-30). ring_by_cursor: the fused / output-only launch reads only
+    ignores it (the flush step's output-only launch then costs a fraction of a plain step's; docs/tuning/replay.md).
+    ring_by_cursor: the fused / output-only launch reads only
     the ring entries below the cursor (kernel RING_BY_CURSOR); None = `replay_common.ring_by_cursor_default`.
     ring_dots (split): the output-only launch takes B_j . C_t and B_t . C_t from the group prologue
     (``verify._mamba2_verify_gram_kernel`` at T = 1) instead of reading the B ring (kernel DOTS);
@@ -380,8 +361,7 @@ def launch_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, d
     if ring_dots is None:
         ring_dots = ring_dots_default(split)
     # default flush launch: twice the warps (the flush holds S and the ring fold; dual [64, N] on 2 warps spills)
-    # 8 tiles per program: with the per-row cursor the flush step 761 vs 798 µs at 16, plain 177.0 vs 178.4 µs
-    # (H200, batch 256, dual_bf16, bench_replay_flush --flush-sweep 2026-11-30 09:22 UTC)
+    # 8 tiles per program: with the per-row cursor a little faster than 16 (docs/tuning/replay.md)
     fbp, fnw, ffold, tpp = resolve_flush_config(flush_config, bp, 2 * nw, fold, 8)
     if "bf16x3" in (fold, ffold if split else None) and ring_B.dtype != torch.bfloat16:
         raise ValueError(f"config: fold 'bf16x3' needs a bf16 B ring (exact in bf16), got {ring_B.dtype}")

@@ -278,11 +278,9 @@ def pick_config(batch: int, H: int, P: int, hpg: int, T: int = 1, lo: bool = Fal
                 ) -> tuple[int, int, int, int | None]:
     """(BLOCK_P, heads per program, num_warps, maxnreg): a [32, 128] tile on 8 warps (16 KiB in
     fp32, like the eager kernel), P split down to 8 rows at small batch to keep ~1024 programs in
-    flight. H200 sweep at batch 256 (bench_replay --sweep 256, 2026-11-29): (32, 1, 8, no cap)
-    474 us fp32 / 449 us dual_bf16 beat (32, 1, 8, maxnreg 80) 540 / 526, (16, 1, 4, 80) 544 / 519
-    and (16, 2, 4, 80) 487 / 470. Heads per program > 1 (B.C shared by more heads of a group) is
-    available through ``config``."""
-    if T > 1 and batch * H >= 1024:  # verify T=4, batch 256 (2026-11-30): (64, 1, 4) 1595 us, (32, 1, 8) 2756
+    flight; no register cap (capped configs were slower). Heads per program > 1 (B.C shared by more
+    heads of a group) is available through ``config``. See docs/tuning/replay.md."""
+    if T > 1 and batch * H >= 1024:  # verify windows: [64, N] tiles on 4 warps (docs/tuning/replay.md)
         return min(64, next_pow2(P)), 1, 4, None
     bp = min(32, next_pow2(P))
     while bp > 8 and batch * H * triton.cdiv(P, bp) < 1024:

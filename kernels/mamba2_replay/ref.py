@@ -1,5 +1,5 @@
 """Plain-torch reference of the Mamba-2 ReplaySSM kernels, written row by row from the equations
-of design/REPLAYSSM.md in fp32. Same signatures and in-place effects as the public functions.
+of docs/replayssm.md in fp32. Same signatures and in-place effects as the public functions.
 
 For one slot with checkpoint S0 and ring entries j = 0..n-1 (x_j, dt_j post-softplus, B_j):
     c_j = A * sum_{i<=j} dt_i

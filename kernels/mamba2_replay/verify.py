@@ -223,15 +223,10 @@ def _mamba2_replay_verify_kernel(
 
 
 def pick_config(ckpt, ckpt_lo, P: int, rows: int, T: int) -> tuple[int, int, bool, bool]:
-    """(BLOCK_P, num_warps, gram, dot) for `rows` = batch x heads. H200 sweep (bench_window --sweep 256,
-    2026-11-30 ~03:05 UTC, H=128 P=64 N=128 G=8, T=4, verify alone, CUDA graphs): with the per-group
-    prologue (gram) (64, 2 warps) 896 us, (32, 2) 999, (16, 2) 1081, (64, 4, maxnreg 128) 1109,
-    (64, 4) 1207; without it (16, 2) 1216, (32, 2) 1247, (64, 2) 1275; head-group (64, 1 head, 4 warps) 1593.
-    The eager window kernel took 1388 us (1.39x with the flush check). Then (~03:27 UTC, code `e7529d3`)
-    the window's T state products as one tf32x3 tl.dot (dot=True): (64, 2, prologue, dot) 571 us,
-    (32, 2, ..) 636, (64, 4, ..) 789, (32, 4, ..) 1016, (64, 8, ..) 2135 — vs 885 us for (64, 2, prologue)
-    in that run. So prologue + dot on [64, N] tiles, 2 warps, at >= 1024 rows (tl.dot needs BLOCK_P and
-    N >= 16); below, one launch with [16, N] (fp32) / [32, N] (low-precision copy) on 2 warps."""
+    """(BLOCK_P, num_warps, gram, dot) for `rows` = batch x heads. Verify is compute-bound (T state products per
+    window), so from 1024 rows: the per-group prologue (gram) and the window's T state products as one tf32x3
+    tl.dot on [64, N] tiles, 2 warps (tl.dot needs BLOCK_P and N >= 16); below, one launch with [16, N] (fp32) /
+    [32, N] (low-precision copy) on 2 warps. See docs/tuning/replay.md."""
     cap = next_pow2(P)
     if rows >= 1024:
         bp = min(64, cap)

@@ -79,8 +79,8 @@ def _dequant_kernel(w_ptr, sc_ptr, p_ptr, out_ptr, N, NBLK, stride_wn, stride_sn
             tl.store(ptrs, v.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# (BLOCK_N, code bytes per tile row, warps): the best of a 44-config H200 sweep (2026-12-01, BENCHMARKS.md) on both
-# 4096x14336 and 14336x4096: MXFP4 51.3-51.5 us, NVFP4 54.3-54.7, MXFP8 60.3-60.7 (2.7-2.9 TB/s of codes in + bf16 out)
+# (BLOCK_N, code bytes per tile row, warps): the best of a 44-config sweep on both 4096x14336 and 14336x4096
+# (docs/tuning/quant_dequant.md)
 _CONFIG = {"mxfp4": (16, 256, 4), "nvfp4": (4, 1024, 4), "mxfp8_e4m3": (64, 256, 4), "mxfp8_e5m2": (64, 256, 4)}
 _OUT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 

@@ -12,18 +12,17 @@ W8A16) or 'mxfp4' (activations fake-quantized in-kernel to MXFP4, 'floor' scale 
 The weights are dequantized in registers, so decode reads ~4.25 bits (MXFP4) / 4.5 bits (NVFP4) per
 weight instead of 16. Backends: "auto" (Triton on CUDA tensors, reference otherwise) | "triton" | "ref".
 
-Kernels (dot.py, dotp.py, gemv32.py, gemvh.py; picked in launch.py): "gemvh" (CUDA-core GEMV for one or two rows with
-fp16x2 FMAs), "gemv32" (the same from fp32 arithmetic, one row), "dotp" and "dot" (tl.dot, any M); the default config
-takes gemvh for M <= 2 with bf16 / fp16 activations, gemv32 for one fp32 row, dotp above. Measured on an H200
-(bench_quant.py, 2026-11-30, bf16 activations, weights read from HBM, 4096x14336 and 14336x4096): M = 1 "gemvh"
-2.1-2.3x the bf16 F.linear for MXFP4, 1.6-1.8x NVFP4, 1.5-1.7x MXFP8 (gemv32: 1.41-1.47x, 1.41-1.47x, 1.03-1.09x); M =
-2 gemvh 1.46-1.51x MXFP4, 1.29-1.31x NVFP4; M = 32 "dotp" 0.63-0.94x ("dot" 0.41-0.74x). QuantLinear runs the kernel
-where it beats the bf16 linear (synodic.quant.linear.KERNEL_MAX_ROWS: MXFP4 and NVFP4 up to 32 rows, MXFP8 up to 16,
-after dotp's aligned code loads and tile re-sweep of 2026-12-01; one row for fp32 activations), or up to 64 / 128 rows
-when the layer keeps no dense copy (PACKED_ONLY_MAX_ROWS). A call without a config takes the GPU's tuned table entry
-for its shape where there is one (tuned.py). gemvh rounds products to fp16 (rel. error ~1.5e-3 vs the fp32 reference);
-on bf16 activations the dot path rounds x * s to bf16 before the MMA (rel. error ~1e-3; fp32 activations run an IEEE
-fp32 dot).
+Kernels (dot.py, dotp.py, gemv32.py, gemvh.py; configs and launch in launch.py): "gemvh" (CUDA-core GEMV for one
+or two rows with fp16x2 FMAs), "gemv32" (the
+same from fp32 arithmetic, one row), "dotp" and "dot" (tl.dot, any M); the default config takes gemvh for M <= 2
+with bf16 / fp16 activations, gemv32 for one fp32 row, dotp above. Their speed against the bf16 linear per
+format and row count: docs/tuning/quant_linear.md.
+QuantLinear runs the kernel where it beats the bf16 linear (synodic.quant.linear.KERNEL_MAX_ROWS: MXFP4 and NVFP4
+up to 32 rows, MXFP8 up to 16; one row for fp32
+activations), or up to 64 / 128 rows when the layer keeps no dense copy (PACKED_ONLY_MAX_ROWS). A call without a
+config takes the GPU's tuned table entry for its shape where there is one (tuned.py). gemvh rounds products to
+fp16 (rel. error ~1.5e-3 vs the fp32 reference); on bf16 activations the dot path rounds x * s to bf16 before the
+MMA (rel. error ~1e-3; fp32 activations run an IEEE fp32 dot).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from .codec import _SIGN2, _mxfp4_fake, _scale, _shl, _store_out
 # half and code i + E/2's into the high half (`_pair32`: shift, shift, and, and-or), and each half becomes an
 # fp32 (value * 2^-R, exactly the `_bits_lo` / `_bits8` words) with one more op: ~6 integer instructions per
 # two weights once and-or pairs fuse (LOP3), against ~4 per weight plus byte unpacking for byte tiles (unchecked
-# in SASS; bench_quant probes the bare loads). x is loaded as [G, B], times s and 2^(R - DSH) (the decoded
+# in SASS; benchmarks.quant_linear probes the bare loads). x is loaded as [G, B], times s and 2^(R - DSH) (the decoded
 # value * 2^-R times 2^R; DSH goes back on the sum), split in registers into the E [G, WPB] slices that meet
 # code i of each word. Per word:
 # E FMAs into a [BLOCK_N, G, WPB] accumulator, times the block scale; summed once after the K loop.

@@ -5,9 +5,9 @@ Why: "gemv32" spends ~5.8 SASS instructions per weight on the H200 (offline sm_9
 the bf16-pair unpacking, one FFMA per weight), about half of its 21 us at 4096 x 14336; the bytes alone take
 ~10 us. Here two weights share one 32-bit register as fp16 halves and one `fma.rn.f16x2` multiplies both by
 their two activations: ~3.5 instructions per weight in the K loop for 4-bit formats (decode ~1.9, the FMA 0.5,
-the rest activation pairing, block scales and loads), ~2.7 for MXFP8. On the H200 (2026-11-30): MXFP4 14.1-14.4 us
-(gemv32 21 us), 2.1-2.3x the bf16 linear; NVFP4 ~1.7-1.8x; MXFP8 1.5-1.7x (gemv32 1.03x). The MXFP4 kernel runs
-at ~0.76 of a load-only probe of its own tile: the decode is no longer the whole story, nor fully hidden.
+the rest activation pairing, block scales and loads), ~2.7 for MXFP8. The MXFP4 kernel runs at ~0.76 of a
+load-only probe of its own tile: the decode is no longer the whole story, nor fully hidden (times:
+docs/tuning/quant_linear.md).
 
 Weights (the QTensor layout, no repacking) as int32 code words like gemv32: E = 8 nibbles / 4 bytes per word.
   * E2M1 (MXFP4, NVFP4): code J and code J + 4 of a word sit 16 bits apart; two shifts and two masks put their
@@ -25,7 +25,7 @@ overflow: 4-bit |x 2^c| in [2^14, 2^15) (products <= 12), E4M3 [1, 2) (<= 896), 
 Per (row, block) one inline-asm chain: mul / fma.rn.f16x2 over the block's register pairs into one fp16x2
 accumulator, its two halves added, to fp32; each (row, block position) sums its K tiles in an fp32 register, and
 the tile's block positions are added once after the K loop (a sum per K tile cost ~70 shuffles and adds per
-thread per tile: NVFP4 / MXFP8 4-7 % faster on the H200 without it, 2026-12-01). Two activation rows share a
+thread per tile: NVFP4 / MXFP8 4-7 % faster on the H200 without it). Two activation rows share a
 decoded weight tile (BLOCK_M = 2); four per program needed 168-255 registers and lost to tl.dot on the H200.
 
 Precision: products and a block's fp16 partial sums (16 terms per half) are rounded to fp16 (11-bit
@@ -261,8 +261,8 @@ def _load_tile(w_ptr, sc_ptr, rows, mn, offs_g, offs_w, k0, k_lo, k_hi, g_hi, pi
     sc_ptrs = sc_ptr + rows[:, None] * stride_sn + g[None, :]
     cw = tl.multiple_of(pid_k * KW_PER_SPLIT + (k0 - k_lo) // E, BLOCK_K // E) + offs_w  # 16-byte loads
     w_ptrs = w_ptr + rows[:, None] * stride_wn + cw[None, :]
-    # the codes are read once per call: evict_first keeps them from displacing what stays in L2 (measured
-    # 2026-11-30 12:40 UTC: MXFP8 20.3 -> 18.1 us at 4096 x 14336, 4-bit 1-5 % faster)
+    # the codes are read once per call: evict_first keeps them from displacing what stays in L2 (MXFP8 ~11 %,
+    # 4-bit 1-5 % faster; docs/tuning/quant_linear.md)
     if EVEN:  # N and K multiples of the tile: no masks
         sc = tl.load(sc_ptrs)
         w = tl.load(w_ptrs, eviction_policy="evict_first")
@@ -288,7 +288,7 @@ def _qgemvh_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, c
     module docstring). PREFETCH=1: the next K tile's codes and scales are loaded before this tile is decoded
     (registers as the pipeline: the kernel-level num_stages pipelines no load that feeds no tl.dot; a loop written as
     tl.range(..., num_stages=S) does, through cp.async and shared memory, but was slower at every tile and split
-    timed on the H200, 2026-12-01, BENCHMARKS.md)."""
+    timed on the H200)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)

@@ -22,7 +22,7 @@ Rows > 1 asked of gemv32 take the M >= 2 default. Decoding is exact bit manipula
 (E4M3 / E5M2) may instead use the hardware fp8 conversion in "dot" (config FP8_CVT=True).
 SPLIT_K programs share one output tile's K range; the last one to finish sums the fp32 partials in split
 order (`_store_out`: deterministic, no second launch). The launch config is a heuristic (no timing at
-run time, so decode steps stay capturable in CUDA graphs); bench_quant.py sweeps alternatives.
+run time, so decode steps stay capturable in CUDA graphs); `python -m benchmarks.quant_linear` sweeps.
 
 Why not Hopper's FP8 tensor cores (tl.dot on fp8 operands) for 8-bit weights: the GEMV (M = 1) is
 bandwidth-bound — one multiply-add per weight byte read, a tensor core has nothing to do there; and an
@@ -110,8 +110,8 @@ _DOTP = {"mxfp4": ((16, (64, 256, 3)), (32, (128, 256, 2), 8192), (32, (64, 256,
 def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: bool = False) -> dict:
     """The heuristic launch config (no timing at run time: decode steps stay capturable in CUDA graphs); a call
     without a config takes the GPU's tuned table entry first (`tuned.py`). Every choice below won a same-run H200
-    comparison against its alternatives and the bf16 linear; the sweeps, commands and times are in BENCHMARKS.md
-    (sessions of 2026-11-30 and 2026-12-01).
+    comparison against its alternatives and the bf16 linear; the sweeps, commands and times are in
+    docs/tuning/quant_linear.md.
       M = 1, bf16 / fp16 activations: "gemvh" (fp16x2 FMAs; gemv32 took ~1.5x its time). 4-bit [64 x 512] on 4
       warps; NVFP4 [32 x 512] with PREFETCH (its E4M3 scale per 16 codes is hidden by a longer K loop with the next
       tile in registers; MXFP4 gained nothing from it, MXFP8 lost); MXFP8 [16 x 512] on 2 warps. K split: each
@@ -126,9 +126,8 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       tiles are each format's best over a grid at M = 4, 16, 32 (and 64 for 4-bit without a dense copy) on
       4096x14336 and 14336x4096, except NVFP4 to 32 rows: its grid winner, [128 x 256], lost 13 % end to end on
       `nemotron_h_8b`, so [64 x 128] stays; and MXFP4 at 17-32 rows below K = 8192, where [64 x 256] (3 stages)
-      beat the grid's [128 x 256] on 11 of the two presets' 12 such shapes, by 7-35 % (e.g. 21504x4096 at 32 rows
-      44.9 -> 35.7 µs, 4096x2560 15.1 -> 10.1), and lost on the bench's 14336x4096 (29.5 -> 32.9 µs; H200,
-      2026-12-01 08:10 UTC, BENCHMARKS.md)."""
+      beat the grid's [128 x 256] on 11 of the two presets' 12 such shapes, by 7-35 %, and lost on the bench's
+      14336x4096."""
     packed = FMT_IDS[fmt] <= 1
     if M == 1 and not fp32_act:
         bn, bk, nw, _, prefetch = _GEMVH_M1[fmt]
@@ -150,8 +149,8 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
 
 
 def _dot_config(M: int, N: int, K: int, fmt: str, sms: int) -> dict:
-    """Config of the "dot" kernel when a config asks for it: the sweep of 2026-11-30 ~02:53 UTC, 4-bit
-    [64 x 128] on 4 warps, 4 stages; MXFP8 [128 x 64] with the hardware fp8 conversion (FP8_CVT)."""
+    """Config of the "dot" kernel when a config asks for it (the best of its sweep, docs/tuning/quant_linear.md):
+    4-bit [64 x 128] on 4 warps, 4 stages; MXFP8 [128 x 64] with the hardware fp8 conversion (FP8_CVT)."""
     packed = FMT_IDS[fmt] <= 1
     bn, bk = (64, 128) if packed else (128, 64)
     cfg = dict(KERNEL="dot", BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=_split("dot", fmt, M, N, K, bn, bk, sms), SEM=True,

@@ -1,7 +1,7 @@
 """Per-GPU launch configs for the packed kernels, tuned offline on the presets' linear shapes.
 
 The heuristics of `launch.default_config` are fitted on a few shapes; the best K split and tile of a given
-(N, K) differ by 5-20 % between shapes with no rule that fits them all (BENCHMARKS.md, 2026-12-01). As serving
+(N, K) differ by 5-20 % between shapes with no rule that fits them all (docs/tuning/quant_linear.md). As serving
 engines do for their fused-MoE kernels, a table measured once per GPU (`python -m benchmarks.tune_quant`)
 maps (format, N, K, row bucket) to the config that won; a call with no explicit config takes its entry when the
 device's table has one, and the heuristic otherwise. The table is a file, not a run-time timing: decode steps

@@ -31,10 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-# Default path (H200, bench_index_scores 2026-11-30 07:50 UTC, top-k 2048; single program / split, µs): 1 and 4
-# rows: 50 / 24-26 at 16384 scores, 86-88 / 24-26 at 16448-32768, split 25-27 at 65536; 32 rows: 51 / 81 at
-# 16384, 87-88 / 87-96 at 16448-32768, split 124 at 65536 (the stable sort: 64-248). So the split path for a
-# few rows (the SMs the single program leaves idle) or rows past SPLIT_T, one program per row otherwise.
+# The split path for a few rows (the SMs the single program leaves idle) or rows past SPLIT_T, one program per
+# row otherwise (docs/tuning/topk_select.md).
 SPLIT_T = 32768  # the single program holds at most this many scores in registers (measured up to here)
 SPLIT_ROWS = 8   # at most this many rows take the split path whatever their length
 CHUNK = 2048     # scores per program of the split path

@@ -35,13 +35,13 @@ class NoQuant(Component):
 
 @register("quant")
 class BlockQuant(Component):
-    """Block-quantized linears (QUANT.md): weights stored in the format; activations either kept in the
+    """Block-quantized linears (docs/quantization.md): weights stored in the format; activations either kept in the
     model dtype (wNa16) or fake-quantized to the same format after the multiply by s (wNaN)."""
 
     kind: Literal[tuple(FORMAT_BITS)]  # type: ignore[valid-type]
     method: Literal["rtn", "smoothquant", "dualquant"] = Field(
         "dualquant", description="rtn: plain cast; smoothquant: calibrated per-channel smoothing; "
-        "dualquant: calibration-free dual scaling (QUANT.md)")
+        "dualquant: calibration-free dual scaling (docs/quantization.md)")
     mode: Literal[tuple(MODES)] | None = Field(  # type: ignore[valid-type]
         None, description="wNaM: N = weight bits, must equal the format's; a16 = weight-only, aN = "
         "activations fake-quantized to the format too; null = weight-only at the format's width")

@@ -32,17 +32,12 @@ MODES = {"w4a16": (4, False), "w8a16": (8, False), "w4a4": (4, True), "w8a8": (8
          "w6a16": (6, False), "w6a6": (6, True)}
 DEFAULT_FORMAT = {4: "mxfp4", 6: "mxfp6_e2m3", 8: "mxfp8_e4m3"}
 BACKENDS = ("auto", "torch", "triton")
-# rows per call that 'auto' sends to the packed kernel, per format, where it beats the bf16 linear (H200,
-# bench_quant 2026-12-01, bf16 activations, 4096x14336 / 14336x4096): M = 1 gemvh 2.2-2.3x bf16 (MXFP4), 2.0-2.05x
-# NVFP4, 1.69-1.85x MXFP8; M = 2 1.5-1.7x MXFP4, 1.3-1.4x NVFP4, 1.1-1.4x MXFP8; dotp (aligned code loads, tiles
-# re-swept 05:35 UTC) at M = 3..16 1.33-1.55x MXFP4, 1.10-1.25x NVFP4, 1.02-1.22x MXFP8, at M = 24..32 1.02-1.24x
-# MXFP4, 0.93-1.09x NVFP4, 0.86-0.90x MXFP8 (so MXFP8 stops at 16 rows; MXFP4's 17-32-row tile for K < 8192
-# changed at 08:10 UTC: 14336x4096 at 32 rows 0.99x, the presets' shapes 7-35 % faster); M = 64 0.68-0.78x.
-# fp32 activations: one row (the fp32 GEMV), 1.0-1.5x (2026-11-30).
+# rows per call that 'auto' sends to the packed kernel, per format: where it beats the bf16 linear (MXFP8 loses
+# above 16 rows, every format at 64); fp32 activations: one row (the fp32 GEMV). docs/tuning/quant_linear.md
 KERNEL_MAX_ROWS = {"mxfp4": 32, "nvfp4": 32, "mxfp8_e4m3": 16, "mxfp8_e5m2": 16}
 KERNEL_MAX_ROWS_FP32 = 1
 # the same without a dense copy: above these the weight is dequantized for the call and the bf16 matmul runs
-# (where dequant + matmul beats the packed kernel: bench_quant --dequant, H200 2026-12-01; BENCHMARKS.md)
+# (where dequant + matmul beats the packed kernel: docs/tuning/quant_linear.md)
 PACKED_ONLY_MAX_ROWS = {"mxfp4": 64, "nvfp4": 64, "mxfp8_e4m3": 128, "mxfp8_e5m2": 128}
 
 

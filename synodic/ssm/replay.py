@@ -1,4 +1,4 @@
-"""`ssm=replay`: checkpoint + ring of inputs per slot (REPLAYSSM.md). One cursor `write_pos` per slot
+"""`ssm=replay`: checkpoint + ring of inputs per slot (docs/replayssm.md). One cursor `write_pos` per slot
 is shared by every SSM layer: the kernels run with advance=False and the runner moves the cursor
 once per step (`end_step`), inside the same captured graph."""
 import numpy as np

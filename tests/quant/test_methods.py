@@ -8,7 +8,7 @@ from synodic.quant.methods import METHODS, solve_full
 
 
 def _weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """0.02 N(0,1) times per-input-column log-normal(sigma=1) scales: uneven channels, as in QUANT.md."""
+    """0.02 N(0,1) times per-input-column log-normal(sigma=1) scales: uneven channels, as in docs/quantization.md."""
     g = torch.Generator().manual_seed(seed)
     return 0.02 * torch.randn(n, k, generator=g) * torch.exp(torch.randn(k, generator=g))
 

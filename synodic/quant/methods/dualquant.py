@@ -1,4 +1,4 @@
-"""DualQuant: calibration-free dual scaling, min ||W - diag(a^-1) M diag(b^-1)||^2 (see QUANT.md).
+"""DualQuant: calibration-free dual scaling, min ||W - diag(a^-1) M diag(b^-1)||^2 (see docs/quantization.md).
 
 We carry d = a^-1 (dequant scale per row per block) and s = b^-1 (per input column, the activation
 multiplier of our contract), so W ~= d * M * s and the stored weight is Q(W / s). Block coordinate
