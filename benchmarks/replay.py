@@ -34,6 +34,7 @@ import platform
 import sys
 
 import torch
+from synodic.kernels.replay_common import LaunchPlan
 from synodic.kernels.timing import COPY_GBPS_H200, graph_us
 
 from synodic.results.env import git_commit
@@ -155,12 +156,13 @@ class MambaCase(_Case):
                       else None)
             return mamba2_replay_decode(**c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
                                         dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, advance=False,
-                                        backend="triton", config=self.config, impl="per_head", row_wp=row_wp,
-                                        ring_by_cursor=self.ring, flush_config=self.flush, ring_dots=self.dots,
-                                        split=self.split, overlap=self.overlap)
+                                        backend="triton", row_wp=row_wp,
+                                        plan=LaunchPlan(config=self.config, impl="per_head", ring_by_cursor=self.ring,
+                                                        flush_config=self.flush, ring_dots=self.dots, split=self.split,
+                                                        overlap=self.overlap))
         return mamba2_replay_decode(**self.c, x=s["x"], dt=s["dt"], A=self.A, B=s["B"], C=s["C"], D=self.D,
                                     dt_bias=self.bias, slot_ids=s["slot_ids"], L=self.L, backend="triton",
-                                    config=self.config)
+                                    plan=LaunchPlan(config=self.config))
 
     def bytes_per_step(self):
         b = self.batch
@@ -199,12 +201,13 @@ class GDNCase(_Case):
         if "_per_head" in self.variant:
             return gdn_replay_decode(**self._cursor_cache(r), q=s["q"], k=s["k"], v=s["v"],
                                      g=s["g"], beta=s["beta"], slot_ids=s["slot_ids"], L=self.L, advance=False,
-                                     backend="triton", config=self.config, impl="per_head", ring_by_cursor=self.ring,
-                                     flush_config=self.flush, ring_dots=self.dots, split=self.split,
-                                     overlap=self.overlap)
+                                     backend="triton",
+                                     plan=LaunchPlan(config=self.config, impl="per_head", ring_by_cursor=self.ring,
+                                                     flush_config=self.flush, ring_dots=self.dots, split=self.split,
+                                                     overlap=self.overlap))
         return gdn_replay_decode(**self.c, q=s["q"], k=s["k"], v=s["v"], g=s["g"], beta=s["beta"],
                                  slot_ids=s["slot_ids"], L=self.L, route=self.route, backend="triton",
-                                 config=self.config)
+                                 plan=LaunchPlan(config=self.config))
 
     def bytes_per_step(self):
         b = self.batch

@@ -36,6 +36,7 @@ import platform
 import sys
 
 import torch
+from synodic.kernels.replay_common import LaunchPlan
 from synodic.kernels.timing import COPY_GBPS_H200, graph_us
 
 from benchmarks.ssm_decode import ROTATE_BYTES, _esize, rel_rmse
@@ -214,12 +215,13 @@ class Replay:
                 self.mod.mamba2_replay_flush(**c, A=self.prm["A"], slot_ids=s["slot_ids"], L=L, min_room=self.T,
                                              backend=backend)
             return self.mod.mamba2_replay_verify(**c, **s, **self.prm, L=L, backend=backend,
-                                                 config=getattr(self, "config", None),
-                                                 impl=getattr(self, "impl", "auto"))
+                                                 plan=LaunchPlan(config=getattr(self, "config", None),
+                                                                 impl=getattr(self, "impl", "auto")))
         if self.with_flush:
             self.mod.gdn_replay_flush(**c, slot_ids=s["slot_ids"], L=L, min_room=self.T, backend=backend)
-        return self.mod.gdn_replay_verify(**c, **s, L=L, backend=backend, config=getattr(self, "config", None),
-                                          impl=getattr(self, "impl", "auto"))
+        return self.mod.gdn_replay_verify(**c, **s, L=L, backend=backend,
+                                          plan=LaunchPlan(config=getattr(self, "config", None), impl=getattr(self,
+                                                          "impl", "auto")))
 
     def bytes_est(self):
         b, T, wp, e = self.batch, self.T, WRITE_POS, _esize(MODEL_DTYPE)

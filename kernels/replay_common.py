@@ -7,6 +7,8 @@ All functions here are pure device work (no host sync), so they can sit inside a
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -191,6 +193,31 @@ def run_split(device: torch.device, output_only, flush, overlap: bool) -> None:
         flush()
     output_only()
     cur.wait_stream(side)
+
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The tuning knobs of a replay kernel entry (decode, verify, flush), in one object; None / "auto" = the
+    measured default for the call (the rules and their measurements: docs/tuning/replay.md).
+
+    impl: "per_head" (one head per program, the eager kernels' shape; the cursor is only read) |
+        "head_group" (several heads per program; moves the cursor itself) | "auto".
+    config: the chosen kernel's launch config (per-head decode: (BLOCK, num_warps[, fold[, maxnreg]]); per-head
+        verify: (BLOCK, num_warps[, gram[, maxnreg[, dot]]]); head-group: (BLOCK, heads per program, num_warps[,
+        maxnreg])).
+    split (per-head decode): an output-only launch plus a flush launch (True) or one fused launch (False).
+    flush_config (split): the flush launch's (BLOCK, num_warps[, fold[, tiles per program]]).
+    ring_by_cursor (per-head decode): read only the ring entries below the cursor.
+    ring_dots (per-head decode, split): the ring's dot products from the verify path's prologue at T = 1.
+    overlap (split): the flush launch on a side stream beside the output-only launch."""
+    impl: str = "auto"
+    config: tuple | None = None
+    split: bool | None = None
+    flush_config: tuple | None = None
+    ring_by_cursor: bool | None = None
+    ring_dots: bool | None = None
+    overlap: bool | None = None
 
 
 # -- launch plans shared by the Mamba-2 and GDN per-head kernels ------------------------------------

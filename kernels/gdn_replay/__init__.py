@@ -30,6 +30,7 @@ import torch
 
 from .._dispatch import pick_backend
 from ..replay_common import (
+    LaunchPlan,
     check_ring,
     check_state_pair,
     is_fp8,
@@ -40,7 +41,7 @@ from ..replay_common import (
 from .ref import gdn_replay_decode_ref, gdn_replay_flush_ref, gdn_replay_verify_ref
 
 __all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "gdn_replay_alloc",
-           "replay_commit", "replay_advance", "replay_flush_reset"]
+           "LaunchPlan", "replay_commit", "replay_advance", "replay_flush_reset"]
 
 
 
@@ -69,9 +70,7 @@ def _route(route: str) -> bool:
 def gdn_replay_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, *, L: int,
                       scale=None, use_qk_l2norm: bool = True, route: str = "adjoint", ckpt_scale=None,
                       ckpt_lo=None, ckpt_lo_scale=None, advance: bool = True, backend: str = "auto",
-                      config=None, impl: str = "auto", split: bool | None = None, flush_config=None,
-                      ring_by_cursor: bool | None = None, ring_dots: bool | None = None,
-                      overlap: bool | None = None) -> torch.Tensor:
+                      plan: LaunchPlan | None = None) -> torch.Tensor:
     """One decode step per row: q/k [b,Hk,K], v [b,HV,V], g [b,HV] log-decay, beta [b,HV]
     post-sigmoid -> o [b,HV,V] (v dtype), equal to eager ``gdn_decode``. Appends (u, k, g) at
     ring[write_pos]; at write_pos >= L-1 flushes instead (ckpt and ckpt_lo written, wp <- 0).
@@ -85,6 +84,9 @@ def gdn_replay_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
     the key-head dot products once per (row, key head) in a prologue launch; None =
     ``replay_common.ring_dots_default``. ``overlap`` (per-head, split): the flush launch on a side stream beside
     the output-only launch; None = ``replay_common.overlap_default``."""
+    p = plan or LaunchPlan()
+    config, impl, split, flush_config = p.config, p.impl, p.split, p.flush_config
+    ring_by_cursor, ring_dots, overlap = p.ring_by_cursor, p.ring_dots, p.overlap
     state_route = _route(route)
     if impl not in ("auto", "head_group", "per_head"):
         raise ValueError(f"impl: expected 'auto', 'head_group' or 'per_head', got {impl!r}")
@@ -117,7 +119,7 @@ def gdn_replay_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
 
 def gdn_replay_verify(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slot_ids, *, L: int,
                       scale=None, use_qk_l2norm: bool = True, ckpt_scale=None, ckpt_lo=None,
-                      ckpt_lo_scale=None, backend: str = "auto", config=None, impl: str = "auto") -> torch.Tensor:
+                      ckpt_lo_scale=None, backend: str = "auto", plan: LaunchPlan | None = None) -> torch.Tensor:
     """Outputs of a speculative window: q/k [b,T,Hk,K], v [b,T,HV,V], g/beta [b,T,HV] ->
     o [b,T,HV,V]. The window's corrections are solved by forward substitution
     ((I + A) U = R, A_sr = beta_s e^{G_s-G_r} k_s.k_r); no intermediate state is formed. Writes
@@ -127,6 +129,8 @@ def gdn_replay_verify(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
     state tile read once, ring loaded without waiting for the cursor, key-head dot products in a
     prologue kernel at larger batches; config = (BLOCK_V, num_warps[, gram[, maxnreg]])), "head_group" = the
     ``head_group`` kernel (config = (BLOCK_V, heads per program, num_warps[, maxnreg])); "auto" = per-head."""
+    p = plan or LaunchPlan()
+    config, impl = p.config, p.impl
     impls = ("auto", "head_group", "per_head")
     if impl not in impls:
         raise ValueError(f"impl: expected one of {impls}, got {impl!r}")
@@ -155,10 +159,12 @@ def gdn_replay_verify(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta,
 def gdn_replay_flush(ckpt, ring_u, ring_k, ring_g, write_pos, slot_ids, *, L: int,
                      min_room: int | None = None, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None,
                      advance: bool = True,
-                     backend: str = "auto", config=None) -> None:
+                     backend: str = "auto", plan: LaunchPlan | None = None) -> None:
     """Fold ring[:write_pos] into the checkpoint for the rows' slots where write_pos > 0 and
     (min_room is None, or write_pos + min_room > L); refresh ckpt_lo; write_pos <- 0 there.
     Decided on the device (no host sync)."""
+    p = plan or LaunchPlan()
+    config = p.config
     _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
     if pick_backend(backend, ckpt) == "ref":
         return gdn_replay_flush_ref(ckpt, ring_u, ring_k, ring_g, write_pos, slot_ids, L=L, min_room=min_room,

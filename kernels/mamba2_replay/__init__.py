@@ -29,11 +29,19 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import pick_backend
-from ..replay_common import check_ring, check_state_pair, is_fp8, replay_advance, replay_commit, replay_flush_reset
+from ..replay_common import (
+    LaunchPlan,
+    check_ring,
+    check_state_pair,
+    is_fp8,
+    replay_advance,
+    replay_commit,
+    replay_flush_reset,
+)
 from .ref import mamba2_replay_decode_ref, mamba2_replay_flush_ref, mamba2_replay_verify_ref
 
 __all__ = ["mamba2_replay_decode", "mamba2_replay_verify", "mamba2_replay_flush", "mamba2_replay_alloc",
-           "replay_commit", "replay_advance", "replay_flush_reset"]
+           "LaunchPlan", "replay_commit", "replay_advance", "replay_flush_reset"]
 
 
 
@@ -65,10 +73,8 @@ def _verify_impl(impl: str) -> str:
 
 def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
                          z=None, *, L: int, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None,
-                         advance: bool = True, backend: str = "auto", config=None,
-                         impl: str = "auto", split: bool | None = None, flush_config=None,
-                         row_wp=None, ring_by_cursor: bool | None = None,
-                         ring_dots: bool | None = None, overlap: bool | None = None) -> torch.Tensor:
+                         advance: bool = True, backend: str = "auto",
+                         row_wp=None, plan: LaunchPlan | None = None) -> torch.Tensor:
     """One decode step per row: x [b,H,P], dt [b,H] raw, B/C [b,G,N], z [b,H,P] or None,
     A/D/dt_bias [H], slot_ids [b] -> y [b,H,P] (x dtype), equal to eager ``mamba2_decode``
     (dt = softplus(dt + dt_bias); y = S.C + D x, times silu(z) when z is given).
@@ -83,6 +89,9 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
     ``ring_dots`` (per-head, split): the group's B . C products from a prologue launch; None =
     ``replay_common.ring_dots_default``. ``overlap`` (per-head, split): the flush launch on a side stream beside the
     output-only launch; None = ``replay_common.overlap_default``."""
+    p = plan or LaunchPlan()
+    config, impl, split, flush_config = p.config, p.impl, p.split, p.flush_config
+    ring_by_cursor, ring_dots, overlap = p.ring_by_cursor, p.ring_dots, p.overlap
     if impl not in ("auto", "head_group", "per_head"):
         raise ValueError(f"impl: expected 'auto', 'head_group' or 'per_head', got {impl!r}")
     if impl == "auto":
@@ -115,7 +124,7 @@ def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
 
 def mamba2_replay_verify(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
                          z=None, *, L: int, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None,
-                         backend: str = "auto", config=None, impl: str = "auto") -> torch.Tensor:
+                         backend: str = "auto", plan: LaunchPlan | None = None) -> torch.Tensor:
     """Outputs of a speculative window: x [b,T,H,P], dt [b,T,H], B/C [b,T,G,N], z [b,T,H,P] ->
     y [b,T,H,P], from (ckpt or ckpt_lo, ring[:write_pos], window). Writes the window's entries at
     ring[write_pos : write_pos+T] (caller guarantees write_pos + T <= L); write_pos and the
@@ -124,6 +133,8 @@ def mamba2_replay_verify(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
     tile read once, ring loaded without waiting for the cursor, group-level B.C products in a prologue
     kernel at larger batches; config = (BLOCK_P, num_warps[, gram[, maxnreg]])), "head_group" = the
     ``head_group`` kernel (config = (BLOCK_P, heads per program, num_warps[, maxnreg])); "auto" = per-head."""
+    p = plan or LaunchPlan()
+    config, impl = p.config, p.impl
     impl = _verify_impl(impl)
     _check_cache(ckpt, ring_x, ring_dt, ring_B, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
     T = x.shape[1]
@@ -150,11 +161,13 @@ def mamba2_replay_verify(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
 def mamba2_replay_flush(ckpt, ring_x, ring_dt, ring_B, write_pos, A, slot_ids, *, L: int,
                         min_room: int | None = None, ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None,
                         advance: bool = True,
-                        backend: str = "auto", config=None) -> None:
+                        backend: str = "auto", plan: LaunchPlan | None = None) -> None:
     """Fold ring[:write_pos] into the checkpoint (state route) for the rows' slots where
     write_pos > 0 and (min_room is None, or write_pos + min_room > L); refresh ckpt_lo; reset
     write_pos to 0 there. Decided on the device (no host sync). Before a window of T tokens call
     with min_room=T; min_room=None folds every non-empty ring (e.g. before freeing/snapshotting)."""
+    p = plan or LaunchPlan()
+    config = p.config
     _check_cache(ckpt, ring_x, ring_dt, ring_B, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
     if pick_backend(backend, ckpt) == "ref":
         return mamba2_replay_flush_ref(ckpt, ring_x, ring_dt, ring_B, write_pos, A, slot_ids, L=L,

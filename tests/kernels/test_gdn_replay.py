@@ -16,7 +16,7 @@ from synodic.kernels.gdn_replay import (
     gdn_replay_verify,
     replay_commit,
 )
-from synodic.kernels.replay_common import quantize_rows_fp8, store_state
+from synodic.kernels.replay_common import LaunchPlan, quantize_rows_fp8, store_state
 
 HV, HK, V, K = 6, 3, 5, 7
 SLOTS = 4
@@ -191,5 +191,5 @@ def test_heads_per_program(device):
     for _ in range(L + 1):
         q, k, v, g, beta = step_inputs(gen, 2, device)
         o = gdn_replay_decode(**c, q=q, k=k, v=v, g=g, beta=beta, slot_ids=sid, L=L, backend="triton",
-                              config=(8, 2, 4))
+                              plan=LaunchPlan(config=(8, 2, 4)))
         assert rel(o, gdn_decode_ref(S_eager, q, k, v, g, beta, sid)) <= 1e-4

@@ -14,6 +14,7 @@ from replay_fixtures import MODES, check_checkpoints, fill_state, poison, rows_f
 from synodic.kernels.gdn_decode.ref import gdn_decode_ref
 from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_decode, replay_advance
 from synodic.kernels.gdn_replay.decode import launch_decode
+from synodic.kernels.replay_common import LaunchPlan
 
 SLOTS = 4
 L = 4
@@ -43,8 +44,9 @@ def per_head_step(c, step, config, split=None, ring_by_cursor=None, ring_dots=No
     flush = split if isinstance(split, tuple) else None
     split = True if flush else split
     if step % 2 == 0:
-        return gdn_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="per_head", config=config,
-                                 split=split, flush_config=flush, ring_by_cursor=ring_by_cursor, ring_dots=ring_dots)
+        return gdn_replay_decode(**c, **kw, L=L, advance=False, backend="triton",
+                                 plan=LaunchPlan(impl="per_head", config=config, split=split, flush_config=flush,
+                                                 ring_by_cursor=ring_by_cursor, ring_dots=ring_dots))
     o = torch.full_like(kw["v"], float("nan"))
     launch_decode(c["ckpt"], c["ring_u"], c["ring_k"], c["ring_g"], c["write_pos"], kw["q"], kw["k"], kw["v"],
                      kw["g"], kw["beta"], kw["slot_ids"], o, L=L, scale=None, use_qk_l2norm=True,
@@ -160,12 +162,12 @@ def test_per_head_argument_errors(device):
     kw = inputs(gen, 1, HV, Hk, V, K)
     sid = torch.tensor([0], dtype=torch.int32)
     with pytest.raises(ValueError, match="advance=False"):
-        gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="per_head")
+        gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, plan=LaunchPlan(impl="per_head"))
     with pytest.raises(ValueError, match="advance=False"):
-        gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="per_head", advance=False, route="state")
+        gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, advance=False, route="state", plan=LaunchPlan(impl="per_head"))
     with pytest.raises(ValueError, match="impl"):
-        gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, impl="v3")
+        gdn_replay_decode(**c, **kw, slot_ids=sid, L=L, plan=LaunchPlan(impl="v3"))
     with pytest.raises(ValueError, match="bf16 k ring"):  # an fp32 ring is not exact in bf16
         gdn_replay_decode(**{k: v.to(device) for k, v in c.items()}, **{k: v.to(device) for k, v in kw.items()},
-                          slot_ids=sid.to(device), L=L, impl="per_head", advance=False, backend="triton",
-                          config=(4, 2, "bf16x3"))
+                          slot_ids=sid.to(device), L=L, advance=False, backend="triton",
+                          plan=LaunchPlan(impl="per_head", config=(4, 2, "bf16x3")))

@@ -19,6 +19,7 @@ from synodic.kernels.mamba2_replay import (
     replay_advance,
     replay_commit,
 )
+from synodic.kernels.replay_common import LaunchPlan
 
 H, G, P, N = 3, 1, 5, 7
 SLOTS = 4
@@ -259,5 +260,5 @@ def test_heads_per_program_shares_group_precompute(device):
     for _ in range(L + 1):
         x, dt, B, C, z = step_inputs(gen, 2, device)
         y = mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, z=z, L=L,
-                                 backend="triton", config=(8, 3, 4))
+                                 backend="triton", plan=LaunchPlan(config=(8, 3, 4)))
         assert rel(y, mamba2_decode_ref(S_eager, x, dt, A, B, C, D, bias, sid, z)) <= 1e-4

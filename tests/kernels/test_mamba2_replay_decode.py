@@ -14,6 +14,7 @@ from replay_fixtures import MODES, check_checkpoints, fill_state, poison, rows_f
 from synodic.kernels.mamba2_decode.ref import mamba2_decode_ref
 from synodic.kernels.mamba2_replay import mamba2_replay_alloc, mamba2_replay_decode, replay_advance
 from synodic.kernels.mamba2_replay.decode import launch_decode
+from synodic.kernels.replay_common import LaunchPlan
 
 SLOTS = 4
 L = 4
@@ -65,9 +66,9 @@ def per_head_step(c, step, config, split=None, **kw):
         row_wp = torch.where(sid >= 0, c["write_pos"][sid.clamp(min=0).long()], 0).to(torch.int32)
     split = True if (flush or first or row_wp is not None) else split
     if step % 2 == 0:
-        return mamba2_replay_decode(**c, **kw, L=L, advance=False, backend="triton", impl="per_head", config=config,
-                                    split=split, flush_config=flush, row_wp=row_wp, ring_by_cursor=ring,
-                                    ring_dots=dots)
+        return mamba2_replay_decode(**c, **kw, L=L, advance=False, backend="triton", row_wp=row_wp,
+                                    plan=LaunchPlan(impl="per_head", config=config, split=split, flush_config=flush,
+                                                    ring_by_cursor=ring, ring_dots=dots))
     y = torch.full_like(kw["x"], float("nan"))
     keys = ("x", "dt", "A", "B", "C", "D", "dt_bias", "slot_ids", "z")
     launch_decode(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], *(kw[k] for k in keys), y,
@@ -204,27 +205,33 @@ def test_per_head_needs_advance_false(device):
     x, dt, B, C, z = (t.to(device) for t in inputs(gen, 1, H, G, P, N))
     sid = torch.tensor([0], dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="advance=False"):
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="per_head")
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L,
+                             plan=LaunchPlan(impl="per_head"))
     with pytest.raises(ValueError, match="fold"):
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="per_head",
-                             advance=False, backend="triton", config=(8, 4, "fma"))
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L,
+                             advance=False, backend="triton", plan=LaunchPlan(impl="per_head", config=(8, 4, "fma")))
     with pytest.raises(ValueError, match=r"expected \(BLOCK, num_warps"):
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="per_head",
-                             advance=False, backend="triton", config=(8,))
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L,
+                             advance=False, backend="triton", plan=LaunchPlan(impl="per_head", config=(8,)))
     with pytest.raises(ValueError, match="flush_config: fold"):
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="per_head",
-                             advance=False, backend="triton", split=True, flush_config=(8, 2, "fma"))
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L,
+                             advance=False, backend="triton",
+                             plan=LaunchPlan(impl="per_head", split=True, flush_config=(8, 2, "fma")))
     with pytest.raises(ValueError, match=r"flush_config: expected \(BLOCK, num_warps"):
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="per_head",
-                             advance=False, backend="triton", split=True, flush_config=(8, 2, "dot", 4, 1))
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L,
+                             advance=False, backend="triton",
+                             plan=LaunchPlan(impl="per_head", split=True, flush_config=(8, 2, "dot", 4, 1)))
     with pytest.raises(ValueError, match="flush_config: tiles per program"):
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="per_head",
-                             advance=False, backend="triton", split=True, flush_config=(8, 2, "dot", 0))
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L,
+                             advance=False, backend="triton",
+                             plan=LaunchPlan(impl="per_head", split=True, flush_config=(8, 2, "dot", 0)))
     with pytest.raises(ValueError, match="row_wp: expected int32"):
         launch_decode(c["ckpt"], c["ring_x"], c["ring_dt"], c["ring_B"], c["write_pos"], x, dt, A, B, C, D, bias,
                          sid, None, torch.empty_like(x), L=L, split=True, row_wp=sid.long())
     with pytest.raises(ValueError, match="fold 'bf16x3' needs a bf16 B ring"):  # this cache's ring is fp32
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="per_head",
-                             advance=False, backend="triton", split=True, flush_config=(8, 2, "bf16x3"))
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L,
+                             advance=False, backend="triton",
+                             plan=LaunchPlan(impl="per_head", split=True, flush_config=(8, 2, "bf16x3")))
     with pytest.raises(ValueError, match="impl"):
-        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L, impl="v3")
+        mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, L=L,
+                             plan=LaunchPlan(impl="v3"))

@@ -8,6 +8,7 @@ import torch
 from replay_fixtures import MODES, fill_state
 from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_decode, replay_advance
 from synodic.kernels.mamba2_replay import mamba2_replay_alloc, mamba2_replay_decode
+from synodic.kernels.replay_common import LaunchPlan
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (streams)")
 
@@ -29,8 +30,8 @@ def _gdn(gen, mode):
                     beta=torch.rand(b, HV, generator=gen, device="cuda"))
 
     def step(cache, kw, overlap):
-        return gdn_replay_decode(**cache, **kw, L=L, advance=False, backend="triton", impl="per_head", split=True,
-                                 overlap=overlap)
+        return gdn_replay_decode(**cache, **kw, L=L, advance=False, backend="triton",
+                                 plan=LaunchPlan(impl="per_head", split=True, overlap=overlap))
     return c, inputs, step
 
 
@@ -53,7 +54,8 @@ def _mamba2(gen, mode):
         sid = kw["slot_ids"]
         row_wp = torch.where(sid >= 0, cache["write_pos"][sid.clamp(min=0).long()], 0).to(torch.int32)
         return mamba2_replay_decode(**cache, **kw, A=A, D=D, dt_bias=bias, L=L, advance=False, backend="triton",
-                                    impl="per_head", split=True, row_wp=row_wp, overlap=overlap)
+                                    row_wp=row_wp,
+                                    plan=LaunchPlan(impl="per_head", split=True, overlap=overlap))
     return c, inputs, step
 
 

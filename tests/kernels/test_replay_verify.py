@@ -17,6 +17,7 @@ from synodic.kernels.gdn_replay import gdn_replay_alloc, gdn_replay_verify
 from synodic.kernels.gdn_replay.verify import launch_verify as gdn_launch_verify
 from synodic.kernels.mamba2_replay import mamba2_replay_alloc, mamba2_replay_verify
 from synodic.kernels.mamba2_replay.verify import launch_verify as mamba_launch_verify
+from synodic.kernels.replay_common import LaunchPlan
 
 L = 6
 SLOTS = 4
@@ -110,7 +111,7 @@ def test_mamba2_verify_per_head_matches_ref(H, G, P, N, T, mode, dtype, config, 
                         L=L, ckpt_scale=c.get("ckpt_scale"), ckpt_lo=c.get("ckpt_lo"),
                         ckpt_lo_scale=c.get("ckpt_lo_scale"), config=config)
     else:
-        y = mamba2_replay_verify(**c, **kw, L=L, backend="triton", impl="per_head", config=config)
+        y = mamba2_replay_verify(**c, **kw, L=L, backend="triton", plan=LaunchPlan(impl="per_head", config=config))
     y_ref = mamba2_replay_verify(**c_ref, **kw, L=L, backend="ref")
     assert y.dtype == dtype and not torch.isnan(y).any()
     assert torch.all(y[kw["slot_ids"] < 0] == 0)
@@ -126,8 +127,8 @@ def test_mamba2_verify_per_head_matches_head_group(gram, device):
     c = {k: v.to(device) for k, v in c.items()}
     kw = {k: v.to(device) for k, v in kw.items()}
     c1 = {k: v.clone() for k, v in c.items()}
-    y2 = mamba2_replay_verify(**c, **kw, L=L, backend="triton", config=(8, 2, gram))  # auto = per-head
-    y1 = mamba2_replay_verify(**c1, **kw, L=L, backend="triton", impl="head_group")
+    y2 = mamba2_replay_verify(**c, **kw, L=L, backend="triton", plan=LaunchPlan(config=(8, 2, gram)))  # auto = per-head
+    y1 = mamba2_replay_verify(**c1, **kw, L=L, backend="triton", plan=LaunchPlan(impl="head_group"))
     assert rel(y2, y1) <= 1e-5
     for k in c:
         torch.testing.assert_close(c[k].float().nan_to_num(7.0), c1[k].float().nan_to_num(7.0), rtol=1e-6, atol=1e-6)
@@ -176,8 +177,8 @@ def test_gdn_verify_per_head_matches_ref(HV, Hk, V, K, T, mode, dtype, config, q
                       L=L, scale=scale, use_qk_l2norm=use_l2, ckpt_scale=c.get("ckpt_scale"),
                       ckpt_lo=c.get("ckpt_lo"), ckpt_lo_scale=c.get("ckpt_lo_scale"), config=config)
     else:
-        o = gdn_replay_verify(**c, **kw, L=L, scale=scale, use_qk_l2norm=use_l2, backend="triton", impl="per_head",
-                              config=config)
+        o = gdn_replay_verify(**c, **kw, L=L, scale=scale, use_qk_l2norm=use_l2, backend="triton",
+                              plan=LaunchPlan(impl="per_head", config=config))
     o_ref = gdn_replay_verify(**c_ref, **kw, L=L, scale=scale, use_qk_l2norm=use_l2, backend="ref")
     assert o.dtype == dtype and not torch.isnan(o).any()
     assert torch.all(o[kw["slot_ids"] < 0] == 0)
@@ -194,8 +195,9 @@ def test_gdn_verify_per_head_matches_head_group(gram, l2, device):
     c = {k: v.to(device) for k, v in c.items()}
     kw = {k: v.to(device) for k, v in kw.items()}
     c1 = {k: v.clone() for k, v in c.items()}
-    o2 = gdn_replay_verify(**c, **kw, L=L, use_qk_l2norm=l2, backend="triton", config=(8, 1, gram))  # auto = per-head
-    o1 = gdn_replay_verify(**c1, **kw, L=L, use_qk_l2norm=l2, backend="triton", impl="head_group")
+    o2 = gdn_replay_verify(**c, **kw, L=L, use_qk_l2norm=l2, backend="triton",
+                           plan=LaunchPlan(config=(8, 1, gram)))  # auto = per-head
+    o1 = gdn_replay_verify(**c1, **kw, L=L, use_qk_l2norm=l2, backend="triton", plan=LaunchPlan(impl="head_group"))
     assert rel(o2, o1) <= 1e-5
     for k in c:
         torch.testing.assert_close(c[k].float().nan_to_num(7.0), c1[k].float().nan_to_num(7.0), rtol=1e-5, atol=1e-6)
@@ -205,16 +207,17 @@ def test_verify_impl_and_config_errors(device):
     c, kw = mamba_problem(3, 1, 5, 7, 1, "fp32", torch.float32, seed=1)
     c, kw = ({k: v.to(device) for k, v in d.items()} for d in (c, kw))
     with pytest.raises(ValueError, match=r"impl.*'auto', 'head_group', 'per_head'.*'v3'"):
-        mamba2_replay_verify(**c, **kw, L=L, backend="ref", impl="v3")
+        mamba2_replay_verify(**c, **kw, L=L, backend="ref", plan=LaunchPlan(impl="v3"))
     with pytest.raises(ValueError, match="BLOCK_P, num_warps"):
-        mamba2_replay_verify(**c, **kw, L=L, backend="triton", impl="per_head", config=(8, 1, 4, None, 0))
+        mamba2_replay_verify(**c, **kw, L=L, backend="triton",
+                             plan=LaunchPlan(impl="per_head", config=(8, 1, 4, None, 0)))
     c, kw = gdn_problem(3, 1, 5, 7, 1, "fp32", torch.float32, seed=1)
     c, kw = ({k: v.to(device) for k, v in d.items()} for d in (c, kw))
     with pytest.raises(ValueError, match=r"impl.*'auto', 'head_group', 'per_head'.*'fast'"):
-        gdn_replay_verify(**c, **kw, L=L, backend="ref", impl="fast")
+        gdn_replay_verify(**c, **kw, L=L, backend="ref", plan=LaunchPlan(impl="fast"))
     with pytest.raises(ValueError, match="BLOCK_V, num_warps"):
-        gdn_replay_verify(**c, **kw, L=L, backend="triton", config=(8,))
+        gdn_replay_verify(**c, **kw, L=L, backend="triton", plan=LaunchPlan(config=(8,)))
     with pytest.raises(ValueError, match="gram a bool"):  # a head-group config handed to per-head
-        gdn_replay_verify(**c, **kw, L=L, backend="triton", config=(16, 2, 2, None))
+        gdn_replay_verify(**c, **kw, L=L, backend="triton", plan=LaunchPlan(config=(16, 2, 2, None)))
     with pytest.raises(ValueError, match="dot=True needs gram=True"):
-        gdn_replay_verify(**c, **kw, L=L, backend="triton", config=(16, 2, False, None, True))
+        gdn_replay_verify(**c, **kw, L=L, backend="triton", plan=LaunchPlan(config=(16, 2, False, None, True)))
