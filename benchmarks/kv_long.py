@@ -25,8 +25,7 @@ for the default shape) holds every request fully, for resident and adaptive alik
 (default 4) the resident pool holds ~78 % of the full-residency demand (3 of 4 requests: resident must refuse
 one request in four; adaptive's and hisparse's pools ~75 %: their index keys for every request come out of the
 same budget); at the high load (default 6) ~52 % (3 of 6; ~46 %), twice oversubscribed. Resident queues
-requests, adaptive demotes cold pages, hisparse is unaffected. (Until 2026-12-01 the moderate load was the
-6-request one, now `high`.)
+requests, adaptive demotes cold pages, hisparse is unaffected.
 The indexer is the model's learned DSA indexer where it has one (`--indexer auto`; its keys k_I cached
 in fp8 + a per-token scale: 132 B per token and layer on dsa_mla_7b, as in DSA), else the training-free
 one over key copies (`--indexer bf16|fp8`: 576 / 292 B per token and layer at MLA rows).

@@ -49,19 +49,19 @@ CHECK_TOL = 2e-2  # rel. RMSE vs the reference above which a config is reported 
 # goes candidate by candidate over all rows, so a cut-short run has the first ones everywhere). BLOCK_K is
 # given for 4-bit formats (BLOCK_K/2 code bytes per row); 8-bit formats use half (same bytes per row).
 # No SPLIT_K: chosen per shape for the tile (launch.resolve_config).
-# "dotp" (bf16-decoded, K-permuted tl.dot): the best tiles of a short H200 probe (4096x14336, 2026-11-30), per M
+# "dotp" (bf16-decoded, K-permuted tl.dot): the best tiles of a short H200 probe (4096x14336), per M
 DOTP_M1 = [dict(KERNEL="dotp", BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=2),
            dict(KERNEL="dotp", BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3)]
 DOTP_MN = [dict(KERNEL="dotp", BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
            dict(KERNEL="dotp", BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=6)]
-# "gemvh" (fp16x2 GEMV): the best tiles and splits of the H200 sweeps of 2026-11-30 12:30 / 12:35 UTC (the default
-# first: [64 x 512] on 4 warps), then the runners-up
+# "gemvh" (fp16x2 GEMV): the best tiles and splits of the H200 sweeps (the default first: [64 x 512] on
+# 4 warps), then the runners-up
 GEMVH_M1 = [dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=2, **kw)
             for bn, bk, nw, kw in ((64, 512, 4, {}), (16, 1024, 2, {}), (64, 256, 4, {}), (16, 1024, 4, {}),
                                    (64, 512, 4, dict(SPLIT_K=4)), (64, 512, 4, dict(SPLIT_K=8)), (32, 512, 4, {}),
                                    (128, 256, 8, {}), (64, 1024, 8, {}), (32, 512, 4, dict(PREFETCH=1)))]
 # gemvh for two rows (one weight decode for both; 4 rows per program, 168-255 registers, lost to dotp at M = 4 on
-# the H200, 2026-11-30 12:52 UTC, and were removed)
+# the H200 and were removed)
 GEMVH_MN = [dict(KERNEL="gemvh", BLOCK_N=32, BLOCK_K=512, BLOCK_M=2, num_warps=4, num_stages=2),
             dict(KERNEL="gemvh", BLOCK_N=64, BLOCK_K=512, BLOCK_M=2, num_warps=4, num_stages=2)]
 SWEEP = {

@@ -52,8 +52,8 @@ TARGETS = {("mamba2", "replay_fp32"): 1.75, ("mamba2", "replay_dual_bf16"): 2.5,
            ("mamba2", "replay_dual_bf16_per_head_row"): 2.5,
            ("gdn", "replay_fp32_adjoint"): 1.6, ("gdn", "replay_fp32_state"): 1.6,
            ("gdn", "replay_fp32_adjoint_per_head"): 1.6}
-# Launch configs swept for the engine's kernels (the per-head decode kernels; the head-group kernels' sweeps of
-# 2026-11-30 are recorded in their pick_config docstrings).
+# Launch configs swept for the engine's kernels (the per-head decode kernels; the head-group kernels' sweeps are
+# in docs/tuning/replay.md).
 # per-head (BLOCK_P, warps, flush fold)
 PER_HEAD_SWEEP = [(32, 4, "serial"), (32, 2, "serial"), (64, 4, "serial"), (64, 2, "serial"), (16, 2, "serial"),
             (16, 4, "serial"), (64, 8, "serial"), (16, 1, "serial"), (8, 1, "serial"), (8, 2, "serial"),

@@ -45,11 +45,8 @@ from synodic.results.env import git_commit
 MAMBA = dict(H=128, P=64, N=128, G=8)
 # (impl, config): per-head = (BLOCK, num_warps[, gram[, maxnreg]]) (gram: group / key-head dot products in a
 # prologue kernel); head-group = (BLOCK, heads per program, num_warps, maxnreg)
-# (impl, config); per-head config = (BLOCK, warps, gram[, maxnreg[, dot]]). The 2026-11-30 sweep's losers are dropped:
-# Mamba-2 per-head without gram 1216-1275 us, head-group 1593-2166; GDN (64, 2) 1423, (128, 8) 1777, head-group
-# 1540-3709 (batch 256);
-# 04:20-04:40 UTC: GDN (32, 1, gram) 1395, (16, 2, gram) 945, (16, 1, gram) 941, (8, 1, gram) 779;
-# with dot (16, 2) 1017, (32, 2) 667, (64, 1) 897, (64, 4) 827, (128, 2) 1269, (128, 4) 928.
+# (impl, config); per-head config = (BLOCK, warps, gram[, maxnreg[, dot]]): the candidates that were ever close to
+# the default (the sweeps' losers, and their times, are in docs/tuning/replay.md).
 VERIFY_SWEEP = {"mamba2": [("per_head", (64, 2, True)), ("per_head", (32, 2, True)),
                            ("per_head", (64, 2, True, None, True)),
                            ("per_head", (64, 4, True, None, True)), ("per_head", (32, 2, True, None, True)),
