@@ -1,4 +1,4 @@
-"""Long-context KV-residency benchmark (issue 6): kv=resident (top-k) vs kv=hisparse vs kv=adaptive on
+"""Long-context KV-residency benchmark: kv=resident (top-k) vs kv=hisparse vs kv=adaptive on
 one model, under one device KV budget, at a low, a moderate and a high load, through the real engine.
 
     python -m benchmarks.kv_long --out bench_long.json      # GPU: dsa_mla_7b, planned for ~5 min on one H200
