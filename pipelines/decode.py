@@ -97,7 +97,10 @@ def run(cfg, run_dir: Path) -> dict:
               f"decode {m['decode_tokens_per_s']:.1f} tok/s · TTFT {m['ttft_ms'] or 0:.1f} ms · "
               f"TPOT {m['tpot_ms'] or 0:.2f} ms · preemptions {m['preemptions']} · "
               f"SSM bytes/token {led['ssm_bytes_per_token']:.0f}")
-    return {"requests": [request_record(r, codec) for r in requests], "metrics": m, "ledger": led,
+    out = {"requests": [request_record(r, codec) for r in requests], "metrics": m, "ledger": led,
             "tokenizer": codec.name, "weights": str(graph.ckpt_dir or "random"),
             "quant": graph.quant.summary() if graph.quant is not None else None,
             "graph": {"device": str(graph.device), "cuda_graphs": graph.cuda_graphs, "notes": graph.notes}}
+    if engine.replicas is not None:  # runtime=ray: each replica's device, requests, rate and ledger
+        out["replicas"] = engine.replicas
+    return out

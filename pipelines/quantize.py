@@ -135,16 +135,9 @@ def _bytes(model, names, fmt) -> dict:
 
 
 def _run_ray(todo, task_args, adir, qcfg, workers, ray_address, device, threads, finished):
-    import ray
-
+    from synodic.distributed.cluster import ray_session
     from synodic.quant.apply import solve_group_to_part
-    started = not ray.is_initialized()
-    if started:
-        if ray_address:
-            ray.init(address=ray_address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=workers * threads, include_dashboard=False, log_to_driver=False)
-    try:
+    with ray_session(ray_address, "pipeline.ray_address", num_cpus=workers * threads) as ray:
         gpu = 1.0 / workers if device == "cuda" else 0
         remote = ray.remote(num_cpus=threads, num_gpus=gpu, max_retries=1)(solve_group_to_part)
         pending, queue = {}, list(todo)
@@ -158,9 +151,6 @@ def _run_ray(todo, task_args, adir, qcfg, workers, ray_address, device, threads,
             ready, _ = ray.wait(list(pending), num_returns=1)
             for r in ready:
                 finished(pending.pop(r), ray.get(r))
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def _progress(enabled: bool, total: int, done: int):

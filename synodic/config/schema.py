@@ -34,6 +34,9 @@ def cross_rules(cfg) -> list[str]:
     if getattr(p, "batch_sizes", None) and max(p.batch_sizes) > rt.max_slots:
         out.append(f"pipeline.batch_sizes={list(p.batch_sizes)} with runtime.max_slots={rt.max_slots}: "
                    f"expected every batch size <= runtime.max_slots")
+    if rt.kind == "ray" and p.kind != "decode":
+        out.append(f"runtime=ray with pipeline={p.kind}: expected pipeline=decode (the pipeline served by "
+                   f"replicas), or runtime=local")
     need = getattr(wl, "prompt_len", 0) + getattr(wl, "output_len", 0)
     if need and hasattr(kv, "capacity_tokens") and need > kv.capacity_tokens():
         out.append(f"workload.prompt_len+output_len={need} with kv={kv.kind} holding {kv.capacity_tokens()} "

@@ -30,6 +30,8 @@ class _Step:
 
 
 class Engine:
+    replicas = None  # per-replica summaries when the run was served by several engines (runtime=ray)
+
     def __init__(self, graph, max_running: int | None = None):
         self.graph = graph
         self.runner = ModelRunner(graph.model, graph.ssm, graph.kv, graph.max_slots, graph.device,

@@ -1,0 +1,294 @@
+"""`runtime=ray`: data-parallel decode replicas as Ray actors.
+
+Each replica is an actor in its own bundle of one placement group (PACK across bundles), builds the run's
+validated graph on its device, warms up (one short request, so a GPU replica has captured its first graph),
+and serves the chunks of requests the driver sends it with the same Engine as `runtime=local`. The driver
+keeps the queue: a router picks the replica for the next chunk (least outstanding tokens, or round robin),
+at most two chunks wait on a replica at a time. A replica that dies (its process killed, a CUDA error, its
+node gone) fails its chunks; those requests go back to the front of the queue and are served again from
+their prompt by whichever replica is alive (greedy outputs are the same), while Ray restarts the actor up to
+`runtime.max_restarts` times. When no replica is left, the requests not finished end as
+`failed_replica_lost`: the run never hangs and never drops a request silently.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from synodic.config.errors import ConfigError
+from synodic.engine.executor import Served
+from synodic.engine.ledger import ByteLedger
+from synodic.engine.request import Request, Status
+
+PLACE_TIMEOUT_S = 60.0  # a cluster that cannot place the replicas by then will not (no autoscaler here)
+IN_FLIGHT_PER_REPLICA = 2  # chunks queued on one replica: the next one is there when the current one ends
+LOST = "failed_replica_lost"
+
+
+def _wall(t: float | None, perf_now: float, wall_now: float) -> float | None:
+    """A perf_counter time of this process as wall time (clocks of two processes only agree on wall time)."""
+    return None if t is None else t - perf_now + wall_now
+
+
+class Replica:
+    """One decode replica: a ServingGraph and an Engine on the device Ray gave this actor."""
+
+    def __init__(self, raw_cfg: dict, max_seq_len: int, max_running: int | None, threads: int):
+        import torch
+
+        from synodic.config.schema import validate
+        from synodic.engine.engine import Engine
+        from synodic.graph import build_graph
+        torch.set_num_threads(threads)
+        t0 = time.perf_counter()
+        self.cfg = validate(raw_cfg)
+        self.graph = build_graph(self.cfg, max_seq_len)
+        self.engine = Engine(self.graph, max_running=max_running)
+        self.build_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        warm = Request(-1, [0, 1, 2], _params(max_tokens=2))
+        self.engine.generate([warm])  # compiles kernels, captures the batch-1 graph on a GPU
+        self.warmup_s = time.perf_counter() - t0
+        self._reset_counters()
+        self.served = 0
+
+    def _reset_counters(self) -> None:
+        e = self.engine
+        e.ledger, e.decode_s, e.prefill_s, e.prefill_forwards = ByteLedger(), 0.0, 0.0, 0
+        e.scheduler.finished.clear()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def serve(self, requests: list[Request]) -> list[Request]:
+        """The chunk served to completion; timestamps returned as wall time."""
+        self.engine.generate(requests)
+        perf_now, wall_now = time.perf_counter(), time.time()
+        for r in requests:
+            r.arrival_s = _wall(r.arrival_s, perf_now, wall_now)
+            r.first_token_s = _wall(r.first_token_s, perf_now, wall_now)
+            r.finish_s = _wall(r.finish_s, perf_now, wall_now)
+        self.served += len(requests)
+        return requests
+
+    def summary(self) -> dict:
+        e, g = self.engine, self.graph
+        return {"pid": os.getpid(), "device": str(g.device), "requests": self.served,
+                "decode_tokens": e.ledger.tokens, "decode_s": e.decode_s, "prefill_s": e.prefill_s,
+                "prefill_forwards": e.prefill_forwards, "capture_s": e.runner.capture_s,
+                "build_s": self.build_s, "warmup_s": self.warmup_s,
+                "decode_tokens_per_s": e.ledger.tokens / e.decode_s if e.decode_s else 0.0,
+                "cuda_graphs": g.cuda_graphs, "notes": g.notes,
+                "quant": g.quant.summary() if g.quant is not None else None,
+                "ledger_totals": {"steps": e.ledger.steps, "tokens": e.ledger.tokens, **e.ledger.totals},
+                "ledger": e.ledger.summary()}
+
+
+def _params(**kw):
+    from synodic.engine.request import SamplingParams
+    return SamplingParams(**kw)
+
+
+@dataclass
+class _Slot:
+    """The driver's view of one replica."""
+    actor: object
+    index: int
+    alive: bool = True
+    failures: int = 0
+    in_flight: dict = field(default_factory=dict)  # ObjectRef -> chunk (list of the driver's Requests)
+
+    def outstanding(self) -> int:
+        return sum(len(r.prompt_ids) + r.params.max_tokens for c in self.in_flight.values() for r in c)
+
+
+class _Merged:
+    """What the pipelines read of a local run's graph and engine, summed over the replicas."""
+
+    class _Runner:
+        def __init__(self, capture_s):
+            self.capture_s = capture_s
+
+    class _Quant:
+        def __init__(self, summary):
+            self._summary = summary
+
+        def summary(self):
+            return self._summary
+
+    def __init__(self, summaries: list[dict], codec, ckpt_dir, n_replicas: int):
+        self.ledger = ByteLedger()
+        for s in summaries:
+            t = dict(s["ledger_totals"])
+            self.ledger.steps += t.pop("steps")
+            self.ledger.tokens += t.pop("tokens")
+            for k, v in t.items():
+                self.ledger.totals[k] += v
+        rate = sum(s["decode_tokens_per_s"] for s in summaries)
+        # replicas decode in parallel: the combined rate is the sum of theirs, so decode_s is the time at that rate
+        self.decode_s = self.ledger.tokens / rate if rate else 0.0
+        self.prefill_s = sum(s["prefill_s"] for s in summaries)
+        self.prefill_forwards = sum(s["prefill_forwards"] for s in summaries)
+        self.runner = self._Runner(sum(s["capture_s"] for s in summaries))
+        self.replicas = summaries
+        self.codec, self.ckpt_dir = codec, ckpt_dir
+        self.device = f"ray: {n_replicas} replicas ({', '.join(sorted({s['device'] for s in summaries}))})"
+        self.cuda_graphs = any(s["cuda_graphs"] for s in summaries)
+        self.notes = sorted({n for s in summaries for n in s["notes"]})
+        q = next((s["quant"] for s in summaries if s["quant"] is not None), None)
+        self.quant = self._Quant(q) if q is not None else None
+
+
+class RayExecutor:
+    """Serves a run's requests on `runtime.replicas` Ray actors (see the module docstring)."""
+
+    def __init__(self, cfg, on_dispatch=None):
+        self.cfg = cfg
+        self.on_dispatch = on_dispatch  # (replica index, chunk, pids) after each dispatch: tests' fault hook
+
+    def _plan(self, ray) -> tuple[int, float]:
+        """(replicas, GPUs each), checked against the cluster before any actor starts."""
+        rt = self.cfg.runtime
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        use_gpu = rt.device != "cpu" and gpus > 0
+        if rt.device == "cuda" and gpus == 0:
+            raise ConfigError(["runtime.device='cuda': the Ray cluster has no GPU; expected runtime.device=cpu or "
+                               "auto, or a cluster with GPUs"])
+        n = rt.replicas
+        if n is None:
+            if not use_gpu:
+                raise ConfigError(["runtime.replicas=null: the Ray cluster has no GPU to count replicas by; "
+                                   "expected runtime.replicas=N (N CPU replicas)"])
+            n = gpus // rt.gpus_per_replica
+        if use_gpu and n * rt.gpus_per_replica > gpus:
+            raise ConfigError([f"runtime.replicas={n}: the Ray cluster has {gpus} GPU(s), {rt.gpus_per_replica} per "
+                               f"replica; expected runtime.replicas <= {gpus // rt.gpus_per_replica}"])
+        return n, float(rt.gpus_per_replica) if use_gpu else 0.0
+
+    def serve(self, requests: list[Request], max_seq_len: int, max_running: int | None = None,
+              on_token=None, progress=None) -> Served:
+        from synodic.distributed.cluster import ray_session
+        rt = self.cfg.runtime
+        n_cpu = (rt.replicas or 1) * rt.cpus_per_replica
+        with ray_session(rt.address, "runtime.address", num_cpus=n_cpu) as ray:
+            n, gpus = self._plan(ray)
+            pg = self._place(ray, n, gpus)
+            slots = []
+            try:
+                slots = self._start(ray, pg, n, gpus, max_seq_len, max_running)
+                self._route(ray, slots, requests, max_running or rt.max_slots, on_token, progress)
+                summaries = []
+                for s in slots:
+                    if s.alive:
+                        try:
+                            summaries.append({"replica": s.index, **ray.get(s.actor.summary.remote())})
+                        except ray.exceptions.RayActorError:
+                            s.alive = False
+            finally:  # the run's actors and reserved resources go; a joined cluster keeps running
+                for s in slots:
+                    ray.kill(s.actor, no_restart=True)
+                from ray.util.placement_group import remove_placement_group
+                remove_placement_group(pg)
+        from synodic.engine.text import load_codec
+        from synodic.graph import checkpoint_dir
+        ckpt = checkpoint_dir(self.cfg.model)
+        merged = _Merged(summaries, load_codec(ckpt), ckpt, n)
+        return Served(requests, merged, merged)
+
+    def _place(self, ray, n: int, gpus: float):
+        """One bundle per replica, packed; refused in one line when the cluster cannot hold them."""
+        from ray.util.placement_group import placement_group, remove_placement_group
+        rt = self.cfg.runtime
+        bundle = {"CPU": rt.cpus_per_replica, **({"GPU": gpus} if gpus else {})}
+        pg = placement_group([bundle] * n, strategy="PACK")
+        if not pg.wait(timeout_seconds=PLACE_TIMEOUT_S):
+            remove_placement_group(pg)
+            free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
+            raise ConfigError([f"runtime.replicas={n}: the Ray cluster cannot place {n} x {bundle} within "
+                               f"{PLACE_TIMEOUT_S:.0f} s (available now: {free}); expected fewer replicas or "
+                               f"runtime.cpus_per_replica / gpus_per_replica that fit"])
+        return pg
+
+    def _start(self, ray, pg, n: int, gpus: float, max_seq_len: int, max_running: int | None) -> list[_Slot]:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        rt = self.cfg.runtime
+        remote = ray.remote(Replica)
+        raw = self.cfg.model_dump(mode="json")
+        slots = []
+        for i in range(n):
+            actor = remote.options(
+                num_cpus=rt.cpus_per_replica, num_gpus=gpus, max_restarts=rt.max_restarts, max_task_retries=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+            ).remote(raw, max_seq_len, max_running, rt.cpus_per_replica)
+            slots.append(_Slot(actor, i))
+        self.pids = ray.get([s.actor.pid.remote() for s in slots])  # every replica built and warmed up
+        return slots
+
+    def _pick(self, slots: list[_Slot], turn: int) -> _Slot | None:
+        free = [s for s in slots if s.alive and len(s.in_flight) < IN_FLIGHT_PER_REPLICA]
+        if not free:
+            return None
+        if self.cfg.runtime.router == "round_robin":
+            return min(free, key=lambda s: ((s.index - turn) % len(slots), s.index))
+        return min(free, key=lambda s: (s.outstanding(), len(s.in_flight), s.index))
+
+    def _route(self, ray, slots: list[_Slot], requests: list[Request], chunk_max: int, on_token, progress):
+        queue = deque(requests)
+        t0 = time.perf_counter()
+        wall0 = time.time()
+        for r in requests:
+            r.arrival_s = t0
+        turn = 0
+        while True:
+            while queue:
+                s = self._pick(slots, turn)
+                if s is None:
+                    break
+                alive = sum(x.alive for x in slots)
+                size = max(1, min(chunk_max, math.ceil(len(queue) / (alive * IN_FLIGHT_PER_REPLICA))))
+                chunk = [queue.popleft() for _ in range(min(size, len(queue)))]
+                s.in_flight[s.actor.serve.remote(chunk)] = chunk
+                turn = s.index + 1
+                if self.on_dispatch is not None:
+                    self.on_dispatch(s.index, chunk, self.pids)
+            refs = {ref: s for s in slots for ref in s.in_flight}
+            if not refs:
+                break
+            done, _ = ray.wait(list(refs), num_returns=1)
+            s = refs[done[0]]
+            chunk = s.in_flight.pop(done[0])
+            try:
+                served = ray.get(done[0])
+            except ray.exceptions.RayActorError:
+                s.failures += 1
+                if s.failures > self.cfg.runtime.max_restarts:
+                    s.alive = False
+                queue.extendleft(reversed(chunk))  # served again from their prompt, first in line
+                if not any(x.alive for x in slots):
+                    for x in slots:
+                        for c in x.in_flight.values():
+                            queue.extend(c)
+                        x.in_flight.clear()
+                    for r in queue:
+                        r.status, r.finish_reason = Status.FINISHED, LOST
+                    break
+                continue
+            for mine, theirs in zip(chunk, served):
+                self._adopt(mine, theirs, t0, wall0, on_token)
+            if progress is not None:
+                progress(sum(len(r.output_ids) for r in served))
+
+    @staticmethod
+    def _adopt(mine: Request, theirs: Request, t0: float, wall0: float, on_token) -> None:
+        """A served request's outputs and times copied into the driver's object (times back on the driver's
+        perf_counter; arrival is when the driver took the request, so TTFT includes the queue)."""
+        to_perf = lambda w: None if w is None else w - wall0 + t0  # noqa: E731
+        mine.output_ids, mine.status, mine.finish_reason = theirs.output_ids, theirs.status, theirs.finish_reason
+        mine.preemptions, mine.arrival_s = theirs.preemptions, t0
+        mine.first_token_s, mine.finish_s = to_perf(theirs.first_token_s), to_perf(theirs.finish_s)
+        if on_token is not None:
+            for tok in mine.output_ids:
+                on_token(mine, tok)

@@ -1,0 +1,115 @@
+"""runtime=ray on a local Ray instance with CPU replicas: the same greedy outputs as runtime=local, every
+request served exactly once, a killed replica's requests served again, no hang when every replica is gone,
+and bad input refused in one line before any actor starts."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from synodic.config.compose import compose
+from synodic.config.errors import ConfigError
+from synodic.distributed.replicas import LOST, RayExecutor
+from synodic.engine.request import Request, SamplingParams
+from synodic.pipelines.decode import serve
+
+ray = pytest.importorskip("ray")
+PROMPTS = [[5, 9, 200, 31, 7], [100, 3], [42] * 9, [7, 7, 8], [1, 2, 3, 4, 5, 6], [300], [11, 12], [9, 8, 7, 6]]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_instance():
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)  # shared by the module's runs
+    yield
+    ray.shutdown()
+
+
+def _reqs(n_tokens=8):
+    return [Request(i, p, SamplingParams(max_tokens=n_tokens)) for i, p in enumerate(PROMPTS)]
+
+
+def _cfg(*over):
+    return compose(["runtime.device=cpu", "runtime.max_slots=4", *over])
+
+
+def _local(preset):
+    _, _, reqs = serve(_cfg(f"model={preset}"), requests=_reqs(), progress=False)
+    return {r.id: r.output_ids for r in reqs}
+
+
+@pytest.mark.parametrize("preset,replicas,router", [("tiny_mamba2", 2, "least_loaded"),
+                                                     ("tiny_gdn", 3, "round_robin")])
+def test_replicas_match_local_and_serve_each_request_once(preset, replicas, router):
+    want = _local(preset)
+    cfg = _cfg(f"model={preset}", "runtime=ray", f"runtime.replicas={replicas}", f"runtime.router={router}")
+    got = RayExecutor(cfg).serve(_reqs(), max_seq_len=64, max_running=4)
+    assert {r.id: r.output_ids for r in got.requests} == want
+    assert all(r.finish_reason == "length" for r in got.requests)
+    per = [s["requests"] for s in got.engine.replicas]
+    assert len(per) == replicas and sum(per) == len(PROMPTS)  # exactly once each
+    assert min(per) >= 1  # every replica took work
+    assert got.engine.ledger.tokens == sum(s["decode_tokens"] for s in got.engine.replicas)
+
+
+def test_killed_replica_requests_are_served_again():
+    want = _local("tiny_mamba2")
+    cfg = _cfg("runtime=ray", "runtime.replicas=2", "runtime.max_restarts=1")
+    killed = []
+
+    def kill_first(index, chunk, pids):
+        if not killed:
+            os.kill(pids[index], signal.SIGKILL)  # the chunk just sent there fails, mid-run
+            killed.append(index)
+    got = RayExecutor(cfg, on_dispatch=kill_first).serve(_reqs(), max_seq_len=64, max_running=4)
+    assert killed
+    assert {r.id: r.output_ids for r in got.requests} == want
+    assert all(r.finish_reason == "length" for r in got.requests)
+
+
+def test_every_replica_lost_ends_without_a_hang():
+    cfg = _cfg("runtime=ray", "runtime.replicas=2", "runtime.max_restarts=0")
+
+    def kill_all(index, chunk, pids):
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    t0 = time.monotonic()
+    got = RayExecutor(cfg, on_dispatch=kill_all).serve(_reqs(), max_seq_len=64, max_running=4)
+    assert time.monotonic() - t0 < 120
+    assert all(r.done for r in got.requests)
+    assert {r.finish_reason for r in got.requests} == {LOST}
+
+
+@pytest.mark.parametrize("over,needle", [
+    (["runtime.replicas=null"], "runtime.replicas=null"),
+    (["runtime.replicas=2", "runtime.device=cuda"], "runtime.device='cuda'"),
+    (["runtime.replicas=2", "runtime.address=127.0.0.1:9"], "runtime.address='127.0.0.1:9'"),
+])
+def test_bad_cluster_requests_fail_before_any_actor(over, needle):
+    cfg = _cfg("runtime=ray", *over)
+    if "runtime.address" in needle:
+        ray.shutdown()  # an address is only probed when this process starts Ray itself
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ConfigError) as e:
+            RayExecutor(cfg).serve(_reqs(), max_seq_len=64)
+        assert needle in e.value.lines[0] and time.monotonic() - t0 < 20
+    finally:
+        if not ray.is_initialized():
+            ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+
+
+@pytest.mark.parametrize("over,needle", [
+    ("runtime.replicas=0", "runtime.replicas=0"),
+    ("runtime.gpus_per_replica=2", "runtime.gpus_per_replica=2"),
+    ("pipeline=eval", "runtime=ray with pipeline=eval"),
+])
+def test_bad_runtime_fields_exit_2_in_one_line(over, needle):
+    p = subprocess.run([sys.executable, "run.py", "runtime=ray", over], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert needle in p.stderr and "Traceback" not in p.stderr
