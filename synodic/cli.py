@@ -45,4 +45,12 @@ def _job(cfg) -> None:
 def main() -> None:
     """Console-script entry: the same overrides as `python run.py`, from any directory."""
     import hydra
+
+    from synodic.config.multirun import check_multirun
+    try:
+        check_multirun(sys.argv[1:])
+    except ConfigError as e:
+        for line in e.lines:
+            print(f"error: {line}", file=sys.stderr)
+        sys.exit(2)
     hydra.main(config_path="pkg://synodic.conf", config_name="config", version_base="1.3")(_job)()
