@@ -13,4 +13,6 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    from synodic.config.hydra_errors import guard
+    guard()  # Hydra's own errors, --help: one line each, exit 2
     main()
