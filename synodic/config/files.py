@@ -113,3 +113,59 @@ def _check_length(st: Path) -> None:
     have = st.stat().st_size - 8 - n
     if have < end:
         raise ValueError(f"file ends {end - have} bytes before its last tensor")
+
+
+def writable_dir_problem(path: str | Path) -> str | None:
+    """Why a directory cannot be created / written at `path` (checked before a long job starts)."""
+    import os
+    p = Path(path).expanduser().absolute()
+    if p.exists() and not p.is_dir():
+        return "exists and is not a directory; expected a writable directory"
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is a file; expected a writable directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable; expected a writable directory"
+    return None
+
+
+def data_problems(paths: list[str]) -> list[str]:
+    out = []
+    for i, s in enumerate(paths):
+        p = Path(s)
+        if not p.exists():
+            out.append(f"[{i}]={s!r}: no such file or directory; expected text files or folders")
+        elif p.is_file():
+            why = text_problem(p)
+            if why:
+                out.append(f"[{i}]={s!r}: {why}")
+    return out
+
+
+def quant_grid_problems(items: list[str], mode: str | None) -> list[str]:
+    """Each 'format:method' entry validated as the quant group would validate it."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from .components import load_all
+    from .errors import format_validation_error
+    from .registry import REGISTRIES
+    load_all()
+    formats = [k for k in REGISTRIES["quant"].kinds() if k != "none"]
+    adapter = TypeAdapter(REGISTRIES["quant"].schema())
+    out = []
+    for i, item in enumerate(items):
+        fmt, _, method = str(item).partition(":")
+        if fmt not in formats:
+            out.append(f"[{i}]={item!r}: unknown format {fmt!r}; expected 'format:method' with format one of "
+                       f"{', '.join(formats)}")
+            continue
+        raw = {"kind": fmt, "method": method or "dualquant", "artifact": "none"}
+        if mode is not None:
+            raw["mode"] = mode
+        try:
+            adapter.validate_python(raw)
+        except ValidationError as e:
+            out += [f"[{i}]={item!r}: {line}" for line in format_validation_error(e)]
+    return out
