@@ -8,6 +8,7 @@ from synodic.models.config import HybridConfig
 from synodic.models.presets import PRESETS
 from synodic.models.weights import load_checkpoint
 from synodic.train.config import TrainPipeline
+from synodic.train.state import load_state
 from synodic.train.trainer import lr_at, measure_window, train
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -40,7 +41,7 @@ def _arch(preset):
 def test_few_steps_reduce_loss(preset, corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("SYNODIC_CACHE", str(tmp_path / "cache"))
     res = train(_settings(corpus), tmp_path / "run", _arch(preset), quiet=True)
-    rows = torch.load(tmp_path / "run" / "checkpoint" / "state.pt", weights_only=False)["history"]
+    rows = load_state(tmp_path / "run" / "checkpoint")["history"]
     first = sum(r["train_loss"] for r in rows[:5]) / 5
     last = sum(r["train_loss"] for r in rows[-5:]) / 5
     assert last < first - 1.0, (first, last)
@@ -65,7 +66,7 @@ def test_resume_continues_the_same_curve(corpus, tmp_path, monkeypatch):
     assert resumed["metrics"]["steps"] == straight["metrics"]["steps"] == 8
 
     def hist(d):
-        return torch.load(d / "checkpoint" / "state.pt", weights_only=False)["history"]
+        return load_state(d / "checkpoint")["history"]
     ha, hb = hist(tmp_path / "a"), hist(tmp_path / "b")
     assert [r["step"] for r in hb] == list(range(1, 9))
     for ra, rb in zip(ha, hb):
@@ -86,3 +87,58 @@ def test_schedule_shape():
     assert 0 < m0 < m1 < 100
     s2 = TrainPipeline(lr=1.0, warmup_steps=100)
     assert all(lr_at(k, 10 ** 9, s2) == lr_at(k, 1220, s2) for k in range(m1 + 1))
+
+
+class _Payload:
+    """Unpickling this calls os.system: a planted checkpoint that would run code."""
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_pickle_payload_in_run_dir_never_runs(corpus, tmp_path, monkeypatch):
+    from synodic.config.errors import ConfigError
+    monkeypatch.setenv("SYNODIC_CACHE", str(tmp_path / "cache"))
+    marker = tmp_path / "pwned"
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    torch.save({"model": _Payload(marker)}, tmp_path / "run" / "checkpoint" / "state.pt")
+    with pytest.raises(ConfigError, match="pickle"):
+        train(_settings(corpus, max_steps=2), tmp_path / "run", _arch("tiny_mamba2"), quiet=True)
+    assert not marker.exists()
+    # A pickle renamed to the new name is not loadable either: safetensors / JSON parse, nothing runs.
+    import shutil
+    shutil.move(tmp_path / "run" / "checkpoint" / "state.pt", tmp_path / "run" / "checkpoint" / "state.safetensors")
+    (tmp_path / "run" / "checkpoint" / "state.json").write_text('{"__tensor__": "x"}')
+    with pytest.raises(ConfigError, match="damaged checkpoint"):
+        train(_settings(corpus, max_steps=2), tmp_path / "run", _arch("tiny_mamba2"), quiet=True)
+    assert not marker.exists()
+
+
+def test_resume_refuses_changed_settings_and_takes_more_steps(corpus, tmp_path, monkeypatch):
+    from synodic.config.errors import ConfigError
+    monkeypatch.setenv("SYNODIC_CACHE", str(tmp_path / "cache"))
+    arch = _arch("tiny_mamba2")
+    kw = dict(max_steps=4, ckpt_every=100, eval_every=100)
+    train(_settings(corpus, **kw), tmp_path / "r", arch, quiet=True)
+    with pytest.raises(ConfigError) as e:
+        train(_settings(corpus, **{**kw, "seq_len": 16, "lr": 1e-3}), tmp_path / "r", arch, quiet=True)
+    assert any(x.startswith("pipeline.seq_len=16") for x in e.value.lines)
+    assert any(x.startswith("pipeline.lr=0.001") for x in e.value.lines)
+    other = HybridConfig.model_validate({**arch.model_dump(), "hidden_size": 48})
+    with pytest.raises(ConfigError, match="model.hidden_size=48"):
+        train(_settings(corpus, **kw), tmp_path / "r", other, quiet=True)
+    more = train(_settings(corpus, **{**kw, "max_steps": 6}), tmp_path / "r", arch, quiet=True)
+    assert more["metrics"]["steps"] == 6 and more["metrics"]["max_steps"] == 6
+
+
+def test_state_roundtrip_keeps_types(tmp_path):
+    from synodic.train.state import save_state
+    st = {"a": (1, 2.5), "opt": {0: {"m": torch.arange(3.0)}, 1: {}}, "h": [{"x": None}], "t": torch.ones(2, 2)}
+    save_state(st, tmp_path)
+    back = load_state(tmp_path)
+    assert back["a"] == (1, 2.5) and list(back["opt"]) == [0, 1] and back["h"] == [{"x": None}]
+    assert torch.equal(back["opt"][0]["m"], torch.arange(3.0)) and torch.equal(back["t"], torch.ones(2, 2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json", "state.safetensors"]

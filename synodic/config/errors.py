@@ -27,6 +27,10 @@ def format_validation_error(err: ValidationError, registries=None) -> list[str]:
         # Drop the discriminator tag pydantic inserts for tagged unions (ssm.eager.state_dtype → ssm.state_dtype).
         if len(loc) >= 2 and registries and loc[0] in registries and loc[1] in registries[loc[0]].classes:
             loc = [loc[0]] + loc[2:]
+        if not loc and e["type"] == "value_error":
+            # a cross-group rule: its message names the keys; never the dumped config it was given
+            lines += e["msg"].removeprefix("Value error, ").split("; ")
+            continue
         key = ".".join(loc) or "<root>"
         typ, given = e["type"], e.get("input")
         if typ == "union_tag_invalid" and registries and loc and loc[0] in registries:

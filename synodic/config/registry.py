@@ -13,7 +13,8 @@ GROUPS = ("model", "ssm", "kv", "spec", "quant", "workload", "runtime", "pipelin
 
 class Component(BaseModel):
     """Base of every config option: frozen, unknown keys rejected, every field documented."""
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf / nan are never a setting (booleans given for numbers: schema.bool_for_number).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     def build(self, ctx: Any) -> Any:  # pragma: no cover - overridden where a group builds something
         raise NotImplementedError(f"{type(self).__name__} builds nothing")
@@ -50,3 +51,16 @@ REGISTRIES = {g: Registry(g) for g in GROUPS}
 
 def register(group: str):
     return REGISTRIES[group].register
+
+
+def numeric_bool_problems(group: str, cls: type[Component], values: dict) -> list[str]:
+    """A bool where a number is meant (`max_slots=true`) is a slip, not 1; pydantic would take it."""
+    out = []
+    for name, v in values.items():
+        f = cls.model_fields.get(name)
+        if f is None or not isinstance(v, bool):
+            continue
+        args = set(get_args(f.annotation)) or {f.annotation}
+        if args & {int, float} and bool not in args:
+            out.append(f"{group}.{name}={str(v).lower()}: expected a number, not a boolean")
+    return out

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model_validator
 
 from .errors import ConfigError, format_validation_error
-from .registry import GROUPS, REGISTRIES
+from .registry import GROUPS, REGISTRIES, Component, numeric_bool_problems
 
 
 class _RunBase(BaseModel):
@@ -61,6 +61,11 @@ def validate(raw: dict[str, Any]):
         raise ConfigError([f"{k}: missing group; expected one of {', '.join(REGISTRIES[k].kinds())}"
                            for k in missing] +
                           [f"{k}: unknown group; expected one of {', '.join(GROUPS)}" for k in extra])
+    bools = [line for g in GROUPS if isinstance(raw[g], dict)
+             for line in numeric_bool_problems(g, REGISTRIES[g].classes.get(raw[g].get("kind"), Component),
+                                               raw[g])]
+    if bools:
+        raise ConfigError(bools)
     try:
         return cls.model_validate(raw)
     except ValidationError as e:

@@ -78,6 +78,7 @@ class Engine:
         sched = self.scheduler
         self.accepted: list[int] = []
         while sched.has_work():
+            was_running = bool(sched.running)
             admitted = sched.admit()
             for group in self._prefill_groups(admitted):
                 ts = time.perf_counter()
@@ -91,10 +92,10 @@ class Engine:
             sched.grow()
             batch = [r for r in sched.running if not r.done]
             if not batch:
-                if not admitted and not sched.running:  # pool empty yet nothing admits: give up loudly
-                    for r in list(sched.waiting):
-                        sched.waiting.remove(r)
-                        sched.finish(r, "rejected_kv_capacity", release=False)
+                # Only when the pool was already empty before admit() does a refusal mean the head can
+                # never fit; pages freed by grow() this step are offered to the waiting requests next step.
+                if not admitted and not sched.running and not was_running and sched.waiting:
+                    sched.finish(sched.waiting.popleft(), "rejected_kv_capacity", release=False)
                 continue
             if drafter is not None and self._spec_step(batch, drafter, on_token, progress):
                 continue

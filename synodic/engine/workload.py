@@ -27,8 +27,10 @@ class PromptsWorkload(_Sampling):
     @field_validator("path")
     @classmethod
     def _exists(cls, v: str | None) -> str | None:
-        if v is not None and not Path(v).is_file():
-            raise ValueError("expected an existing text file with one prompt per line")
+        from synodic.config.files import text_problem
+        why = None if v is None else text_problem(v, "a UTF-8 text file with one prompt per line")
+        if why:
+            raise ValueError(why)
         return v
 
 

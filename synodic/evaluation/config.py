@@ -33,6 +33,24 @@ class EvalPipeline(Component):
                                              "config, e.g. {quant: {kind: none}} or {model: {dtype: "
                                              "float32}}; null: no comparison")
 
+    @field_validator("text")
+    @classmethod
+    def _text(cls, v: str | None) -> str | None:
+        from synodic.config.files import text_problem
+        why = None if v is None else text_problem(v)
+        if why:
+            raise ValueError(why)
+        return v
+
+    @field_validator("quant_grid")
+    @classmethod
+    def _grid(cls, v: list[str], info) -> list[str]:
+        from synodic.config.files import quant_grid_problems
+        bad = quant_grid_problems(v, info.data.get("quant_mode"))
+        if bad:
+            raise ValueError("; ".join(bad))
+        return v
+
     @field_validator("reference")
     @classmethod
     def _groups(cls, v: dict | None) -> dict | None:

@@ -1,5 +1,4 @@
 """`model` group: which architecture preset and which weights."""
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
@@ -23,9 +22,11 @@ class ModelChoice(Component):
     @field_validator("weights")
     @classmethod
     def _weights(cls, v: str) -> str:
-        if v not in ("auto", "random") and not (Path(v) / "model.safetensors").is_file():
-            raise ValueError(f"expected auto, random or a directory holding model.safetensors "
-                             f"(no {Path(v) / 'model.safetensors'})")
+        if v not in ("auto", "random"):
+            from synodic.config.files import checkpoint_problems
+            problems = checkpoint_problems(v)
+            if problems:
+                raise ValueError("; ".join(problems))
         return v
 
     @field_validator("overrides")

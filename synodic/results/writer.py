@@ -1,10 +1,13 @@
 """Writes results.json with the contract fields and a markdown summary beside it."""
 import json
+import os
+import tempfile
 from pathlib import Path
 
 from synodic.config.schema import config_hash
 
 from .env import environment
+from .strict import finite_only
 
 
 def request_record(r, codec) -> dict:
@@ -17,10 +20,15 @@ def write_results(run_dir: Path, cfg, choices: dict, payload: dict, device=None)
     doc = {"config": cfg.model_dump(mode="json"), "config_hash": config_hash(cfg), "choices": choices,
            "env": environment(device)}
     doc.update(payload)
+    doc = json.loads(json.dumps(doc, default=str))  # plain types first (tensors, paths → str)
+    doc, bad = finite_only(doc)
+    if bad:
+        doc["non_finite"] = bad
     path = Path(run_dir) / "results.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=str))
-    tmp.replace(path)  # atomic: a reader never sees half a file
+    fd, tmp = tempfile.mkstemp(prefix=".results.", suffix=".json", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(doc, indent=2, allow_nan=False))
+    os.replace(tmp, path)  # atomic: a reader never sees half a file; unique name: concurrent writers
     return path
 
 

@@ -19,15 +19,24 @@ def _value(v: str):
 
 
 def main(argv: list[str]) -> int:
+    from synodic.config.argv import one_line_errors, parse_kv
     from synodic.models.config import HybridConfig
     from synodic.models.presets import PRESETS
     from synodic.train.config import TrainPipeline
     from synodic.train.trainer import train
+    with one_line_errors():
+        return _main(parse_kv(argv, __doc__, TrainPipeline), PRESETS, HybridConfig, TrainPipeline, train)
 
-    kv = dict(a.split("=", 1) for a in argv)
+
+def _main(kv, PRESETS, HybridConfig, TrainPipeline, train) -> int:
+    from synodic.config.errors import ConfigError
     preset = kv.pop("model", "tiny_mamba2")
     out = Path(kv.pop("out", f"outputs/train_{preset}"))
+    if preset not in PRESETS:
+        raise ConfigError([f"model={preset!r}: expected one of {', '.join(sorted(PRESETS))}"])
     overrides = _value(kv.pop("overrides", "{}"))
+    if not isinstance(overrides, dict):
+        raise ConfigError([f"overrides={overrides!r}: expected a JSON object of HybridConfig fields"])
     s = TrainPipeline.model_validate({k: _value(v) for k, v in kv.items()})
     arch = HybridConfig.model_validate({**PRESETS[preset].model_dump(), **overrides})
     res = train(s, out, arch)

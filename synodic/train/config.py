@@ -1,7 +1,7 @@
 """`pipeline=train`: the knobs of a training run (the model comes from the run's `model` group)."""
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from synodic.config.registry import Component, register
 
@@ -45,3 +45,31 @@ class TrainPipeline(Component):
     final_eval: bool = Field(True, description="score the whole held-out shard at the end (bits/byte)")
     export_to: str | None = Field(None, description="also write the trained model (config, safetensors, "
                                   "tokenizer) to this folder, e.g. synodic/assets/models/tiny_mamba2")
+
+    @field_validator("data")
+    @classmethod
+    def _data(cls, v: list[str]) -> list[str]:
+        from synodic.config.files import data_problems
+        bad = data_problems(v)
+        if bad:
+            raise ValueError("; ".join(bad))
+        return v
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, v: str) -> str:
+        from synodic.config.files import text_problem
+        if v not in ("shipped", "train"):
+            why = text_problem(v, "shipped, train or a tokenizer.json file")
+            if why:
+                raise ValueError(why)
+        return v
+
+    @field_validator("export_to")
+    @classmethod
+    def _export_to(cls, v: str | None) -> str | None:
+        from synodic.config.files import writable_dir_problem
+        why = None if v is None else writable_dir_problem(v)
+        if why:
+            raise ValueError(why)
+        return v

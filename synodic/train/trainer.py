@@ -3,7 +3,8 @@ the GPU, periodic held-out evaluation, checkpoint + exact resume, a rich progres
 curve (CSV + PNG) in the run dir.
 
 Run-dir layout:
-  checkpoint/state.pt   model, optimiser, data position, RNG, step, history (resume reads it)
+  checkpoint/state.{safetensors,json}  model, optimiser, data position, RNG, step, history (resume
+                        reads them; never a pickle)
   model/                the trained model: config.json, model.safetensors, tokenizer.json
   metrics.csv, loss.png the curve
 """
@@ -13,7 +14,6 @@ import copy
 import csv
 import json
 import math
-import os
 import shutil
 import sys
 import time
@@ -22,11 +22,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from synodic.config.errors import ConfigError
 from synodic.data.corpus import PackedSampler
 from synodic.data.prepare import prepare
 from synodic.evaluation.metrics import heldout_metrics, nll, token_stream
 from synodic.models.config import HybridConfig
 from synodic.models.weights import random_model, save_checkpoint
+from synodic.train import state as ckpt_state
 
 
 def measure_window(warmup_steps: int) -> tuple[int, int]:
@@ -47,7 +49,7 @@ def _device(s) -> torch.device:
     if s.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if s.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("pipeline.device='cuda': no CUDA device here; expected cpu or auto")
+        raise ConfigError(["pipeline.device='cuda': no CUDA device here; expected cpu or auto"])
     return torch.device(s.device)
 
 
@@ -141,11 +143,25 @@ def train(s, run_dir: str | Path, arch: HybridConfig, quiet: bool = False) -> di
     tb = tok.token_bytes()
     eval_bytes = sum(tb[i] for i in eval_stream[1:].tolist())
 
-    ckpt = run_dir / "checkpoint" / "state.pt"
+    ckpt = run_dir / "checkpoint"
     step, tokens, max_steps, history, train_s = 0, 0, s.max_steps, [], 0.0
     log_rows = []  # (step, loss, grad norm, lr) not yet synced to the host; flushed every log_every
-    if s.resume and ckpt.is_file():
-        st = torch.load(ckpt, map_location=device, weights_only=False)
+    if s.resume and (ckpt / "state.pt").is_file() and not ckpt_state.has_state(ckpt):
+        # An older checkpoint format (or a planted file): a pickle is never loaded.
+        raise ConfigError([f"pipeline.resume=true: {ckpt / 'state.pt'} is a pickle, which is never loaded "
+                           f"(it could run code); expected state.safetensors + state.json, or a new "
+                           f"hydra.run.dir / pipeline.resume=false"])
+    if s.resume and ckpt_state.has_state(ckpt):
+        try:
+            st = ckpt_state.load_state(ckpt, device)
+        except ValueError as e:
+            raise ConfigError([f"pipeline.resume=true: {e}"]) from None
+        bad = ckpt_state.resume_conflicts(st.get("settings", {}), s.model_dump(mode="json"),
+                                          st.get("arch", {}), arch.model_dump(mode="json"), st["step"])
+        if bad:
+            raise ConfigError(bad + [f"pipeline.resume=true: {ckpt} cannot continue with the settings "
+                                     f"above; expected them unchanged, a new hydra.run.dir or "
+                                     f"pipeline.resume=false"])
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         sampler.load_state_dict(st["data"])
@@ -153,6 +169,11 @@ def train(s, run_dir: str | Path, arch: HybridConfig, quiet: bool = False) -> di
         if device.type == "cuda" and st.get("rng_cuda") is not None:
             torch.cuda.set_rng_state(st["rng_cuda"])
         step, tokens, max_steps, history = st["step"], st["tokens"], st["max_steps"], st["history"]
+        if s.max_steps is not None and s.max_steps != max_steps:
+            # More steps than the checkpoint planned: the cosine restarts its tail from here.
+            print(f"note: resuming at step {step} with pipeline.max_steps={s.max_steps} "
+                  f"(the checkpoint planned {max_steps})", file=sys.stderr)
+            max_steps = s.max_steps
         train_s = st.get("train_s", 0.0)
     else:
         torch.manual_seed(s.seed)
@@ -165,14 +186,12 @@ def train(s, run_dir: str | Path, arch: HybridConfig, quiet: bool = False) -> di
 
     def save_state():
         flush()
-        ckpt.parent.mkdir(parents=True, exist_ok=True)
-        tmp = ckpt.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "data": sampler.state_dict(),
-                    "rng_cpu": torch.get_rng_state(),
-                    "rng_cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None,
-                    "step": step, "tokens": tokens, "max_steps": max_steps, "history": history,
-                    "train_s": train_s, "arch": arch.model_dump(), "settings": s.model_dump(mode="json")}, tmp)
-        os.replace(tmp, ckpt)
+        ckpt_state.save_state({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                               "data": sampler.state_dict(), "rng_cpu": torch.get_rng_state(),
+                               "rng_cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None,
+                               "step": step, "tokens": tokens, "max_steps": max_steps, "history": history,
+                               "train_s": train_s, "arch": arch.model_dump(mode="json"),
+                               "settings": s.model_dump(mode="json")}, ckpt)
 
     def evaluate() -> dict:
         model.eval()

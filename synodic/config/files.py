@@ -1,0 +1,171 @@
+"""Checks of the files a config names, run while the config is validated (before any work): prompt
+text files and checkpoint directories. Each problem is one message naming the file and what was
+expected; notes (a fallback taken, suspicious weights) go to stderr once per process."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+_NOTED: set[str] = set()
+_SCAN_LIMIT = 256 * 2 ** 20   # NaN / inf scan of checkpoints up to this size (bigger ones would take long)
+
+
+def note(msg: str) -> None:
+    if msg not in _NOTED:
+        _NOTED.add(msg)
+        print(f"note: {msg}", file=sys.stderr)
+
+
+def text_problem(path: str | Path, what: str = "a UTF-8 text file") -> str | None:
+    """Why `path` is not a readable UTF-8 text file (None when it is)."""
+    p = Path(path)
+    if not p.is_file():
+        return f"expected {what} (no such file)"
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        return f"cannot read it ({e.strerror}); expected {what}"
+    if not data.strip():
+        return f"the file is empty; expected {what} with at least one non-blank line"
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or data[:4] in (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff"):
+        return f"the file is UTF-16/32 (byte-order mark); expected {what} (iconv -f UTF-16 -t UTF-8)"
+    if b"\x00" in data:
+        return f"the file holds NUL bytes (binary?); expected {what}"
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); expected {what}"
+    return None
+
+
+def checkpoint_problems(d: str | Path) -> list[str]:
+    """Why directory `d` cannot be loaded as a checkpoint: config.json, model.safetensors, tokenizer.json."""
+    from pydantic import ValidationError
+    from safetensors import SafetensorError, safe_open
+
+    from synodic.models.config import HybridConfig
+    d = Path(d)
+    if not d.is_dir():
+        return [f"expected auto, random or a checkpoint directory (no directory {d})"]
+    out = []
+    cj = d / "config.json"
+    if not cj.is_file():
+        out.append(f"no {cj}; expected a checkpoint directory with config.json + model.safetensors")
+    else:
+        try:
+            HybridConfig.model_validate_json(cj.read_text())
+        except (ValidationError, UnicodeDecodeError, OSError) as e:
+            first = e.errors()[0] if isinstance(e, ValidationError) else {"msg": str(e), "loc": ()}
+            where = ".".join(map(str, first["loc"]))
+            out.append(f"{cj} is not a synodic model config ({where + ': ' if where else ''}"
+                       f"{first['msg'][:100]}); expected the config.json a training run writes")
+    st = d / "model.safetensors"
+    if not st.is_file():
+        out.append(f"no {st}; expected a checkpoint directory with config.json + model.safetensors")
+    else:
+        try:
+            _check_length(st)
+            with safe_open(str(st), framework="pt") as f:
+                keys = list(f.keys())
+                size = st.stat().st_size
+                if size <= _SCAN_LIMIT:
+                    bad = [k for k in keys if not _finite(f.get_tensor(k))]
+                    if bad:
+                        note(f"model.weights={str(d)!r}: non-finite values (NaN / inf) in {len(bad)} tensor(s), "
+                             f"e.g. {bad[0]}; outputs will be garbage")
+        except (SafetensorError, OSError, RuntimeError, ValueError, KeyError) as e:
+            out.append(f"{st} cannot be read ({str(e).splitlines()[0][:100]}); expected a complete safetensors "
+                       f"file (truncated copy?)")
+    tj = d / "tokenizer.json"
+    if tj.is_file():
+        try:
+            json.loads(tj.read_text())
+            from tokenizers import Tokenizer
+            Tokenizer.from_file(str(tj))
+        except Exception as e:  # tokenizers raises its own Exception subclass on any bad file
+            out.append(f"{tj} is not a tokenizer ({str(e).splitlines()[0][:100]}); expected a Hugging Face "
+                       f"tokenizers file, or none (raw UTF-8 bytes)")
+    elif not out:
+        note(f"model.weights={str(d)!r}: no tokenizer.json there; prompts are encoded as raw UTF-8 bytes")
+    return out
+
+
+def _finite(t) -> bool:
+    import torch
+    return bool(torch.isfinite(t.float()).all()) if t.is_floating_point() and t.numel() else True
+
+
+
+
+def _check_length(st: Path) -> None:
+    """A copy cut short keeps a valid header: compare the header's data extent with the file size."""
+    import struct
+    with open(st, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError("shorter than a safetensors header")
+        n = struct.unpack("<Q", head)[0]
+        if n > st.stat().st_size:
+            raise ValueError("header length beyond the end of the file")
+        header = json.loads(f.read(n))
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    have = st.stat().st_size - 8 - n
+    if have < end:
+        raise ValueError(f"file ends {end - have} bytes before its last tensor")
+
+
+def writable_dir_problem(path: str | Path) -> str | None:
+    """Why a directory cannot be created / written at `path` (checked before a long job starts)."""
+    import os
+    p = Path(path).expanduser().absolute()
+    if p.exists() and not p.is_dir():
+        return "exists and is not a directory; expected a writable directory"
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is a file; expected a writable directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable; expected a writable directory"
+    return None
+
+
+def data_problems(paths: list[str]) -> list[str]:
+    out = []
+    for i, s in enumerate(paths):
+        p = Path(s)
+        if not p.exists():
+            out.append(f"[{i}]={s!r}: no such file or directory; expected text files or folders")
+        elif p.is_file():
+            why = text_problem(p)
+            if why:
+                out.append(f"[{i}]={s!r}: {why}")
+    return out
+
+
+def quant_grid_problems(items: list[str], mode: str | None) -> list[str]:
+    """Each 'format:method' entry validated as the quant group would validate it."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from .components import load_all
+    from .errors import format_validation_error
+    from .registry import REGISTRIES
+    load_all()
+    formats = [k for k in REGISTRIES["quant"].kinds() if k != "none"]
+    adapter = TypeAdapter(REGISTRIES["quant"].schema())
+    out = []
+    for i, item in enumerate(items):
+        fmt, _, method = str(item).partition(":")
+        if fmt not in formats:
+            out.append(f"[{i}]={item!r}: unknown format {fmt!r}; expected 'format:method' with format one of "
+                       f"{', '.join(formats)}")
+            continue
+        raw = {"kind": fmt, "method": method or "dualquant", "artifact": "none"}
+        if mode is not None:
+            raw["mode"] = mode
+        try:
+            adapter.validate_python(raw)
+        except ValidationError as e:
+            out += [f"[{i}]={item!r}: {line}" for line in format_validation_error(e)]
+    return out
