@@ -46,7 +46,9 @@ def main() -> None:
     """Console-script entry: the same overrides as `python run.py`, from any directory."""
     import hydra
 
+    from synodic.config.hydra_errors import guard
     from synodic.config.multirun import check_multirun
+    guard()  # Hydra's own errors and --help: one line each, exit 2
     try:
         check_multirun(sys.argv[1:])
     except ConfigError as e:
