@@ -72,7 +72,11 @@ class _NeuralSpec(Component):
 
     def build(self, ctx):
         from synodic.graph import DTYPES
-        from synodic.spec import models as dm
+        try:
+            from synodic.spec import models as dm
+        except ImportError:
+            raise ConfigError([f"spec={self.kind}: the draft models (synodic.spec.models) are not in this build; "
+                               "expected spec=none or spec=ngram"]) from None
 
         from .runtime import NeuralDrafter
         target_cfg = ctx.model.config
