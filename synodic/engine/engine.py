@@ -216,8 +216,9 @@ class Engine:
             G = min(G, max(n_drafts))
         blocks = self.scheduler.blocks
         if G and blocks is not None:  # pages for the whole window before it runs
-            if any(not blocks.can_grow(r.slot, r.length + G) for r in batch):
-                G = 0
+            need = sum(max(0, blocks.blocks_for(r.length + G) - len(blocks.owned.get(r.slot, []))) for r in batch)
+            if need > len(blocks.free) or any(not blocks.can_grow(r.slot, r.length + G) for r in batch):
+                G = 0  # (every row's pages together: each row alone may fit while the batch does not)
             else:
                 for r in batch:
                     blocks.grow(r.slot, r.length + G)
