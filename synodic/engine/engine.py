@@ -215,13 +215,12 @@ class Engine:
         if n_drafts is not None:
             G = min(G, max(n_drafts))
         blocks = self.scheduler.blocks
-        if G and blocks is not None:  # pages for the whole window before it runs
-            need = sum(max(0, blocks.blocks_for(r.length + G) - len(blocks.owned.get(r.slot, []))) for r in batch)
-            if need > len(blocks.free) or any(not blocks.can_grow(r.slot, r.length + G) for r in batch):
-                G = 0  # (every row's pages together: each row alone may fit while the batch does not)
-            else:
-                for r in batch:
-                    blocks.grow(r.slot, r.length + G)
+        if G and blocks is not None:  # pages for the whole window before it runs, row by row (growth may
+            for r in batch:            # take free pages or, kv=adaptive, demote others: each row checks after the last)
+                if not blocks.can_grow(r.slot, r.length + G):
+                    G = 0  # the rows grown so far keep their pages (used by their next tokens, freed at release)
+                    break
+                blocks.grow(r.slot, r.length + G)
         n_drafts = [G] * b if n_drafts is None else [min(n, G) for n in n_drafts]
         td = time.perf_counter()
         anchors = [r.output_ids[-1] for r in batch]
