@@ -62,6 +62,14 @@ def metrics(engine, requests) -> dict:
                                for k in sorted({str(r.finish_reason) for r in requests})}}
 
 
+def spec_summary(engine) -> dict | None:
+    """Acceptance counters and the drafter's description (None without speculative decoding)."""
+    if engine.drafter is None:
+        return None
+    return {**engine.spec_stats.summary(), "drafter": engine.drafter.summary(),
+            "num_speculative_tokens": engine.gamma}
+
+
 def run(cfg, run_dir: Path) -> dict:
     from rich.console import Console
     from rich.table import Table
@@ -97,7 +105,13 @@ def run(cfg, run_dir: Path) -> dict:
               f"decode {m['decode_tokens_per_s']:.1f} tok/s · TTFT {m['ttft_ms'] or 0:.1f} ms · "
               f"TPOT {m['tpot_ms'] or 0:.2f} ms · preemptions {m['preemptions']} · "
               f"SSM bytes/token {led['ssm_bytes_per_token']:.0f}")
-    out = {"requests": [request_record(r, codec) for r in requests], "metrics": m, "ledger": led,
+    spec = spec_summary(engine)
+    if spec is not None:
+        acc = spec["mean_acceptance_length"]
+        con.print(f"spec={cfg.spec.kind} · acceptance length {acc or 0:.2f} · drafted {spec['drafted_tokens']} · "
+                  f"accepted {spec['accepted_tokens']} · by position "
+                  + " ".join("-" if a is None else f"{a:.2f}" for a in spec["acceptance_rate_by_position"]))
+    out = {"requests": [request_record(r, codec) for r in requests], "metrics": m, "ledger": led, "spec": spec,
             "tokenizer": codec.name, "weights": str(graph.ckpt_dir or "random"),
             "quant": graph.quant.summary() if graph.quant is not None else None,
             "graph": {"device": str(graph.device), "cuda_graphs": graph.cuda_graphs, "notes": graph.notes}}

@@ -63,6 +63,28 @@ def _tokenizer(graph, vocab_size: int):
     return tok
 
 
+SPEC_PROMPTS, SPEC_PROMPT_LEN, SPEC_NEW_TOKENS = 8, 64, 48
+
+
+def spec_acceptance(cfg, stream) -> dict:
+    """Acceptance of the run's spec scheme on held-out prompts: SPEC_PROMPTS windows of SPEC_PROMPT_LEN tokens
+    at evenly spaced offsets of the scored stream, each continued by SPEC_NEW_TOKENS tokens at the workload's
+    temperature (0 = greedy), served by the Engine with the run's ssm / kv / quant."""
+    from synodic.engine.engine import Engine
+    from synodic.engine.request import Request, SamplingParams
+    from synodic.graph import build_graph
+    n = len(stream) - SPEC_PROMPT_LEN
+    step = max(1, n // SPEC_PROMPTS)
+    prompts = [stream[i:i + SPEC_PROMPT_LEN].tolist() for i in range(0, max(n, 1), step)][:SPEC_PROMPTS]
+    wl = cfg.workload
+    reqs = [Request(i, p, SamplingParams(temperature=wl.temperature, top_p=wl.top_p, seed=wl.seed + i,
+                                         max_tokens=SPEC_NEW_TOKENS)) for i, p in enumerate(prompts)]
+    eng = Engine(build_graph(cfg, SPEC_PROMPT_LEN + SPEC_NEW_TOKENS + cfg.spec.window))
+    eng.generate(reqs)
+    return {**eng.spec_stats.summary(), "prompts": len(prompts), "prompt_tokens": SPEC_PROMPT_LEN,
+            "new_tokens": SPEC_NEW_TOKENS, "temperature": wl.temperature}
+
+
 def run(cfg, run_dir: Path) -> dict:
     import math
 
@@ -115,6 +137,12 @@ def run(cfg, run_dir: Path) -> dict:
                                          _scorer, Console())
         except ValueError as e:  # a bad 'format:method' entry
             raise ConfigError([f"pipeline.quant_grid={p.quant_grid}: {e}".splitlines()[0]]) from None
+    if cfg.spec.kind != "none":
+        out["spec"] = spec_acceptance(cfg, stream)
+        a = out["spec"]
+        rows += [(f"spec={cfg.spec.kind} acceptance length", f"{a['mean_acceptance_length'] or 0:.3f}"),
+                 ("acceptance by draft position", " ".join("-" if x is None else f"{x:.2f}"
+                                                           for x in a["acceptance_rate_by_position"]))]
     table = Table(title=f"eval · {cfg.model.kind} · quant={cfg.quant.kind} · {graph.device}")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -17,7 +17,8 @@ class BuildContext:
     device: torch.device
     max_slots: int
     max_seq_len: int
-    window: int = 1  # largest verify window (1 + drafts) the state backend must hold
+    window: int = 1  # largest verify window (1 + drafts) the state backend and KV policy must hold
+    model_kind: str = ""  # the model option's kind (a spec drafter's shipped weights are per target)
 
 
 @dataclass
@@ -49,7 +50,7 @@ class ServingGraph:
             self.weight_bytes[b * T] = linear_weight_bytes(self.model, b * T)
         out = {"weights_read": self.weight_bytes[b * T] + b * T * self.embed_row_bytes}
         if self.ssm is not None:
-            out.update(self.ssm.step_bytes(slots) if T == 1 else self.ssm.step_bytes(slots, T, accepted))
+            out.update(self.ssm.step_bytes(slots, T, accepted))
         if self.kv is not None:
             out.update(self.kv.bytes_for([n + t for n in lengths for t in range(T)]))
         return out
@@ -89,12 +90,16 @@ def load_model(choice, device, dtype):
 
 
 def build_graph(cfg, max_seq_len: int, max_slots: int | None = None, window: int = 1) -> ServingGraph:
+    """`window`: a verify window to reserve beyond the spec scheme's own (tests that feed synthetic drafts)."""
     device = resolve_device(cfg.runtime)
+    window = max(window, cfg.spec.window)
+    check_spec_window(cfg, window)
     torch.manual_seed(cfg.runtime.seed)
     model, ckpt = load_model(cfg.model, device, DTYPES[cfg.model.dtype])
     from synodic.engine.text import load_codec
     slots = max_slots or cfg.runtime.max_slots
-    ctx = BuildContext(model=model, device=device, max_slots=slots, max_seq_len=max_seq_len, window=window)
+    ctx = BuildContext(model=model, device=device, max_slots=slots, max_seq_len=max_seq_len, window=window,
+                       model_kind=cfg.model.kind)
     cuda_graphs = device.type == "cuda" if cfg.runtime.cuda_graphs is None else cfg.runtime.cuda_graphs
     g = ServingGraph(cfg=cfg, model=model, codec=load_codec(ckpt), device=device, max_slots=slots,
                      max_seq_len=max_seq_len, cuda_graphs=cuda_graphs, ckpt_dir=ckpt)
@@ -102,12 +107,30 @@ def build_graph(cfg, max_seq_len: int, max_slots: int | None = None, window: int
     fuse_projections(model)  # after quantization: only plain linears share a GEMM
     g.ssm = cfg.ssm.build(ctx) if model.ssm_layers else None
     g.kv = cfg.kv.build(ctx) if model.attention_layers else None
+    check_rollback(g, cfg, window)
     g.spec = cfg.spec.build(ctx)
     check_cuda_graphs(g, cfg.kv, cfg.runtime.cuda_graphs)
     g.overlap = check_overlap(g, cfg.kv, cfg.runtime.overlap)
     emb = model.embed_tokens.weight
     g.embed_row_bytes = emb.shape[1] * emb.element_size()
     return g
+
+
+def check_spec_window(cfg, window: int) -> None:
+    """The verify window (1 + γ) must fit the state backend's ring (ssm=replay verifies from checkpoint +
+    ring; the KV policies check their own reservations when built)."""
+    L = getattr(cfg.ssm, "ring_len", None)
+    if window > 1 and L is not None and window > L:
+        raise ConfigError([f"spec.num_speculative_tokens={window - 1} with ssm.ring_len={L}: expected "
+                           f"num_speculative_tokens <= {L - 1} (the verify window of 1 + γ tokens must fit the ring)"])
+
+
+def check_rollback(g: "ServingGraph", cfg, window: int) -> None:
+    """Verify windows need a state backend that commits only the accepted prefix (rolls back the rest)."""
+    from synodic.ssm.base import StateBackendBase
+    if window > 1 and g.ssm is not None and type(g.ssm)._commit_state is StateBackendBase._commit_state:
+        raise ConfigError([f"spec={cfg.spec.kind} with ssm={cfg.ssm.kind}: expected a state backend that rolls "
+                           "back a verify window's rejected tail (ssm=eager or ssm=replay)"])
 
 
 def check_overlap(g: ServingGraph, kv_cfg, asked: bool | None) -> bool:

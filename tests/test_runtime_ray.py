@@ -8,12 +8,12 @@ import sys
 import time
 
 import pytest
+from synodic.pipelines.decode import serve
 
 from synodic.config.compose import compose
 from synodic.config.errors import ConfigError
 from synodic.distributed.replicas import LOST, RayExecutor
 from synodic.engine.request import Request, SamplingParams
-from synodic.pipelines.decode import serve
 
 ray = pytest.importorskip("ray")
 PROMPTS = [[5, 9, 200, 31, 7], [100, 3], [42] * 9, [7, 7, 8], [1, 2, 3, 4, 5, 6], [300], [11, 12], [9, 8, 7, 6]]

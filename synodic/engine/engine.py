@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from synodic.spec.runtime import SyntheticDrafter
+from synodic.spec.stats import SpecStats
+from synodic.spec.verify import verify
 from synodic.transfer import PendingTokens, pinned
 
 from .ledger import ByteLedger
@@ -47,6 +50,16 @@ class Engine:
         self.prefill_s = 0.0
         self.prefill_tokens = graph.cfg.runtime.prefill_tokens
         self.prefill_forwards = 0  # model forwards spent on prefill (several prompts share one)
+        self._use_drafter(graph.spec, getattr(graph.cfg.spec, "num_speculative_tokens", 0))
+        self.spec_stats = SpecStats()
+
+    def _use_drafter(self, drafter, gamma: int) -> None:
+        self.drafter, self.gamma = drafter, gamma
+        self.runner.hidden_layers = drafter.hidden_layers if drafter is not None else ()
+        self._draft_gen = None
+        if drafter is not None:  # the neural drafters' sampled drafts (the batch's one device generator)
+            self._draft_gen = torch.Generator(device=self.runner.device).manual_seed(
+                getattr(self.graph.cfg.spec, "seed", 0))
 
     def _append(self, r: Request, tok: int, now: float, on_token) -> None:
         r.output_ids.append(tok)
@@ -66,11 +79,11 @@ class Engine:
                  progress: Callable[[int], None] | None = None,
                  drafter: Callable[[list[Request]], list[list[int]]] | None = None) -> list[Request]:
         """Serves every request to completion; on_token streams (request, token) as tokens appear.
-        With a drafter (requests → γ draft tokens each), every step verifies [last token, drafts] and
-        keeps the greedy-accepted prefix plus one target token (greedy requests only)."""
-        if drafter is not None and any(r.params.temperature > 0 for r in requests):
-            raise ValueError("drafter: the verify path accepts drafts greedily; expected temperature=0 "
-                             "requests (lossless sampling verification comes with the draft-model schemes)")
+        With the graph's spec drafter (or `drafter`, a test's callable: requests → γ draft tokens each),
+        every step verifies [last token, drafts] and keeps the losslessly accepted prefix plus one target
+        token (synodic.spec.verify)."""
+        if drafter is not None:
+            self._use_drafter(SyntheticDrafter(drafter), 0)
         t0 = time.perf_counter()
         for r in requests:
             r.arrival_s = t0
@@ -84,6 +97,8 @@ class Engine:
                 ts = time.perf_counter()
                 logits = self.runner.prefill_batch([r.slot for r in group], [r.context for r in group])
                 toks = self.sampler.sample(logits, group)
+                if self.drafter is not None:
+                    self.drafter.on_prefill(group, self.runner.hidden if self.runner.hidden_layers else None)
                 now = time.perf_counter()
                 self.prefill_s += now - ts
                 self.prefill_forwards += 1
@@ -97,7 +112,8 @@ class Engine:
                 if not admitted and not sched.running and not was_running and sched.waiting:
                     sched.finish(sched.waiting.popleft(), "rejected_kv_capacity", release=False)
                 continue
-            if drafter is not None and self._spec_step(batch, drafter, on_token, progress):
+            if self.drafter is not None:
+                self._spec_step(batch, on_token, progress)
                 continue
             ts, cap = time.perf_counter(), self.runner.capture_s
             step = self._launch(batch, [r.output_ids[-1] for r in batch], 0)
@@ -180,36 +196,69 @@ class Engine:
         if progress is not None:
             progress(live)
 
-    def _spec_step(self, batch, drafter, on_token, progress) -> None:
-        """Verify [anchor, d_1..d_γ] per row; accept drafts while they equal the target's argmax, then
-        append the target's token at the first mismatch (or the bonus token). Outputs equal plain
-        greedy decoding; state and KV roll back by cursor / length. Returns False (nothing done) when
-        the pages cannot hold the window this step, so the caller takes a plain step instead."""
-        drafts = drafter(batch)
-        T = 1 + len(drafts[0])
-        if not self.scheduler.reserve(batch, T - 1):  # pages for the whole window before it runs
-            return False  # fall back to a plain step; the scheduler preempts as usual next time
+    def _spec_step(self, batch, on_token, progress) -> None:
+        """One speculative step: the drafter proposes γ tokens per row, one target forward verifies
+        [anchor, d_1..d_γ], synodic.spec.verify keeps the lossless prefix plus one target token, the state and
+        KV commit by cursor / length, and the drafter's context takes the committed tokens' hidden states — all
+        on the device; the accepted counts and tokens come back in the step's one host sync. Rows get pages
+        for the whole window first; when some row cannot grow that far, the step verifies no drafts (a plain
+        step) and the scheduler preempts as usual next time."""
+        dev, b = self.runner.device, len(batch)
+        temp = torch.tensor([r.params.temperature for r in batch], dtype=torch.float32)
+        sampling = bool((temp > 0).any())
         ts = time.perf_counter()
-        windows = [[r.output_ids[-1], *d] for r, d in zip(batch, drafts)]
-        logits = self.runner.verify([r.slot for r in batch], [r.length - 1 for r in batch], windows,
-                                    max(r.length for r in batch) + T - 1)
-        target = logits.argmax(-1)  # [B, T]
-        win = torch.tensor(windows, device=target.device)
-        match = (win[:, 1:] == target[:, :-1]).int().cumprod(-1).sum(-1)  # accepted drafts per row
-        self.runner.commit(match + 1)  # anchor + accepted drafts enter the state, on the device
-        target, match = target.tolist(), match.tolist()  # the step's one host sync
+        drafts, q, n_drafts = self.drafter.propose(batch, self.gamma, temp.to(dev, non_blocking=True),
+                                                   self._draft_gen)
+        G = drafts.shape[1] if isinstance(drafts, torch.Tensor) else len(drafts[0])
+        G0 = max(self.gamma, G)  # (a test's synthetic drafter states its γ by its drafts)
+        if n_drafts is not None:
+            G = min(G, max(n_drafts))
+        # pages for the whole window before it runs; the rows grown before one that cannot keep their pages
+        if G and not self.scheduler.reserve(batch, G):
+            G = 0
+        n_drafts = [G] * b if n_drafts is None else [min(n, G) for n in n_drafts]
+        td = time.perf_counter()
+        anchors = [r.output_ids[-1] for r in batch]
+        if isinstance(drafts, torch.Tensor):
+            win = torch.cat([pinned(torch.tensor(anchors, dtype=torch.long), dev).to(dev, non_blocking=True)[:, None],
+                             drafts[:, :G]], 1)
+        else:
+            host = torch.tensor([[a, *d[:G]] for a, d in zip(anchors, drafts)], dtype=torch.long)
+            win = pinned(host, dev).to(dev, non_blocking=True)
+        logits = self.runner.verify([r.slot for r in batch], [r.length - 1 for r in batch], win,
+                                    max(r.length for r in batch) + G)
+        uniforms = None
+        if sampling:  # γ + 1 per request and step whatever this batch's G: a row's draws do not depend on its batch
+            u = self.sampler.uniforms(batch, G0 + 1)
+            host = torch.cat([temp[:, None], torch.tensor([[r.params.top_p] for r in batch]),
+                              torch.tensor([n_drafts], dtype=torch.float32).T, u[:, :G], u[:, G0:]], 1)
+            host = pinned(host, dev).to(dev, non_blocking=True)
+            t_dev, top_p, nd, uniforms = host[:, 0], host[:, 1], host[:, 2].long(), host[:, 3:]
+        else:
+            t_dev = top_p = None
+            nd = pinned(torch.tensor(n_drafts, dtype=torch.long), dev).to(dev, non_blocking=True)
+        m, toks = verify(logits, win[:, 1:], None if q is None or G == 0 else q[:, :G], t_dev, top_p, uniforms, nd)
+        self.runner.commit(m + 1)  # anchor + accepted drafts enter the state, on the device
+        if self.runner.hidden_layers:
+            self.drafter.on_commit(batch, self.runner.hidden, self.runner.pos[:b], m + 1)
+        out = torch.cat([m[:, None], toks], 1).tolist()  # the step's one host sync
         now = time.perf_counter()
         self.decode_s += now - ts
         lengths = [r.length for r in batch]
-        slots = [r.slot for r in batch]
-        self.ledger.add(len(batch), self.graph.step_bytes(slots, lengths, T, [m + 1 for m in match]))
-        self.graph.advance(slots, T, [m + 1 for m in match])
-        for r, m, tgt in zip(batch, match, target):
-            self.accepted.append(m + 1)
-            for tok in tgt[: m + 1]:
+        slots, kept = [r.slot for r in batch], [row[0] + 1 for row in out]
+        entry = self.graph.step_bytes(slots, lengths, G + 1, kept)
+        if G:
+            entry.update(self.drafter.step_bytes(batch, lengths))
+        self.ledger.add(b, entry)
+        self.graph.advance(slots, G + 1, kept)
+        emitted = 0
+        for r, row in zip(batch, out):
+            self.accepted.append(row[0] + 1)
+            for tok in row[1: row[0] + 2]:
                 if r.done:
                     break
                 self._append(r, tok, now, on_token)
+                emitted += 1
+        self.spec_stats.add(n_drafts, [row[0] for row in out], emitted, td - ts, now - td)
         if progress is not None:
-            progress(len(batch))
-        return True
+            progress(b)

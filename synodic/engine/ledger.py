@@ -2,7 +2,7 @@
 from collections import defaultdict
 
 BYTE_KEYS = ("ssm_state_read", "ssm_state_write", "ssm_ring", "kv_device_read", "kv_host_fetch",
-             "weights_read")
+             "weights_read", "draft_weights_read", "draft_kv")
 ROW_KEYS = ("kv_selected_rows", "kv_host_fetched_rows")
 
 

@@ -28,6 +28,10 @@ class ModelRunner:
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
         self.capture_s = 0.0  # wall time spent capturing graphs (warm-up work, kept out of decode rates)
+        # target blocks whose residual stream prefill / verify also return (a neural drafter's context), and the
+        # last such forward's hidden states [b, T, k*H], left on the device
+        self.hidden_layers: tuple[int, ...] = ()
+        self.hidden: torch.Tensor | None = None
 
     def prefill(self, slot: int, tokens: list[int]) -> torch.Tensor:
         """Runs the whole context through the model, seeding `slot`; returns the last logits [V]."""
@@ -49,7 +53,13 @@ class ModelRunner:
                              f"{len(slots)}")
         ids = torch.tensor(contexts, dtype=torch.long, device=self.device)
         ctx = PrefillContext(ssm=self.ssm, kv=self.kv, slots=list(slots), start=0)
-        return self.model(ids, ctx)[:, -1]
+        return self._run(ids, ctx)[:, -1]
+
+    def _run(self, ids, ctx) -> torch.Tensor:
+        if not self.hidden_layers:
+            return self.model(ids, ctx)
+        logits, self.hidden = self.model(ids, ctx, hidden_layers=self.hidden_layers)
+        return logits
 
     def _bucket(self, b: int) -> int:
         if not self.use_graphs:
@@ -107,19 +117,22 @@ class ModelRunner:
             self.kv.after_step()
 
     @torch.inference_mode()
-    def verify(self, slots: list[int], positions: list[int], windows: list[list[int]], max_len: int
+    def verify(self, slots: list[int], positions: list[int], windows: list[list[int]] | torch.Tensor, max_len: int
                ) -> torch.Tensor:
-        """A window of T tokens per row (row i: windows[i] at positions[i]..+T-1 in slot slots[i]);
-        returns logits [B, T, V]. Nothing is committed until `commit`."""
-        b, T = len(slots), len(windows[0])
-        flat = torch.tensor([*positions, *slots, *slots, *(t for w in windows for t in w)], dtype=torch.long,
+        """A window of T tokens per row (row i: windows[i] at positions[i]..+T-1 in slot slots[i]; a device
+        tensor [B, T] or host lists); returns logits [B, T, V]. Nothing is committed until `commit`."""
+        b = len(slots)
+        on_device = isinstance(windows, torch.Tensor)
+        host = [] if on_device else [t for w in windows for t in w]
+        flat = torch.tensor([*positions, *slots, *slots, *host], dtype=torch.long,
                             device=self.device)  # one host → device copy
         self.inputs[1:, :b] = flat[:3 * b].view(3, b)
-        ids = flat[3 * b:].view(b, T)
+        ids = windows if on_device else flat[3 * b:].view(b, len(windows[0]))
+        T = ids.shape[1]
         self._bind(b, self.kv.view_blocks_for(max_len) if self.kv is not None else 0)
         if self.ssm is not None:
             self.ssm.begin_window(T)
-        logits = self.model(ids, VerifyContext(ssm=self.ssm, kv=self.kv, positions=self.pos[:b]))
+        logits = self._run(ids, VerifyContext(ssm=self.ssm, kv=self.kv, positions=self.pos[:b]))
         self._after_step()
         return logits
 

@@ -19,9 +19,7 @@ class Sampler:
             p = r.params
             if p.temperature == 0:
                 continue
-            gen = self._gens.get(r.id)
-            if gen is None:
-                gen = self._gens[r.id] = torch.Generator(device="cpu").manual_seed(p.seed)
+            gen = self.generator(r)
             probs = torch.softmax(logits[i].float().cpu() / p.temperature, -1)
             if p.top_p < 1.0:
                 sp, idx = probs.sort(descending=True)
@@ -29,6 +27,18 @@ class Sampler:
                 probs = torch.zeros_like(probs).scatter_(0, idx[keep], sp[keep])
             out[i] = int(torch.multinomial(probs, 1, generator=gen))
         return out
+
+    def generator(self, r: Request) -> torch.Generator:
+        """The request's own host generator (seeded by its params), shared by plain and speculative steps."""
+        gen = self._gens.get(r.id)
+        if gen is None:
+            gen = self._gens[r.id] = torch.Generator(device="cpu").manual_seed(r.params.seed)
+        return gen
+
+    def uniforms(self, reqs: list[Request], n: int) -> torch.Tensor:
+        """[B, n] uniforms in [0, 1), row i from request i's generator (zeros for greedy rows)."""
+        return torch.stack([torch.rand(n, generator=self.generator(r)) if r.params.temperature > 0
+                            else torch.zeros(n) for r in reqs])
 
     def forget(self, req_id: int) -> None:
         self._gens.pop(req_id, None)

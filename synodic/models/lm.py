@@ -117,20 +117,29 @@ class HybridLM(nn.Module):
                 p.copy_(torch.randn(p.shape, generator=g) * s)
         return self
 
-    def forward(self, input_ids: torch.Tensor, ctx=None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, ctx=None, hidden_layers: tuple[int, ...] = ()):
         """input_ids [b,T] → logits [b,T,V] ([b,1,V] with a PrefillContext: only the last position's). With a
         Prefill/Decode/VerifyContext the SSM and attention layers read and write the run's state backend and KV
-        policy."""
+        policy. With `hidden_layers` (block indices) it returns (logits, hidden): hidden [b,T,n*H] is the residual
+        stream right after each listed block (x + its mixer's output), concatenated in the listed order, for all
+        T positions in every mode (the speculative drafter's context features)."""
+        want = {i: j for j, i in enumerate(hidden_layers)}
+        taps: list = [None] * len(hidden_layers)
         x = self.embed_tokens(input_ids)
         delta = None  # the last mixer's output, added to the residual stream by the next norm's kernel
-        for blk in self.blocks:
+        for i, blk in enumerate(self.blocks):
             if delta is None:
                 h = blk.norm(x)
             else:
                 x, h = blk.norm.add(x, delta)
             delta = blk.mixer(h, ctx)
+            if i in want:
+                taps[want[i]] = x + delta
+        hidden = torch.cat(taps, dim=-1) if hidden_layers else None
         if ctx is not None and ctx.mode == "prefill":  # a prompt needs its last logits only (V x T of them)
             x, delta = x[:, -1:], None if delta is None else delta[:, -1:]
         if delta is None:
-            return self.lm_head(self.norm_f(x))
-        return self.lm_head(self.norm_f.add(x, delta)[1])
+            logits = self.lm_head(self.norm_f(x))
+        else:
+            logits = self.lm_head(self.norm_f.add(x, delta)[1])
+        return logits if hidden is None else (logits, hidden)

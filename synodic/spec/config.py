@@ -1,7 +1,15 @@
-"""`spec` group: speculative decoding schemes (draft models plug in here)."""
+"""`spec` group: speculative decoding schemes. Each option's `build(ctx)` returns the drafter runtime the
+Engine drives (synodic/spec/runtime.py); `window` (1 + drafts) sizes the state backend's and the KV policy's
+verify reservations through the graph (synodic/graph.py)."""
+from pathlib import Path
 from typing import Literal
 
+from pydantic import Field, model_validator
+
+from synodic.config.errors import ConfigError
 from synodic.config.registry import Component, register
+
+_GAMMA = "γ: draft tokens proposed per step (the verify window is 1 + γ tokens)"
 
 
 @register("spec")
@@ -9,5 +17,120 @@ class NoSpec(Component):
     """Plain autoregressive decoding: one token per sequence per step."""
     kind: Literal["none"] = "none"
 
+    @property
+    def window(self) -> int:
+        return 1
+
     def build(self, ctx):
         return None
+
+
+@register("spec")
+class NgramSpec(Component):
+    """Prompt lookup: the longest suffix of the context (max_ngram down to min_ngram tokens) that occurred
+    before proposes the tokens that followed its latest earlier occurrence. No weights; runs on the host's
+    token lists (a numpy scan of the context per row and step, microseconds at the embedded lengths)."""
+    kind: Literal["ngram"] = "ngram"
+    num_speculative_tokens: int = Field(7, ge=1, description=_GAMMA)
+    max_ngram: int = Field(4, ge=1, description="longest suffix matched against the earlier context")
+    min_ngram: int = Field(1, ge=1, description="shortest suffix matched; no match of any length = no drafts "
+                           "for that row this step (a one-token verify)")
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.min_ngram > self.max_ngram:
+            raise ValueError(f"min_ngram={self.min_ngram} with max_ngram={self.max_ngram}: expected "
+                             "min_ngram <= max_ngram")
+        return self
+
+    @property
+    def window(self) -> int:
+        return 1 + self.num_speculative_tokens
+
+    def build(self, ctx):
+        from .ngram import NgramDrafter
+        return NgramDrafter(self.num_speculative_tokens, self.max_ngram, self.min_ngram)
+
+
+class _NeuralSpec(Component):
+    num_speculative_tokens: int = Field(7, ge=1, description=_GAMMA + "; at most the drafter's trained block")
+    drafter: str = Field("auto", description="auto: the drafter shipped for the model (synodic/assets/drafters/"
+                         "<model>/<scheme>/); random: seeded random weights (losslessness tests, real-shape "
+                         "timing); otherwise a directory written by pipeline=train_drafter")
+    seed: int = Field(0, description="seed of drafter=random's weights and of the drafts' sampling")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="drafter weights and context "
+                                                          "ring dtype; auto: the target's")
+    context_window: int = Field(1024, ge=1, description="target positions kept in the drafter's context K/V "
+                                "ring per request (device memory independent of context length)")
+
+    @property
+    def window(self) -> int:
+        return 1 + self.num_speculative_tokens
+
+    def _fields(self) -> dict:
+        return {}
+
+    def build(self, ctx):
+        from synodic.graph import DTYPES
+        try:
+            from synodic.spec import models as dm
+        except ImportError:
+            raise ConfigError([f"spec={self.kind}: the draft models (synodic.spec.models) are not in this build; "
+                               "expected spec=none or spec=ngram"]) from None
+
+        from .runtime import NeuralDrafter
+        target_cfg = ctx.model.config
+        dtype = next(ctx.model.parameters()).dtype if self.dtype == "auto" else DTYPES[self.dtype]
+        if self.drafter == "random":
+            torch_seed(self.seed)
+            model = dm.build_draft_model(self.kind, target_cfg, **self._fields()).to(ctx.device, dtype)
+        else:
+            directory = (dm.shipped_drafter_dir(ctx.model_kind, self.kind) if self.drafter == "auto"
+                         else Path(self.drafter))
+            if directory is None:
+                have = sorted(p.parent.name + "/" + p.name for p in dm.SHIPPED_ROOT.glob("*/*") if p.is_dir()) \
+                    if getattr(dm, "SHIPPED_ROOT", None) is not None and dm.SHIPPED_ROOT.is_dir() else []
+                raise ConfigError([f"spec.drafter='auto': no shipped {self.kind} drafter for model={ctx.model_kind}; "
+                                   f"expected spec.drafter=random or a directory (shipped: "
+                                   f"{', '.join(have) or 'none'})"])
+            if not directory.is_dir():
+                raise ConfigError([f"spec.drafter='{self.drafter}': no such directory; expected auto, random or a "
+                                   "directory written by pipeline=train_drafter"])
+            model = dm.load_draft_model(directory, target_cfg, ctx.device, dtype)
+        if model.scheme != self.kind:
+            raise ConfigError([f"spec.drafter='{self.drafter}': a {model.scheme} drafter; expected a {self.kind} "
+                               f"drafter for spec={self.kind}"])
+        if self.num_speculative_tokens > model.gamma:
+            raise ConfigError([f"spec.num_speculative_tokens={self.num_speculative_tokens} with a drafter trained "
+                               f"for blocks of {model.gamma} drafts: expected spec.num_speculative_tokens <= "
+                               f"{model.gamma}"])
+        model.bind_target(ctx.model)
+        model.eval()
+        model.allocate(ctx.max_slots, self.context_window, ctx.device, dtype)
+        return NeuralDrafter(model, self, ctx.device)
+
+
+def torch_seed(seed: int) -> None:
+    import torch
+    torch.manual_seed(seed)
+
+
+@register("spec")
+class DFlashSpec(_NeuralSpec):
+    """DFlash: a block-diffusion drafter (a few decoder layers on the target's embedding and LM head, the
+    target's hidden states as extra K/V rows); one forward proposes the whole block."""
+    kind: Literal["dflash"] = "dflash"
+
+
+@register("spec")
+class DSparkSpec(_NeuralSpec):
+    """DSpark: the DFlash backbone + a Markov head (exact left-to-right q) + a calibrated confidence head."""
+    kind: Literal["dspark"] = "dspark"
+    verify: Literal["fixed"] = Field("fixed", description="fixed: verify all num_speculative_tokens drafts "
+                                     "every step")
+
+
+@register("spec")
+class DFlash2Spec(_NeuralSpec):
+    """DFlash2: the backbone + two-tap dynamic causal convolutions + a top-K path selector."""
+    kind: Literal["dflash2"] = "dflash2"

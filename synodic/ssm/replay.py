@@ -114,14 +114,14 @@ class ReplayStateBackend(StateBackend):
         step_bytes), once the step has been accounted."""
         idx = np.asarray(slots, dtype=np.int64)
         wp = self.host_wp[idx]
-        if T == 1:
+        if accepted is None:  # a plain step (a verify window of one token flushes by the window rule)
             self.host_wp[idx] = np.where(wp >= self.L - 1, 0, wp + 1)
         else:
             early = (wp > 0) & (wp + T > self.L)
             self.host_wp[idx] = np.minimum(self.L, np.where(early, 0, wp) + np.asarray(accepted, dtype=np.int64))
 
     def step_bytes(self, slots: list[int], T: int = 1, accepted: list[int] | None = None) -> dict[str, int]:
-        """Plain step (T = 1), or a verify window of T committing accepted[i] tokens per row.
+        """Plain step (accepted None), or a verify window of T (T >= 1) committing accepted[i] tokens per row.
         Plain: a row at cursor wp reads the checkpoint (or its copy) and ring[:wp] and appends one entry;
         at wp = L - 1 it flushes instead: reads ckpt + ring[:wp], writes ckpt (+ refreshes the copy).
         Window: an early flush when wp > 0 and wp + T > L, then the verify reads the checkpoint (or
@@ -129,7 +129,7 @@ class ReplayStateBackend(StateBackend):
         idx = np.asarray(slots, dtype=np.int64)
         wp = self.host_wp[idx]
         n = len(idx)
-        if T == 1:
+        if accepted is None:  # a plain step (a verify window of one token flushes by the window rule)
             flush = int((wp >= self.L - 1).sum())
             read = flush * self._CK + (n - flush) * self._R0
             ring = self._E * (int(wp.sum()) + n - flush)

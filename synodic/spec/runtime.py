@@ -1,0 +1,103 @@
+"""Drafter runtimes: what the Engine calls around each speculative step.
+
+    hidden_layers                     target blocks whose residual stream the drafter consumes (() = none)
+    on_prefill(reqs, hidden)          a prefill forward seeded these requests (hidden [n, T, k*H] or None)
+    propose(batch, gamma, temperature, generator) -> (drafts, q, n_drafts)
+                                      drafts [B, gamma] (device tensor or host lists), q [B, gamma, V] or
+                                      None (one-hot), n_drafts: real drafts per row (host list) or None
+    on_commit(batch, hidden, start, accepted)
+                                      after a verify of the window at positions start[i].. : the first
+                                      accepted[i] (device) window tokens were committed; hidden [B, T, k*H]
+    step_bytes(batch, lengths)        the drafter's ledger entry for one step (draft_weights_read, draft_kv)
+    summary()                         what results.json records about the drafter
+
+NgramDrafter (ngram.py) works on host token lists; NeuralDrafter feeds a DraftModel the target's hidden
+states, on the device, from the prefill and verify forwards that already run (no extra pass, no host copy)."""
+import torch
+
+
+class SyntheticDrafter:
+    """Drafts from a callable (requests → γ tokens each), for tests that force chosen acceptances."""
+    hidden_layers: tuple[int, ...] = ()
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def on_prefill(self, reqs, hidden) -> None:
+        pass
+
+    def propose(self, batch, gamma, temperature, generator):
+        return self.fn(batch), None, None
+
+    def on_commit(self, batch, hidden, start, accepted) -> None:
+        pass
+
+    def step_bytes(self, batch, lengths) -> dict[str, int]:
+        return {}
+
+    def summary(self) -> dict:
+        return {"scheme": "synthetic"}
+
+
+class NeuralDrafter:
+    """Drives a synodic.spec.models.DraftModel: its context ring takes the committed tokens' target
+    features, propose() drafts a block from the last committed token (the anchor)."""
+
+    def __init__(self, model, cfg, device):
+        from synodic.graph import linear_weight_bytes
+        self.model, self.cfg, self.device = model, cfg, torch.device(device)
+        self.hidden_layers = tuple(model.target_layers)
+        self.gamma = cfg.num_speculative_tokens
+        self._wbytes: dict[int, int] = {}
+        self._linear_weight_bytes = linear_weight_bytes
+        self.kv_row_bytes = _ring_row_bytes(model, cfg.context_window)
+
+    @torch.inference_mode()
+    def on_prefill(self, reqs, hidden) -> None:
+        slots = torch.tensor([r.slot for r in reqs], dtype=torch.long, device=self.device)
+        T = hidden.shape[1]
+        self.model.reset(slots)
+        pos = torch.arange(T, device=self.device).expand(len(reqs), T)
+        self.model.append_context(slots, hidden, pos, torch.ones(len(reqs), T, dtype=torch.bool, device=self.device))
+
+    @torch.inference_mode()
+    def propose(self, batch, gamma, temperature, generator):
+        host = torch.tensor([[r.slot for r in batch], [r.output_ids[-1] for r in batch],
+                             [r.length - 1 for r in batch]], dtype=torch.long)
+        slots, anchors, pos = host.to(self.device, non_blocking=True)
+        drafts, q = self.model.propose(slots, anchors, pos, gamma, temperature, generator)
+        return drafts, q, None
+
+    @torch.inference_mode()
+    def on_commit(self, batch, hidden, start, accepted) -> None:
+        B, T = hidden.shape[:2]
+        t = torch.arange(T, device=hidden.device)
+        slots = torch.tensor([r.slot for r in batch], dtype=torch.long).to(hidden.device, non_blocking=True)
+        self.model.append_context(slots, hidden, start[:, None] + t, t[None, :] < accepted[:, None])
+
+    def step_bytes(self, batch, lengths) -> dict[str, int]:
+        """One propose over B rows: the drafter's linears at B * (γ + 1) rows (its bound LM head included) and
+        each row's context ring rows (min(length, context_window) of them, every draft layer's K and V)."""
+        rows = len(batch) * (self.gamma + 1)
+        if rows not in self._wbytes:
+            self._wbytes[rows] = self._linear_weight_bytes(self.model, rows)
+        ctx = sum(min(n, self.cfg.context_window) for n in lengths)
+        return {"draft_weights_read": self._wbytes[rows], "draft_kv": ctx * self.kv_row_bytes}
+
+    def summary(self) -> dict:
+        return {"scheme": self.model.scheme, "drafter": self.cfg.drafter, "target_layers": list(self.hidden_layers),
+                "trained_gamma": self.model.gamma, "context_window": self.cfg.context_window,
+                "parameters": sum(p.numel() for p in self.model.parameters())}
+
+
+def _ring_row_bytes(model, window: int) -> int:
+    """Bytes of one context position across the drafter's ring buffers (what attention over one context row
+    reads): the model's own figure when it states one, else its allocated buffers' bytes per slot-position."""
+    own = getattr(model, "context_row_bytes", None)
+    if own is not None:
+        return int(own() if callable(own) else own)
+    total = 0
+    for b in model.buffers():
+        if b.dim() >= 2 and b.shape[1] == window:
+            total += b[0, 0].numel() * b.element_size()
+    return total

@@ -1,0 +1,119 @@
+"""Speculative decoding through the Engine: greedy output equals plain greedy decoding token for token
+(spec=ngram over every state backend x KV policy, quantized and shipped models on a diagonal), with requests
+finishing mid-window, stop tokens inside a window, preemption during speculation and replay ring wrap-around;
+seeded sampling reproducible; bad spec input fails with one line, exit 2."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from synodic.config.compose import compose
+from synodic.config.errors import ConfigError
+from synodic.engine.engine import Engine
+from synodic.engine.request import Request, SamplingParams
+from synodic.graph import build_graph
+
+ROOT = Path(__file__).resolve().parents[2]
+# tiny_mamba2 with three attention layers, random weights (as tests/test_kv_engine.py)
+MODEL = ["model.weights=random", "runtime.device=cpu", "+model.overrides.num_hidden_layers=6",
+         "+model.overrides.hybrid_override_pattern=M*-*M*"]
+TOPK = ["kv.top_k=4", "kv.block_size=2"]
+TIERED = [*TOPK, "kv.hot_buffer=6", "kv.host_num_blocks=256", "kv.index_num_blocks=256"]
+KV = {"resident": ["kv=resident", "kv.num_blocks=128"],
+      "hisparse": ["kv=hisparse", *TIERED, "kv.num_blocks=64", "kv.draft_pages=3"],
+      "adaptive": ["kv=adaptive", *TIERED, "kv.num_blocks=40", "kv.tail_pages=3"]}
+SSM = {"eager": ["ssm=eager"], "replay": ["ssm=replay", "ssm.ring_len=8"]}  # ring of 8: windows wrap it
+PROMPTS = [[5, 9, 200, 31, 7, 5, 9], [100, 3], [42] * 9, [1, 2, 3, 1, 2, 3, 1, 2]]
+SPEC = ["spec=ngram", "spec.num_speculative_tokens=3"]
+
+
+def serve(overrides, max_tokens=(13, 9, 16, 11), stop=(), temperature=0.0, prompts=PROMPTS, max_seq_len=64):
+    eng = Engine(build_graph(compose(overrides), max_seq_len=max_seq_len))
+    reqs = [Request(i, p, SamplingParams(max_tokens=n, temperature=temperature, seed=7 + i, stop_token_ids=stop))
+            for i, (p, n) in enumerate(zip(prompts, max_tokens))]
+    eng.generate(reqs)
+    return eng, reqs
+
+
+@pytest.mark.parametrize("kv", list(KV))
+def test_ngram_greedy_equals_plain_greedy(kv):
+    _, plain = serve([*MODEL, *KV[kv]])
+    ref = [r.output_ids for r in plain]
+    for ssm in SSM.values():
+        eng, reqs = serve([*MODEL, *KV[kv], *ssm, *SPEC])
+        assert [r.output_ids for r in reqs] == ref, (kv, ssm)
+        s = eng.spec_stats.summary()
+        assert s["accepted_tokens"] > 0 and s["emitted_tokens"] == sum(map(len, ref)) - len(ref)  # + prefill's tokens
+        assert [r.finish_reason for r in reqs] == [r.finish_reason for r in plain]
+
+
+@pytest.mark.parametrize("preset,ssm,quant", [("tiny_mamba2", "replay", "mxfp4"), ("tiny_gdn", "eager", "mxfp4"),
+                                              ("tiny_gdn", "replay", "none")])
+def test_ngram_greedy_on_shipped_models(preset, ssm, quant):
+    base = [f"model={preset}", "runtime.device=cpu", f"quant={quant}"]
+    _, plain = serve(base, max_tokens=(10, 7, 12, 9))
+    eng, reqs = serve([*base, *SSM[ssm], *SPEC], max_tokens=(10, 7, 12, 9))
+    assert [r.output_ids for r in reqs] == [r.output_ids for r in plain]
+
+
+def test_stop_token_inside_a_window():
+    _, plain = serve([*MODEL, *KV["resident"]])
+    stop = plain[2].output_ids[5]  # a token the row emits mid-output: some window holds it before its end
+    _, p2 = serve([*MODEL, *KV["resident"]], stop=(stop,))
+    eng, reqs = serve([*MODEL, *KV["resident"], *SSM["replay"], *SPEC], stop=(stop,))
+    assert [r.output_ids for r in reqs] == [r.output_ids for r in p2]
+    assert any(r.finish_reason == "stop" for r in reqs)
+
+
+def test_preemption_during_speculation():
+    """A pool of 14 pages of 2 tokens for 4 requests: windows find pages short (plain verify steps), the
+    scheduler preempts and recomputes; the tokens are still plain greedy decoding's."""
+    kv = ["kv=resident", "kv.block_size=2", "kv.num_blocks=14"]
+    _, plain = serve([*MODEL, *kv])
+    eng, reqs = serve([*MODEL, *kv, *SSM["replay"], *SPEC])
+    assert [r.output_ids for r in reqs] == [r.output_ids for r in plain]
+    assert sum(r.preemptions for r in reqs) > 0
+    assert eng.scheduler.blocks.used() == 0
+
+
+def test_seeded_sampling_is_reproducible_and_counts_add_up():
+    runs = [serve([*MODEL, *KV["resident"], *SSM["replay"], *SPEC], temperature=1.0) for _ in range(2)]
+    (e1, a), (_, b) = runs
+    assert [r.output_ids for r in a] == [r.output_ids for r in b]
+    assert [len(r.output_ids) for r in a] == [13, 9, 16, 11]
+    s = e1.spec_stats.summary()
+    assert s["emitted_tokens"] == sum(len(r.output_ids) for r in a) - len(a)  # the first token is prefill's
+    assert 1.0 <= (s["mean_acceptance_length"] or 1.0) <= 4.0
+
+
+def test_rollback_check():
+    from synodic.graph import check_rollback
+    from synodic.ssm.base import StateBackendBase
+
+    class NoRollback(StateBackendBase):
+        def __init__(self):
+            pass
+
+    class G:
+        ssm = NoRollback()
+    cfg = compose(["spec=ngram"])
+    with pytest.raises(ConfigError, match="rolls back"):
+        check_rollback(G, cfg, 8)
+    check_rollback(G, cfg, 1)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["spec=ngram", "spec.num_speculative_tokens=0"], "spec.num_speculative_tokens=0"),
+    (["spec=ngram", "ssm=replay", "spec.num_speculative_tokens=16"],
+     "spec.num_speculative_tokens=16 with ssm.ring_len=16"),
+    (["spec=ngram", "kv=hisparse"], "kv.draft_pages=0 with a verify window of 8 tokens"),
+    (["spec=dflash", "spec.drafter=/nonexistent/drafter"], "spec"),
+])
+def test_bad_spec_input_one_line_exit_2(args, needle, tmp_path):
+    p = subprocess.run([sys.executable, "run.py", "runtime.device=cpu", f"hydra.run.dir={tmp_path}", *args],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
