@@ -127,8 +127,7 @@ def check_spec_window(cfg, window: int) -> None:
 
 def check_rollback(g: "ServingGraph", cfg, window: int) -> None:
     """Verify windows need a state backend that commits only the accepted prefix (rolls back the rest)."""
-    from synodic.ssm.base import StateBackendBase
-    if window > 1 and g.ssm is not None and type(g.ssm)._commit_state is StateBackendBase._commit_state:
+    if window > 1 and g.ssm is not None and not g.ssm.rolls_back:
         raise ConfigError([f"spec={cfg.spec.kind} with ssm={cfg.ssm.kind}: expected a state backend that rolls "
                            "back a verify window's rejected tail (ssm=eager or ssm=replay)"])
 

@@ -14,6 +14,9 @@ class StateBackend:
     """Base of every `ssm` backend. Subclasses provide mamba2_step / gdn_step (and *_verify for windows),
     step_bytes, and override the hooks below where they keep more than the state itself."""
 
+    # commit() keeps only a verify window's accepted prefix (speculative decoding needs it)
+    rolls_back = False
+
     def __init__(self, model, max_slots: int, device):
         self.max_slots = max_slots
         self.device = torch.device(device)

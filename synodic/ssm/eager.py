@@ -15,6 +15,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class EagerStateBackend(StateBackend):
+    rolls_back = True
+
     def __init__(self, model, max_slots: int, device, cfg, window: int = 1):
         super().__init__(model, max_slots, device)
         self.kernel = cfg.kernel

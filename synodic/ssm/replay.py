@@ -29,6 +29,8 @@ PRECISIONS = {
 
 
 class ReplayStateBackend(StateBackend):
+    rolls_back = True
+
     def __init__(self, model, max_slots: int, device, cfg):
         super().__init__(model, max_slots, device)
         self.L, self.kernel, self.route = cfg.ring_len, cfg.kernel, cfg.gdn_route

@@ -89,9 +89,9 @@ def test_seeded_sampling_is_reproducible_and_counts_add_up():
 
 def test_rollback_check():
     from synodic.graph import check_rollback
-    from synodic.ssm.base import StateBackendBase
+    from synodic.ssm.base import StateBackend
 
-    class NoRollback(StateBackendBase):
+    class NoRollback(StateBackend):
         def __init__(self):
             pass
 
