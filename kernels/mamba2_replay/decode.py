@@ -180,9 +180,13 @@ def _decode_row(
     # ---- 1) the step's big read: checkpoint tile (or its low-precision copy; a flush-only launch reads
     #         the fp32 checkpoint straight away) ----
     if HAS_LO and ROUTE != 2:
-        S0 = _load_state(lo_ptr + sh * P * N, los_ptr + sh * P, st_off, tile_mask, offs_p, pm, LO_FP8)
-    else:
-        S0 = _load_state(ck_ptr + sh * P * N, cks_ptr + sh * P, st_off, tile_mask, offs_p, pm, CK_FP8)
+        S0 = tl.load(lo_ptr + sh * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+        if LO_FP8:
+            S0 = S0 * tl.load(los_ptr + sh * P + offs_p, mask=pm, other=0.0)[:, None]
+    else:  # written out, not _tl._load_state: the helper measured 2.7 % slower on the fused fp32 step (H200)
+        S0 = tl.load(ck_ptr + sh * P * N + st_off, mask=tile_mask, other=0.0).to(tl.float32)
+        if CK_FP8:
+            S0 = S0 * tl.load(cks_ptr + sh * P + offs_p, mask=pm, other=0.0)[:, None]
     # ---- 2) the ring: all L entries with no cursor dependency, or (RING_BY_CURSOR) only the wp written ones ----
     if HAS_WP:
         wp = tl.where(valid, wp_known, 0)
