@@ -67,9 +67,6 @@ class _NeuralSpec(Component):
     def window(self) -> int:
         return 1 + self.num_speculative_tokens
 
-    def _fields(self) -> dict:
-        return {}
-
     def _models(self):
         try:
             from synodic.spec import models
@@ -87,8 +84,7 @@ class _NeuralSpec(Component):
         dm = self._models()
         directory = dm.shipped_drafter_dir(model_kind, self.kind) if self.drafter == "auto" else Path(self.drafter)
         if directory is None:
-            root = getattr(dm, "SHIPPED_ROOT", None)
-            have = sorted(f"{p.parent.name}/{p.name}" for p in Path(root).glob("*/*") if p.is_dir()) if root else []
+            have = dm.shipped_drafters()
             raise ConfigError([f"spec.drafter='auto': no shipped {self.kind} drafter for model={model_kind}; "
                                f"expected spec.drafter=random or a directory (shipped: {', '.join(have) or 'none'})"])
         if not directory.is_dir():
@@ -104,8 +100,8 @@ class _NeuralSpec(Component):
         target_cfg = ctx.model.config
         dtype = next(ctx.model.parameters()).dtype if self.dtype == "auto" else DTYPES[self.dtype]
         if self.drafter == "random":
-            torch_seed(self.seed)
-            model = dm.build_draft_model(self.kind, target_cfg, **self._fields()).to(ctx.device, dtype)
+            model = dm.build_draft_model(self.kind, target_cfg, seed=self.seed, target_kind=ctx.model_kind,
+                                         gamma=max(7, self.num_speculative_tokens)).to(ctx.device, dtype)
         else:
             model = dm.load_draft_model(self.directory(ctx.model_kind), target_cfg, ctx.device, dtype)
         if model.scheme != self.kind:
@@ -119,11 +115,6 @@ class _NeuralSpec(Component):
         model.eval()
         model.allocate(ctx.max_slots, self.context_window, ctx.device, dtype)
         return NeuralDrafter(model, self, ctx.device)
-
-
-def torch_seed(seed: int) -> None:
-    import torch
-    torch.manual_seed(seed)
 
 
 @register("spec")

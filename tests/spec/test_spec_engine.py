@@ -117,3 +117,25 @@ def test_bad_spec_input_one_line_exit_2(args, needle, tmp_path):
     assert p.returncode == 2, p.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], p.stderr
     assert "Traceback" not in p.stderr
+
+
+NEURAL = ["spec.drafter=random", "spec.num_speculative_tokens=3"]
+
+
+@pytest.mark.parametrize("scheme,ssm,kv", [("dflash", "eager", "adaptive"), ("dspark", "replay", "adaptive"),
+                                           ("dflash2", "replay", "resident")])
+def test_neural_greedy_equals_plain_greedy(scheme, ssm, kv):
+    """Draft models (seeded random weights) over a diagonal of state backends x KV policies."""
+    _, plain = serve([*MODEL, *KV[kv]])
+    eng, reqs = serve([*MODEL, *KV[kv], *SSM[ssm], f"spec={scheme}", *NEURAL])
+    assert [r.output_ids for r in reqs] == [r.output_ids for r in plain]
+    per_step = eng.ledger.summary()["bytes_per_step"]
+    assert per_step["draft_kv"] > 0 and per_step["draft_weights_read"] > 0
+
+
+@pytest.mark.parametrize("preset,scheme,quant", [("tiny_gdn", "dflash2", "mxfp4"), ("tiny_mamba2", "dspark", "none")])
+def test_neural_greedy_on_shipped_targets(preset, scheme, quant):
+    base = [f"model={preset}", "runtime.device=cpu", f"quant={quant}"]
+    _, plain = serve(base, max_tokens=(8, 6, 9, 7))
+    _, reqs = serve([*base, *SSM["replay"], f"spec={scheme}", *NEURAL], max_tokens=(8, 6, 9, 7))
+    assert [r.output_ids for r in reqs] == [r.output_ids for r in plain]
