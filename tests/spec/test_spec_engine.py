@@ -139,3 +139,13 @@ def test_neural_greedy_on_shipped_targets(preset, scheme, quant):
     _, plain = serve(base, max_tokens=(8, 6, 9, 7))
     _, reqs = serve([*base, *SSM["replay"], f"spec={scheme}", *NEURAL], max_tokens=(8, 6, 9, 7))
     assert [r.output_ids for r in reqs] == [r.output_ids for r in plain]
+
+
+def test_drafter_for_another_target_fails_with_one_line(tmp_path):
+    from synodic.models.presets import PRESETS
+    from synodic.spec.models import build_draft_model, save_draft_model
+    save_draft_model(build_draft_model("dflash", PRESETS["tiny_mamba2"]), tmp_path / "d")
+    cfg = compose([*MODEL, "+model.overrides.vocab_size=2048", "spec=dflash", f"spec.drafter={tmp_path / 'd'}"])
+    with pytest.raises(ConfigError) as e:
+        build_graph(cfg, max_seq_len=32)
+    assert len(e.value.lines) == 1 and "vocab_size=4096" in e.value.lines[0], e.value.lines
