@@ -94,6 +94,8 @@ def build_graph(cfg, max_seq_len: int, max_slots: int | None = None, window: int
     device = resolve_device(cfg.runtime)
     window = max(window, cfg.spec.window)
     check_spec_window(cfg, window)
+    if hasattr(cfg.spec, "directory"):
+        cfg.spec.directory(cfg.model.kind)  # a missing / unshipped drafter fails before the target loads
     torch.manual_seed(cfg.runtime.seed)
     model, ckpt = load_model(cfg.model, device, DTYPES[cfg.model.dtype])
     from synodic.engine.text import load_codec

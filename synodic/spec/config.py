@@ -67,36 +67,43 @@ class _NeuralSpec(Component):
     def window(self) -> int:
         return 1 + self.num_speculative_tokens
 
-    def _fields(self) -> dict:
-        return {}
-
-    def build(self, ctx):
-        from synodic.graph import DTYPES
+    def _models(self):
         try:
-            from synodic.spec import models as dm
+            from synodic.spec import models
         except ImportError:
             raise ConfigError([f"spec={self.kind}: the draft models (synodic.spec.models) are not in this build; "
                                "expected spec=none or spec=ngram"]) from None
+        return models
+
+    def directory(self, model_kind: str) -> Path | None:
+        """The drafter directory this option loads (None for drafter=random); one-line errors when there is
+        none. Called by the graph before the target loads, so a bad drafter fails before any long work."""
+        if self.drafter == "random":
+            self._models()
+            return None
+        dm = self._models()
+        directory = dm.shipped_drafter_dir(model_kind, self.kind) if self.drafter == "auto" else Path(self.drafter)
+        if directory is None:
+            have = dm.shipped_drafters()
+            raise ConfigError([f"spec.drafter='auto': no shipped {self.kind} drafter for model={model_kind}; "
+                               f"expected spec.drafter=random or a directory (shipped: {', '.join(have) or 'none'})"])
+        if not directory.is_dir():
+            raise ConfigError([f"spec.drafter='{self.drafter}': no such directory; expected auto, random or a "
+                               "directory written by pipeline=train_drafter"])
+        return directory
+
+    def build(self, ctx):
+        from synodic.graph import DTYPES
+        dm = self._models()
 
         from .runtime import NeuralDrafter
         target_cfg = ctx.model.config
         dtype = next(ctx.model.parameters()).dtype if self.dtype == "auto" else DTYPES[self.dtype]
         if self.drafter == "random":
-            torch_seed(self.seed)
-            model = dm.build_draft_model(self.kind, target_cfg, **self._fields()).to(ctx.device, dtype)
+            model = dm.build_draft_model(self.kind, target_cfg, seed=self.seed, target_kind=ctx.model_kind,
+                                         gamma=max(7, self.num_speculative_tokens)).to(ctx.device, dtype)
         else:
-            directory = (dm.shipped_drafter_dir(ctx.model_kind, self.kind) if self.drafter == "auto"
-                         else Path(self.drafter))
-            if directory is None:
-                have = sorted(p.parent.name + "/" + p.name for p in dm.SHIPPED_ROOT.glob("*/*") if p.is_dir()) \
-                    if getattr(dm, "SHIPPED_ROOT", None) is not None and dm.SHIPPED_ROOT.is_dir() else []
-                raise ConfigError([f"spec.drafter='auto': no shipped {self.kind} drafter for model={ctx.model_kind}; "
-                                   f"expected spec.drafter=random or a directory (shipped: "
-                                   f"{', '.join(have) or 'none'})"])
-            if not directory.is_dir():
-                raise ConfigError([f"spec.drafter='{self.drafter}': no such directory; expected auto, random or a "
-                                   "directory written by pipeline=train_drafter"])
-            model = dm.load_draft_model(directory, target_cfg, ctx.device, dtype)
+            model = dm.load_draft_model(self.directory(ctx.model_kind), target_cfg, ctx.device, dtype)
         if model.scheme != self.kind:
             raise ConfigError([f"spec.drafter='{self.drafter}': a {model.scheme} drafter; expected a {self.kind} "
                                f"drafter for spec={self.kind}"])
@@ -108,11 +115,6 @@ class _NeuralSpec(Component):
         model.eval()
         model.allocate(ctx.max_slots, self.context_window, ctx.device, dtype)
         return NeuralDrafter(model, self, ctx.device)
-
-
-def torch_seed(seed: int) -> None:
-    import torch
-    torch.manual_seed(seed)
 
 
 @register("spec")

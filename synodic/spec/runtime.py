@@ -79,8 +79,10 @@ class NeuralDrafter:
         """One propose over B rows: the drafter's linears at B * (γ + 1) rows (its bound LM head included) and
         each row's context ring rows (min(length, context_window) of them, every draft layer's K and V)."""
         rows = len(batch) * (self.gamma + 1)
-        if rows not in self._wbytes:
-            self._wbytes[rows] = self._linear_weight_bytes(self.model, rows)
+        if rows not in self._wbytes:  # the bound target LM head is the drafter's too (not among its modules)
+            head = getattr(self.model, "_target", None)
+            self._wbytes[rows] = self._linear_weight_bytes(self.model, rows) + (
+                self._linear_weight_bytes(head[1], rows) if head is not None else 0)
         ctx = sum(min(n, self.cfg.context_window) for n in lengths)
         return {"draft_weights_read": self._wbytes[rows], "draft_kv": ctx * self.kv_row_bytes}
 
@@ -92,12 +94,8 @@ class NeuralDrafter:
 
 def _ring_row_bytes(model, window: int) -> int:
     """Bytes of one context position across the drafter's ring buffers (what attention over one context row
-    reads): the model's own figure when it states one, else its allocated buffers' bytes per slot-position."""
-    own = getattr(model, "context_row_bytes", None)
-    if own is not None:
-        return int(own() if callable(own) else own)
-    total = 0
-    for b in model.buffers():
-        if b.dim() >= 2 and b.shape[1] == window:
-            total += b[0, 0].numel() * b.element_size()
-    return total
+    reads): every draft layer's K and V row in the allocated ring."""
+    ring = getattr(model, "_ring", None)  # {"k": [per layer [slots, W + 1, heads, dim]], "v": [...], ...}
+    if ring is None:
+        return 0
+    return sum(t[0, 0].numel() * t.element_size() for t in [*ring["k"], *ring["v"]])

@@ -117,3 +117,35 @@ def test_bad_spec_input_one_line_exit_2(args, needle, tmp_path):
     assert p.returncode == 2, p.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], p.stderr
     assert "Traceback" not in p.stderr
+
+
+NEURAL = ["spec.drafter=random", "spec.num_speculative_tokens=3"]
+
+
+@pytest.mark.parametrize("scheme,ssm,kv", [("dflash", "eager", "adaptive"), ("dspark", "replay", "adaptive"),
+                                           ("dflash2", "replay", "resident")])
+def test_neural_greedy_equals_plain_greedy(scheme, ssm, kv):
+    """Draft models (seeded random weights) over a diagonal of state backends x KV policies."""
+    _, plain = serve([*MODEL, *KV[kv]])
+    eng, reqs = serve([*MODEL, *KV[kv], *SSM[ssm], f"spec={scheme}", *NEURAL])
+    assert [r.output_ids for r in reqs] == [r.output_ids for r in plain]
+    per_step = eng.ledger.summary()["bytes_per_step"]
+    assert per_step["draft_kv"] > 0 and per_step["draft_weights_read"] > 0
+
+
+@pytest.mark.parametrize("preset,scheme,quant", [("tiny_gdn", "dflash2", "mxfp4"), ("tiny_mamba2", "dspark", "none")])
+def test_neural_greedy_on_shipped_targets(preset, scheme, quant):
+    base = [f"model={preset}", "runtime.device=cpu", f"quant={quant}"]
+    _, plain = serve(base, max_tokens=(8, 6, 9, 7))
+    _, reqs = serve([*base, *SSM["replay"], f"spec={scheme}", *NEURAL], max_tokens=(8, 6, 9, 7))
+    assert [r.output_ids for r in reqs] == [r.output_ids for r in plain]
+
+
+def test_drafter_for_another_target_fails_with_one_line(tmp_path):
+    from synodic.models.presets import PRESETS
+    from synodic.spec.models import build_draft_model, save_draft_model
+    save_draft_model(build_draft_model("dflash", PRESETS["tiny_mamba2"]), tmp_path / "d")
+    cfg = compose([*MODEL, "+model.overrides.vocab_size=2048", "spec=dflash", f"spec.drafter={tmp_path / 'd'}"])
+    with pytest.raises(ConfigError) as e:
+        build_graph(cfg, max_seq_len=32)
+    assert len(e.value.lines) == 1 and "vocab_size=4096" in e.value.lines[0], e.value.lines

@@ -25,7 +25,8 @@ def _case(B, G, V, seed, q_given=True):
 
 
 def test_vectorised_rule_equals_reference():
-    for seed, (B, G, V), q_given in [(0, (13, 3, 7), True), (1, (9, 5, 11), False), (2, (8, 1, 5), True), (3, (6, 0, 5), False)]:
+    cases = [(0, (13, 3, 7), True), (1, (9, 5, 11), False), (2, (8, 1, 5), True), (3, (6, 0, 5), False)]
+    for seed, (B, G, V), q_given in cases:
         logits, drafts, q, temp, top_p, u, nd = _case(B, G, V, seed, q_given)
         for n_drafts in (None, nd):
             m, toks = verify(logits, drafts, q, temp, top_p, u, n_drafts)

@@ -1,0 +1,213 @@
+"""DraftModel: the DFlash block-diffusion backbone (+ DSpark's or DFlash2's heads), its per-slot context ring and
+the propose step.
+
+Block convention (DFlash proper with block γ+1): the block is [anchor, MASK x γ] at positions p..p+γ, anchor = the
+last committed token at p (its target features are not known yet); block row k (1..γ) predicts the token at p+k.
+Context = the committed tokens' target features at positions < p (within the last `context_window`), fused by
+fc (n*H -> H, no bias) + RMSNorm; every layer projects it with its own k/v (QK-normed, RoPE at the rows' absolute
+positions) and prepends those rows to the block's own K/V. Queries come from the block only; the block attends
+to itself bidirectionally."""
+import torch
+from torch import nn
+
+from .config import DraftConfig
+from .heads import ConfidenceHead, MarkovHead, PathSelector, sample
+from .layers import DraftLayer, RMSNorm, rope_cos_sin
+
+
+class DraftModel(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.config = cfg
+        self.scheme = cfg.scheme
+        self.target_layers = tuple(cfg.target_layers)
+        self.gamma = cfg.gamma
+        H = cfg.hidden_size
+        self.fc = nn.Linear(len(self.target_layers) * H, H, bias=False)
+        self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.mask_embedding = nn.Parameter(torch.zeros(H))
+        self.layers = nn.ModuleList(DraftLayer(cfg, conv=cfg.scheme == "dflash2") for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        if cfg.scheme == "dspark":
+            self.markov = MarkovHead(cfg.vocab_size, cfg.markov_rank)
+            self.confidence = ConfidenceHead(H, cfg.markov_rank, cfg.gamma)
+        if cfg.scheme == "dflash2":
+            self.selector = PathSelector(cfg.vocab_size, H, cfg.selector_rank, cfg.selector_k)
+        self._target = None          # (embedding, lm_head) of the bound target: shared, frozen, not saved
+        self._ring = None
+        self.last_confidence = None  # DSpark: [B, gamma] calibrated confidences of the last propose
+
+    # -- target binding ------------------------------------------------------------------------------------------
+    def bind_target(self, target) -> "DraftModel":
+        """Share the target's embedding and LM head (a HybridLM); they stay out of this module's parameters."""
+        cfg = target.config
+        if cfg.vocab_size != self.config.vocab_size or cfg.hidden_size != self.config.hidden_size:
+            raise ValueError(f"bind_target: drafter has vocab {self.config.vocab_size} / hidden "
+                             f"{self.config.hidden_size}, target {cfg.vocab_size} / {cfg.hidden_size}")
+        object.__setattr__(self, "_target", (target.embed_tokens, target.lm_head))
+        return self
+
+    def _dtype(self):
+        return self.fc.weight.dtype
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._target[0](ids).to(self._dtype())
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Target LM head of final-normed rows → fp32 logits."""
+        lm = self._target[1]
+        return lm(h.to(lm.weight.dtype)).float()
+
+    def fuse(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.hidden_norm(self.fc(hidden.to(self._dtype())))
+
+    # -- backbone ------------------------------------------------------------------------------------------------
+    def run_layers(self, x, pos, first, ctx_kv, mask) -> torch.Tensor:
+        """x [B, N, H] block rows at positions pos [B, N]; ctx_kv per layer (k, v) [B, M, nkv, d]; mask
+        [B, N, M + N]. Returns the final-normed rows."""
+        cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta, x.dtype)
+        for layer, (k, v) in zip(self.layers, ctx_kv):
+            x = layer(x, cos, sin, k, v, mask, first)
+        return self.norm(x)
+
+    def context_kv(self, ctx: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta, ctx.dtype)
+        return [layer.attn.kv(ctx, cos, sin) for layer in self.layers]
+
+    def block_inputs(self, anchors: torch.Tensor, gamma: int) -> torch.Tensor:
+        """[..., gamma + 1, H]: the anchor's embedding then gamma mask embeddings."""
+        e = self.embed(anchors)[..., None, :]
+        return torch.cat([e, self.mask_embedding.to(e.dtype).expand(*anchors.shape, gamma, e.shape[-1])], dim=-2)
+
+    def train_blocks(self, hidden: torch.Tensor, tokens: torch.Tensor, anchor_pos: torch.Tensor,
+                     gamma: int | None = None, window: int | None = None) -> torch.Tensor:
+        """Many blocks per sequence in one forward (training / teacher-forced evaluation). hidden [B, T, n*H]
+        target features of tokens [B, T]; anchor_pos [B, A] (>= 1, distinct or not). Block a sees context rows
+        j with anchor - window <= j < anchor, itself bidirectionally, no other block. Returns the final-normed
+        block rows 1..gamma [B, A, gamma, H]."""
+        g = gamma or self.gamma
+        B, T, _ = hidden.shape
+        A = anchor_pos.shape[1]
+        dev = hidden.device
+        cpos = torch.arange(T, device=dev).expand(B, T)
+        ctx_kv = self.context_kv(self.fuse(hidden), cpos)
+        x = self.block_inputs(tokens.gather(1, anchor_pos), g).reshape(B, A * (g + 1), -1)
+        off = torch.arange(g + 1, device=dev)
+        pos = (anchor_pos[:, :, None] + off).reshape(B, -1)
+        first = (off == 0).expand(B, A, g + 1).reshape(B, -1)
+        mask = block_mask(anchor_pos, g, T, window)
+        h = self.run_layers(x, pos, first, ctx_kv, mask)
+        return h.view(B, A, g + 1, -1)[:, :, 1:]
+
+    # -- scheme logits (teacher-forced, for training) ------------------------------------------------------------
+    def train_logits(self, h: torch.Tensor, prev: torch.Tensor) -> dict[str, torch.Tensor]:
+        """h [..., H] block rows, prev [...] the true token before each row's target. 'draft' is the logits the
+        drafter samples from; 'base' the backbone's U; 'conf' (DSpark) the confidence logit."""
+        U = self.head(h)
+        out = {"base": U}
+        if self.scheme == "dflash":
+            out["draft"] = U
+        elif self.scheme == "dspark":
+            out["draft"] = U + self.markov(prev).float()
+            out["conf"] = self.confidence.logit(h, self.markov.W1(prev))
+        else:
+            out["draft"] = self.selector.full_scores(prev, h, U)
+        return out
+
+    # -- inference: context ring + propose -----------------------------------------------------------------------
+    def allocate(self, max_slots: int, context_window: int, device, dtype) -> None:
+        """Per slot and layer a ring of `context_window` rotated context K/V rows (+1 scratch row that takes the
+        writes of invalid rows) and the position each row holds (-1 = empty)."""
+        c = self.config
+        W = context_window
+        shape = (max_slots, W + 1, c.num_kv_heads, c.head_dim)
+        self._ring = {
+            "window": W,
+            "k": [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers],
+            "v": [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers],
+            "pos": torch.full((max_slots, W + 1), -1, device=device, dtype=torch.long),
+        }
+
+    def reset(self, slots: torch.Tensor) -> None:
+        self._ring["pos"].index_fill_(0, slots, -1)
+
+    @torch.no_grad()
+    def append_context(self, slots, hidden, positions, valid) -> None:
+        """hidden [B, t, n*H] features of committed tokens at positions [B, t]; rows with valid False write to the
+        scratch row. A row at position p lands at ring index p % window (t <= window)."""
+        r = self._ring
+        W = r["window"]
+        dtype = r["k"][0].dtype
+        ctx = self.fuse(hidden).to(dtype)
+        idx = torch.where(valid, positions % W, W)
+        s = slots[:, None].expand_as(idx)
+        for (k, v), kr, vr in zip(self.context_kv(ctx, positions), r["k"], r["v"]):
+            kr[s, idx] = k.to(dtype)
+            vr[s, idx] = v.to(dtype)
+        r["pos"][s, idx] = torch.where(valid, positions, -1)
+
+    @torch.no_grad()
+    def propose(self, slots, anchors, positions, gamma: int, temperature, generator=None):
+        """anchors [B] at positions [B] → drafts [B, gamma] long, q [B, gamma, V] fp32 (the distribution each
+        draft was drawn from; one-hot for temperature-0 rows). DSpark also sets last_confidence [B, gamma]."""
+        if gamma > self.gamma:
+            raise ValueError(f"propose: gamma={gamma} exceeds the {self.gamma} drafts this drafter was trained for")
+        r = self._ring
+        W = r["window"]
+        B = anchors.shape[0]
+        x = self.block_inputs(anchors, gamma).to(r["k"][0].dtype)
+        off = torch.arange(gamma + 1, device=anchors.device)
+        pos = positions[:, None] + off
+        first = (off == 0).expand(B, gamma + 1)
+        rp = r["pos"][slots]
+        p = positions[:, None]
+        ctx_ok = (rp >= 0) & (rp < p) & (rp >= p - W)
+        mask = torch.cat([ctx_ok[:, None].expand(B, gamma + 1, W + 1),
+                          torch.ones(B, gamma + 1, gamma + 1, dtype=torch.bool, device=anchors.device)], dim=-1)
+        ctx_kv = [(k[slots], v[slots]) for k, v in zip(r["k"], r["v"])]
+        h = self.run_layers(x, pos, first, ctx_kv, mask)[:, 1:]
+        return self.decode(h, anchors, temperature, generator)
+
+    def decode(self, h: torch.Tensor, anchors: torch.Tensor, temperature, generator=None):
+        """Drafts and q from block rows h [B, g, H] (left to right for the schemes whose q depends on the
+        previous draft)."""
+        U = self.head(h)
+        g = h.shape[1]
+        if self.scheme == "dflash":
+            self.last_confidence = None
+            return sample(U, temperature, generator)
+        drafts, qs, confs = [], [], []
+        prev = anchors
+        if self.scheme == "dflash2":
+            cand = U.topk(min(self.selector.k, U.shape[-1]), dim=-1).indices  # [B, g, K]
+        for k in range(g):
+            if self.scheme == "dspark":
+                tok, q = sample(U[:, k] + self.markov(prev).float(), temperature, generator)
+                t = self.confidence.temperature[k]
+                confs.append(torch.sigmoid(self.confidence.logit(h[:, k], self.markov.W1(prev)).float() / t))
+            else:
+                s = self.selector.scores(prev, h[:, k], U[:, k], cand[:, k])
+                j, qk = sample(s, temperature, generator)
+                tok = cand[:, k].gather(1, j[:, None])[:, 0]
+                q = torch.zeros_like(U[:, k]).scatter_(1, cand[:, k], qk)
+            drafts.append(tok)
+            qs.append(q)
+            prev = tok
+        self.last_confidence = torch.stack(confs, 1) if confs else None
+        return torch.stack(drafts, 1), torch.stack(qs, 1)
+
+
+def block_mask(anchor_pos: torch.Tensor, gamma: int, T: int, window: int | None) -> torch.Tensor:
+    """[B, A*(g+1), T + A*(g+1)] bool: block a's rows see context j in [anchor - window, anchor) and the rows of
+    block a; nothing else."""
+    B, A = anchor_pos.shape
+    dev = anchor_pos.device
+    n = gamma + 1
+    ap = anchor_pos.repeat_interleave(n, dim=1)[:, :, None]      # [B, N, 1]
+    j = torch.arange(T, device=dev)
+    ctx = j < ap
+    if window is not None:
+        ctx = ctx & (j >= ap - window)
+    blk = torch.arange(A, device=dev).repeat_interleave(n)
+    own = (blk[:, None] == blk[None, :]).expand(B, -1, -1)
+    return torch.cat([ctx, own], dim=-1)
