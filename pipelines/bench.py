@@ -2,7 +2,7 @@
 process (same inputs), as a markdown + CSV table and a plot in the run dir."""
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -12,7 +12,8 @@ from synodic.config.registry import Component, register
 @register("pipeline")
 class BenchPipeline(Component):
     kind: Literal["bench"] = "bench"
-    batch_sizes: list[int] = Field([1, 4, 16], min_length=1, description="decode batch sizes to time")
+    batch_sizes: list[Annotated[int, Field(ge=1)]] = Field([1, 4, 16], min_length=1,
+                                                         description="decode batch sizes to time")
     variants: list[str] = Field([""], min_length=1, description="override strings, one per variant, "
                                 "applied on top of the run's overrides ('' = the run's own config)")
     prompt_len: int = Field(32, ge=1, description="prompt tokens per sequence before timing")
