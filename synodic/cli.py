@@ -22,7 +22,9 @@ def execute(dcfg) -> int:
         from synodic.graph import resolve_device
         device = resolve_device(cfg.runtime)
         mod = importlib.import_module(f"synodic.pipelines.{cfg.pipeline.kind}")
-        payload = mod.run(cfg, run_dir)
+        from synodic.results.locks import exclusive
+        with exclusive(run_dir / ".synodic.lock", "hydra.run.dir", run_dir):  # one run per directory
+            payload = mod.run(cfg, run_dir)
     except ConfigError as e:
         if os.environ.get("SYNODIC_TRACEBACK"):
             raise
