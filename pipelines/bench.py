@@ -183,7 +183,8 @@ def run(cfg, run_dir: Path) -> dict:
     md = markdown_table(rows, cols)
     (run_dir / "bench.md").write_text(md + "\n")
     with open(run_dir / "bench.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        # variants with different KV policies add different ledger columns: the union, first-seen order
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
         w.writeheader()
         w.writerows(rows)
     _plot(rows, run_dir / "bench.png")

@@ -32,3 +32,25 @@ def test_model_estimate_matches_the_built_model():
     from synodic.models.weights import random_model
     arch = PRESETS["tiny_mamba2"]
     assert budget.n_params(arch) == sum(p.numel() for p in random_model(arch, 0).parameters())
+
+
+def test_big_random_model_is_built_in_its_dtype(monkeypatch):
+    """Above the small-model threshold no fp32 weight matrix is ever created (it would double an 8B model)."""
+    from synodic.models import weights
+    from synodic.models.config import HybridConfig
+    from synodic.models.presets import PRESETS
+    arch = HybridConfig.model_validate({**PRESETS["tiny_mamba2"].model_dump(), "hidden_size": 1024,
+                                        "intermediate_size": 4096, "vocab_size": 16384})
+    assert budget.n_params(arch) > 50_000_000
+    made = []
+    orig = torch.nn.Parameter.__new__
+
+    def spy(cls, data=None, requires_grad=True):
+        if data is not None and data.device.type != "meta":   # the size probe builds on meta
+            made.append((data.dtype, data.dim()))
+        return orig(cls, data, requires_grad)
+    monkeypatch.setattr(torch.nn.Parameter, "__new__", spy)
+    m = weights.random_model(arch, 0, "cpu", torch.bfloat16)
+    # the matrices (all the memory) are bf16 from the start; 1-D vectors may start fp32
+    assert made and not [m for m in made if m and m[0] == torch.float32 and m[1] >= 2]
+    assert next(m.parameters()).dtype == torch.bfloat16
