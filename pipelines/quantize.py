@@ -144,7 +144,16 @@ def _run_ray(todo, task_args, adir, qcfg, workers, ray_address, device, threads,
     started = not ray.is_initialized()
     if started:
         if ray_address:
-            ray.init(address=ray_address, log_to_driver=False)
+            from synodic.config.errors import ConfigError
+            from synodic.config.netcheck import unreachable
+            why = unreachable(ray_address)
+            try:
+                if why:
+                    raise ConnectionError(why)
+                ray.init(address=ray_address, log_to_driver=False)
+            except ConnectionError as e:
+                raise ConfigError([f"pipeline.ray_address={ray_address!r}: {str(e).splitlines()[0]}; expected the "
+                                   f"address of a running cluster (ray start --head) or null"]) from None
         else:
             ray.init(num_cpus=workers * threads, include_dashboard=False, log_to_driver=False)
     try:

@@ -54,3 +54,13 @@ def test_big_random_model_is_built_in_its_dtype(monkeypatch):
     # the matrices (all the memory) are bf16 from the start; 1-D vectors may start fp32
     assert made and not [m for m in made if m and m[0] == torch.float32 and m[1] >= 2]
     assert next(m.parameters()).dtype == torch.bfloat16
+
+
+def test_unreachable_ray_address_is_found_in_seconds():
+    import time
+
+    from synodic.config.netcheck import unreachable
+    t = time.perf_counter()
+    assert "nothing accepts connections" in unreachable("127.0.0.1:1", timeout_s=2)
+    assert time.perf_counter() - t < 5
+    assert unreachable("auto") is None

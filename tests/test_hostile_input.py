@@ -122,6 +122,8 @@ OTHER = [
     (["pipeline=train", "pipeline.lr=-1"], "pipeline.lr"),
     (["pipeline=eval", "pipeline.reference={pipeline: {kind: none}}"], "pipeline.reference"),
     (["workload=chat", "workload.prompt_len=100000", "kv.num_blocks=2"], "workload.prompt_len"),
+    (["ssm.kernel=triton", "runtime.device=cpu"], "ssm.kernel"),
+    (["ssm=replay", "ssm.kernel=triton", "runtime.device=cpu"], "ssm.kernel"),
 ]
 
 
