@@ -122,8 +122,6 @@ OTHER = [
     (["pipeline=train", "pipeline.lr=-1"], "pipeline.lr"),
     (["pipeline=eval", "pipeline.reference={pipeline: {kind: none}}"], "pipeline.reference"),
     (["workload=chat", "workload.prompt_len=100000", "kv.num_blocks=2"], "workload.prompt_len"),
-    (["ssm.kernel=triton", "runtime.device=cpu"], "ssm.kernel"),
-    (["ssm=replay", "ssm.kernel=triton", "runtime.device=cpu"], "ssm.kernel"),
 ]
 
 
@@ -200,3 +198,10 @@ def test_module_entry_points(mod, tmp_path):
     bad = subprocess.run([sys.executable, "-m", mod, "junk"], capture_output=True, text=True, cwd=tmp_path,
                          env=env, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error: 'junk'") and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("argv", [["ssm.kernel=triton", "runtime.device=cpu"],
+                                  ["ssm=replay", "ssm.kernel=triton", "runtime.device=cpu"]])
+def test_triton_kernel_forced_on_cpu(argv, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)   # conftest sets it for the CPU kernel tests
+    _assert_one_line_errors(*check(argv), "ssm.kernel")
