@@ -2,7 +2,7 @@
 process (same inputs), as a markdown + CSV table and a plot in the run dir."""
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -12,7 +12,8 @@ from synodic.config.registry import Component, register
 @register("pipeline")
 class BenchPipeline(Component):
     kind: Literal["bench"] = "bench"
-    batch_sizes: list[int] = Field([1, 4, 16], min_length=1, description="decode batch sizes to time")
+    batch_sizes: list[Annotated[int, Field(ge=1)]] = Field([1, 4, 16], min_length=1,
+                                                         description="decode batch sizes to time")
     variants: list[str] = Field([""], min_length=1, description="override strings, one per variant, "
                                 "applied on top of the run's overrides ('' = the run's own config)")
     prompt_len: int = Field(32, ge=1, description="prompt tokens per sequence before timing")
@@ -182,7 +183,8 @@ def run(cfg, run_dir: Path) -> dict:
     md = markdown_table(rows, cols)
     (run_dir / "bench.md").write_text(md + "\n")
     with open(run_dir / "bench.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        # variants with different KV policies add different ledger columns: the union, first-seen order
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
         w.writeheader()
         w.writerows(rows)
     _plot(rows, run_dir / "bench.png")

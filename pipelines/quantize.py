@@ -47,6 +47,7 @@ def quantize_to_store(model, qcfg, store_root: Path | str | None = None, *, exec
 
     from synodic.config.errors import ConfigError
     from synodic.quant import apply, store
+    from synodic.results.locks import exclusive
 
     t0 = time.perf_counter()
     names, skipped = apply.select_linears(model, qcfg.layers, qcfg.kind)
@@ -55,75 +56,77 @@ def quantize_to_store(model, qcfg, store_root: Path | str | None = None, *, exec
     identity = apply.model_identity(model)
     key = apply.artifact_hash(identity, qcfg)
     adir = Path(store_root or store.default_store()) / key
-    if overwrite and adir.exists():
-        shutil.rmtree(adir)
-    if store.is_complete(adir):
-        import json
-        man = json.loads((adir / store.MANIFEST).read_text())
-        return {**man, "artifact": str(adir), "computed_groups": 0, "resumed_groups": len(man["groups"]),
-                "quantize_s": time.perf_counter() - t0, "already_complete": True}
-    (adir / store.PARTS).mkdir(parents=True, exist_ok=True)
-    store.clean_tmp(adir)
-    todo_all = apply.groups(names)
-    done = store.done_groups(adir) & set(todo_all)
-    todo = {g: ns for g, ns in todo_all.items() if g not in done}
-    mods = dict(model.named_modules())
-    absmax = None
-    if qcfg.method == "smoothquant" and todo:
-        ids = apply.calibration_ids(model.config.vocab_size, qcfg.calib_samples, qcfg.calib_len)
-        absmax = apply.calibrate(model, [n for ns in todo.values() for n in ns], ids)
+    # one process per store entry: a second quantize of the same weights + config fails in one line
+    with exclusive(adir.with_name(f'.{key}.lock'), 'quant.artifact', adir):
+        if overwrite and adir.exists():
+            shutil.rmtree(adir)
+        if store.is_complete(adir):
+            import json
+            man = json.loads((adir / store.MANIFEST).read_text())
+            return {**man, "artifact": str(adir), "computed_groups": 0, "resumed_groups": len(man["groups"]),
+                    "quantize_s": time.perf_counter() - t0, "already_complete": True}
+        (adir / store.PARTS).mkdir(parents=True, exist_ok=True)
+        store.clean_tmp(adir)
+        todo_all = apply.groups(names)
+        done = store.done_groups(adir) & set(todo_all)
+        todo = {g: ns for g, ns in todo_all.items() if g not in done}
+        mods = dict(model.named_modules())
+        absmax = None
+        if qcfg.method == "smoothquant" and todo:
+            ids = apply.calibration_ids(model.config.vocab_size, qcfg.calib_samples, qcfg.calib_len)
+            absmax = apply.calibrate(model, [n for ns in todo.values() for n in ns], ids)
 
-    def task_args(g):
-        ws = {n: mods[n].weight.detach() for n in todo[g]}
-        am = None if absmax is None else {n: absmax[n] for n in todo[g]}
-        return g, ws, am
+        def task_args(g):
+            ws = {n: mods[n].weight.detach() for n in todo[g]}
+            am = None if absmax is None else {n: absmax[n] for n in todo[g]}
+            return g, ws, am
 
-    bar = _progress(progress, len(todo_all), len(done))
-    with bar:
-        task = bar.add_task("quantize", total=len(todo_all), completed=len(done))
+        bar = _progress(progress, len(todo_all), len(done))
+        with bar:
+            task = bar.add_task("quantize", total=len(todo_all), completed=len(done))
 
-        def finished(g, stats):
-            bar.update(task, advance=1, description=f"{g}")
-            if on_group_done is not None:
-                on_group_done(g, stats)
+            def finished(g, stats):
+                bar.update(task, advance=1, description=f"{g}")
+                if on_group_done is not None:
+                    on_group_done(g, stats)
 
-        if executor == "inline":
-            prev = None
-            if threads > 1:
-                import torch
-                prev = torch.get_num_threads()
-                torch.set_num_threads(threads)
-            try:
-                for g in todo:
-                    g, ws, am = task_args(g)
-                    st = apply.solve_group_to_part(str(adir), g, ws, qcfg.kind, qcfg.method, qcfg.method_opts(),
-                                                   am, device)
-                    finished(g, st)
-            finally:
-                if prev is not None:
+            if executor == "inline":
+                prev = None
+                if threads > 1:
                     import torch
-                    torch.set_num_threads(prev)
-        elif executor == "ray":
-            _run_ray(todo, task_args, adir, qcfg, workers, ray_address, device, threads, finished)
-        else:
-            raise ValueError(f"executor: expected 'ray' or 'inline', got {executor!r}")
+                    prev = torch.get_num_threads()
+                    torch.set_num_threads(threads)
+                try:
+                    for g in todo:
+                        g, ws, am = task_args(g)
+                        st = apply.solve_group_to_part(str(adir), g, ws, qcfg.kind, qcfg.method, qcfg.method_opts(),
+                                                       am, device)
+                        finished(g, st)
+                finally:
+                    if prev is not None:
+                        import torch
+                        torch.set_num_threads(prev)
+            elif executor == "ray":
+                _run_ray(todo, task_args, adir, qcfg, workers, ray_address, device, threads, finished)
+            else:
+                raise ValueError(f"executor: expected 'ray' or 'inline', got {executor!r}")
 
-    stats = {}
-    for g in todo_all:
-        _, st = store.read_part(store.part_path(adir, g))
-        stats.update(st)
-    errs = [stats[n]["rel_mse"] for n in names]
-    manifest = {
-        "hash": key, "model_identity": identity, "model": model_info or {},
-        "format": qcfg.kind, "method": qcfg.method, "options": qcfg.artifact_key(),
-        "modes": [m for m in ("w4a16", "w4a4", "w6a16", "w6a6", "w8a16", "w8a8") if m.startswith(f"w{qcfg.bits}a")],
-        "groups": list(todo_all), "layers": {n: stats[n] for n in names}, "skipped": skipped,
-        "rel_mse_mean": sum(errs) / len(errs), "rel_mse_max": max(errs),
-        "bytes": _bytes(model, names, qcfg.kind), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    store.finalize(adir, manifest)
-    return {**manifest, "artifact": str(adir), "computed_groups": len(todo), "resumed_groups": len(done),
-            "quantize_s": time.perf_counter() - t0, "already_complete": False}
+        stats = {}
+        for g in todo_all:
+            _, st = store.read_part(store.part_path(adir, g))
+            stats.update(st)
+        errs = [stats[n]["rel_mse"] for n in names]
+        manifest = {
+            "hash": key, "model_identity": identity, "model": model_info or {},
+            "format": qcfg.kind, "method": qcfg.method, "options": qcfg.artifact_key(),
+            "modes": [m for m in ("w4a16", "w4a4", "w6a16", "w6a6", "w8a16", "w8a8") if m.startswith(f"w{qcfg.bits}a")],
+            "groups": list(todo_all), "layers": {n: stats[n] for n in names}, "skipped": skipped,
+            "rel_mse_mean": sum(errs) / len(errs), "rel_mse_max": max(errs),
+            "bytes": _bytes(model, names, qcfg.kind), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        store.finalize(adir, manifest)
+        return {**manifest, "artifact": str(adir), "computed_groups": len(todo), "resumed_groups": len(done),
+                "quantize_s": time.perf_counter() - t0, "already_complete": False}
 
 
 def _bytes(model, names, fmt) -> dict:

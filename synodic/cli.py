@@ -22,8 +22,12 @@ def execute(dcfg) -> int:
         choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra")}
         from synodic.graph import resolve_device
         device = resolve_device(cfg.runtime)
+        from synodic.config.budget import check_fits
+        check_fits(cfg, device)  # refuse up front what cannot fit, naming the key
         mod = importlib.import_module(f"synodic.pipelines.{cfg.pipeline.kind}")
-        payload = mod.run(cfg, run_dir)
+        from synodic.results.locks import exclusive
+        with exclusive(run_dir / ".synodic.lock", "hydra.run.dir", run_dir):  # one run per directory
+            payload = mod.run(cfg, run_dir)
     except ConfigError as e:
         if os.environ.get("SYNODIC_TRACEBACK"):
             raise

@@ -21,7 +21,7 @@ def text_problem(path: str | Path, what: str = "a UTF-8 text file") -> str | Non
     """Why `path` is not a readable UTF-8 text file (None when it is)."""
     p = Path(path)
     if not p.is_file():
-        return f"expected {what} (no such file)"
+        return f"expected an existing file, {what} (no such file)"
     try:
         data = p.read_bytes()
     except OSError as e:

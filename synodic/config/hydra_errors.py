@@ -98,7 +98,9 @@ def format_hydra_error(exc: BaseException, overrides: list[str]) -> list[str]:
         given = next((o.partition("=")[2] for o in overrides if o.lstrip("+").partition("=")[0] == full), None)
         what = f"{full}={given!r}" if given is not None else full
         return [f"{what}: {_first(msg)}; expected a value or a ${{...}} naming an existing key"]
-    return [_first(msg)]
+    # No key in Hydra's message: name the override it rejected (or the whole command line).
+    culprit = next((o for o in overrides if o.startswith("=") or o.endswith("=")), None) or " ".join(overrides)
+    return [f"{culprit!r}: {_first(msg)}; expected key=value or group=option"]
 
 
 def _unparsable(overrides: list[str]) -> str:

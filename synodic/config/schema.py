@@ -37,6 +37,12 @@ def cross_rules(cfg) -> list[str]:
     if rt.kind == "ray" and p.kind != "decode":
         out.append(f"runtime=ray with pipeline={p.kind}: expected pipeline=decode (the pipeline served by "
                    f"replicas), or runtime=local")
+    import os
+    if getattr(cfg.ssm, "kernel", None) == "triton" and not os.environ.get("TRITON_INTERPRET"):
+        import torch
+        if rt.device == "cpu" or (rt.device == "auto" and not torch.cuda.is_available()):
+            out.append(f"ssm.kernel=triton with runtime.device={rt.device} on a machine without a GPU: expected "
+                       f"ssm.kernel=auto or ref (Triton kernels need CUDA, or TRITON_INTERPRET=1 to emulate them)")
     need = getattr(wl, "prompt_len", 0) + getattr(wl, "output_len", 0)
     if need and hasattr(kv, "capacity_tokens") and need > kv.capacity_tokens():
         out.append(f"workload.prompt_len+output_len={need} with kv={kv.kind} holding {kv.capacity_tokens()} "

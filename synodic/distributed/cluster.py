@@ -1,8 +1,6 @@
 """Starting or joining Ray, for every part of synodic that runs on it (decode replicas, quantization
 tasks). An address that nothing answers is refused within seconds, before Ray's own retries."""
-import socket
 from contextlib import contextmanager
-from urllib.parse import urlparse
 
 from synodic.config.errors import ConfigError
 
@@ -12,17 +10,11 @@ PROBE_TIMEOUT_S = 3.0
 def check_reachable(address: str, key: str) -> None:
     """A `host:port` or `ray://host:port` address must accept a TCP connection (the GCS or the Ray client
     server); `auto` is left to Ray, which fails at once when no local cluster is running."""
-    if address == "auto":
-        return
-    url = urlparse(address if "://" in address else f"tcp://{address}")
-    if not url.hostname or not url.port:
-        raise ConfigError([f"{key}={address!r}: expected 'auto', 'host:port' or 'ray://host:port'"])
-    try:
-        socket.create_connection((url.hostname, url.port), timeout=PROBE_TIMEOUT_S).close()
-    except OSError as e:
-        raise ConfigError([f"{key}={address!r}: nothing answers at {url.hostname}:{url.port} "
-                           f"({e.strerror or e}); expected a running Ray cluster (`ray start --head`), or null to "
-                           f"start a local one"]) from None
+    from synodic.config.netcheck import unreachable
+    why = unreachable(address, PROBE_TIMEOUT_S)
+    if why:
+        raise ConfigError([f"{key}={address!r}: {why}; expected a running Ray cluster (`ray start --head`), or "
+                           f"null to start a local one"])
 
 
 @contextmanager

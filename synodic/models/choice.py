@@ -41,8 +41,8 @@ class ModelChoice(Component):
             try:
                 HybridConfig.model_validate({**PRESETS[kind].model_dump(), **v})
             except ValidationError as e:
-                raise ValueError("; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}"
-                                           for x in e.errors())) from None
+                raise ValueError("; ".join((f"{'.'.join(map(str, x['loc']))}: " if x["loc"] else "") +
+                                           x["msg"].removeprefix("Value error, ") for x in e.errors())) from None
         return v
 
     def architecture(self) -> HybridConfig:
@@ -53,5 +53,9 @@ class ModelChoice(Component):
         elif self.weights == "auto":
             from .weights import load_config, shipped_dir
             d = shipped_dir(self.kind)
+            if d and self.overrides:
+                from synodic.config.files import note
+                note(f"model.overrides={dict(self.overrides)} with model.weights=auto: the shipped {self.kind} "
+                     f"checkpoint does not match; using seeded random weights")
             base = load_config(d) if d and not self.overrides else base
         return HybridConfig.model_validate({**base.model_dump(), **self.overrides})

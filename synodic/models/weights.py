@@ -50,8 +50,15 @@ def random_model(cfg: HybridConfig, seed: int, device="cpu", dtype=torch.float32
     build_dev = "cpu" if small else device
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        with torch.device(build_dev):
-            model = HybridLM(cfg)
+        # big presets are built in their dtype: an fp32 copy of an 8B model first would need 32 GB
+        build_dtype = torch.float32 if small else dtype
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(build_dtype)
+        try:
+            with torch.device(build_dev):
+                model = HybridLM(cfg)
+        finally:
+            torch.set_default_dtype(prev)
         if small:
             model.init_weights(seed)
         else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from pathlib import Path
 
 STORE_ENV = "SYNODIC_QUANT_STORE"
@@ -29,7 +30,8 @@ def default_store() -> Path:
 
 
 def _tmp(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+    # pid + random: tasks of one process (threads, Ray workers) never share a temporary
+    return path.with_name(f".{path.name}.tmp{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

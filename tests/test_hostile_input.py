@@ -1,0 +1,207 @@
+"""Hostile input over every group, every file-taking key and each class of bad value: exit code 2, no
+traceback, one `error: ` line per problem naming the key. Most cases run in-process through
+`synodic.config.hydra_errors.check` (what run.py calls before Hydra's main); a few run `python run.py`."""
+import os
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+from synodic.config.components import load_all
+from synodic.config.hydra_errors import check, options
+from synodic.config.registry import GROUPS, REGISTRIES
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "synodic" / "assets" / "models"
+load_all()
+
+
+def _numeric(ann):
+    args = set(typing.get_args(ann)) or {ann}
+    if bool in args:
+        return None
+    return "int" if int in args else "float" if float in args else None
+
+
+def _literal(ann):
+    if typing.get_origin(ann) is typing.Literal:
+        return True
+    return any(typing.get_origin(a) is typing.Literal for a in typing.get_args(ann))
+
+
+def field_cases():
+    """(argv, key that the error must name) for every option of every group."""
+    out, seen = [], set()
+    for g in GROUPS:
+        out.append(([f"{g}=no_such_option"], g))
+        for opt in options(g):
+            cls = REGISTRIES[g].classes[opt]
+            sel = [] if g == "pipeline" and opt == "decode" else [f"{g}={opt}"]
+            out.append(([*sel, f"{g}.no_such_key=1"], f"{g}.no_such_key"))
+            out.append(([*sel, f"+{g}.no_such_key=1"], f"{g}.no_such_key"))
+            # one bad value per field, cycling through the classes of bad value (compose costs ~0.1 s a case)
+            for i, (name, f) in enumerate(cls.model_fields.items()):
+                if name == "kind" or (cls, name) in seen:
+                    continue
+                seen.add((cls, name))
+                num = _numeric(f.annotation)
+                if num == "int":
+                    out.append(([*sel, f"{g}.{name}={('true', 'not_a_number', 'false')[i % 3]}"], f"{g}.{name}"))
+                elif num == "float":
+                    out.append(([*sel, f"{g}.{name}={('nan', 'inf', '-inf', 'true')[i % 4]}"], f"{g}.{name}"))
+                elif _literal(f.annotation):
+                    out.append(([*sel, f"{g}.{name}=__not_an_option__"], f"{g}.{name}"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hostile")
+    (d / "empty.txt").write_bytes(b"")
+    (d / "blank.txt").write_bytes(b"\n  \n")
+    (d / "binary.txt").write_bytes(bytes(range(256)))
+    (d / "latin1.txt").write_bytes("café\n".encode("latin-1"))
+    (d / "utf16.txt").write_bytes("hello\n".encode("utf-16"))
+    src = MODELS / "tiny_mamba2"
+    for name, edit in {"no_config": lambda p: (p / "config.json").unlink(),
+                       "bad_config": lambda p: (p / "config.json").write_text("{broken"),
+                       "wrong_config": lambda p: (p / "config.json").write_text('{"hidden_size": "big"}'),
+                       "no_weights": lambda p: (p / "model.safetensors").unlink(),
+                       "trunc_head": lambda p: _cut(p / "model.safetensors", 100),
+                       "trunc_tail": lambda p: _cut(p / "model.safetensors", -1000),
+                       "bad_tokenizer": lambda p: (p / "tokenizer.json").write_text("garbage"),
+                       "json_tokenizer": lambda p: (p / "tokenizer.json").write_text('{"a": 1}')}.items():
+        p = d / name
+        p.mkdir()
+        for f in src.iterdir():
+            (p / f.name).write_bytes(f.read_bytes())
+        edit(p)
+    (d / "a_file").write_text("x")
+    return d
+
+
+def _cut(path: Path, n: int):
+    data = path.read_bytes()
+    path.write_bytes(data[:n] if n > 0 else data[:n])
+
+
+def file_cases(d: Path):
+    out = []
+    for f in ("empty.txt", "blank.txt", "binary.txt", "latin1.txt", "utf16.txt", "missing.txt"):
+        out.append(([f"workload.path={d / f}"], "workload.path"))
+        out.append((["pipeline=eval", f"pipeline.text={d / f}"], "pipeline.text"))
+        out.append((["pipeline=train", f"pipeline.data=[{d / f}]"], "pipeline.data"))
+        out.append((["pipeline=train", f"pipeline.tokenizer={d / f}"], "pipeline.tokenizer"))
+    for w in ("no_config", "bad_config", "wrong_config", "no_weights", "trunc_head", "trunc_tail",
+              "bad_tokenizer", "json_tokenizer", "missing_dir", "a_file"):
+        out.append(([f"model.weights={d / w}"], "model.weights"))
+    out.append((["pipeline=train", f"pipeline.export_to={d / 'a_file'}"], "pipeline.export_to"))
+    out.append((["pipeline=train", f"pipeline.export_to={d / 'a_file' / 'sub'}"], "pipeline.export_to"))
+    return out
+
+
+OTHER = [
+    (["pipeline=eval", "pipeline.quant_grid=[foo:rtn]"], "pipeline.quant_grid"),
+    (["pipeline=eval", "pipeline.quant_grid=[mxfp4:magic]"], "pipeline.quant_grid"),
+    (["pipeline=eval", "pipeline.quant_grid=[:rtn]"], "pipeline.quant_grid"),
+    (["runtime.max_slots=${nope}"], "runtime.max_slots"),
+    (["workload.max_tokens=${runtime.nothere}"], "workload.max_tokens"),
+    (["runtime.max_slots=[1,"], "runtime.max_slots=[1,"),
+    (["=3"], "=3"),
+    (["model=="], "model"),
+    (["+runtime.max_slots=4"], "runtime.max_slots"),
+    (["runtime.max_slots=0"], "runtime.max_slots"),
+    (["runtime.max_slots=-4"], "runtime.max_slots"),
+    (["pipeline=bench", "pipeline.batch_sizes=[0]"], "pipeline.batch_sizes"),
+    (["pipeline=bench", "pipeline.batch_sizes=[-1,2]"], "pipeline.batch_sizes"),
+    (["pipeline=bench", "runtime.max_slots=2", "pipeline.batch_sizes=[4]"], "pipeline.batch_sizes"),
+    (["runtime.device=cpu", "runtime.cuda_graphs=true"], "runtime.cuda_graphs"),
+    (["pipeline=train", "pipeline.betas=[nan,0.9]"], "pipeline.betas"),
+    (["pipeline=train", "pipeline.lr=-1"], "pipeline.lr"),
+    (["pipeline=eval", "pipeline.reference={pipeline: {kind: none}}"], "pipeline.reference"),
+    (["workload=chat", "workload.prompt_len=100000", "kv.num_blocks=2"], "workload.prompt_len"),
+]
+
+
+def _assert_one_line_errors(code, lines, key):
+    text = "\n".join(lines)
+    assert code == 2, text
+    assert "Traceback" not in text and lines, text
+    assert all(line.startswith("error: ") for line in lines), text
+    assert any(key in line for line in lines), (key, text)
+    assert not any(line.startswith("error: {") or "<root>" in line for line in lines), text
+
+
+CASES = field_cases() + OTHER
+
+
+@pytest.mark.parametrize("argv,key", CASES, ids=[" ".join(a)[:80] for a, _ in CASES])
+def test_config_case(argv, key):
+    _assert_one_line_errors(*check(argv), key)
+
+
+def test_file_cases(files):
+    cases = file_cases(files)
+    for argv, key in cases:
+        code, lines = check(argv)
+        _assert_one_line_errors(code, lines, key)
+    assert len(cases) >= 30
+
+
+def test_case_count():
+    assert len(CASES) + len(file_cases(Path("/x"))) >= 150
+
+
+def test_help_lists_groups_options_and_fields():
+    code, lines = check(["--help"])
+    text = "\n".join(lines)
+    assert code == 0
+    for g in GROUPS:
+        assert f"\n{g}: " in text
+        for opt in options(g):
+            assert opt in text
+    assert "runtime.max_slots" in text and "state slots" in text
+
+
+def test_good_command_line_passes():
+    assert check(["runtime.device=cpu", "workload.max_tokens=2"]) == (None, [])
+
+
+SUBPROCESS = [
+    ["model=nope"], ["ssm.nope=1"], ["x=[1,"], ["runtime.max_slots=${nope}"], ["runtime.max_slots=true"],
+    ["pipeline=train", "pipeline.lr=inf"], ["workload.path=/nonexistent/prompts.txt"],
+    ["pipeline=bench", "runtime.max_slots=2", "pipeline.batch_sizes=[4]"], ["+kv.nope=1"],
+    ["pipeline=eval", "pipeline.quant_grid=[foo:rtn]"],
+]
+
+
+@pytest.mark.parametrize("argv", SUBPROCESS, ids=[" ".join(a) for a in SUBPROCESS])
+def test_run_py(argv, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("SYNODIC_TRACEBACK", None)
+    p = subprocess.run([sys.executable, str(ROOT / "run.py"), *argv, f"hydra.run.dir={tmp_path}"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and all(x.startswith("error: ") for x in lines), p.stderr
+    assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize("mod", ["synodic.train", "synodic.data"])
+def test_module_entry_points(mod, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    h = subprocess.run([sys.executable, "-m", mod, "--help"], capture_output=True, text=True, cwd=tmp_path,
+                       env=env, timeout=120)
+    assert h.returncode == 0 and "python -m" in h.stdout
+    bad = subprocess.run([sys.executable, "-m", mod, "junk"], capture_output=True, text=True, cwd=tmp_path,
+                         env=env, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: 'junk'") and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("argv", [["ssm.kernel=triton", "runtime.device=cpu"],
+                                  ["ssm=replay", "ssm.kernel=triton", "runtime.device=cpu"]])
+def test_triton_kernel_forced_on_cpu(argv, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)   # conftest sets it for the CPU kernel tests
+    _assert_one_line_errors(*check(argv), "ssm.kernel")
