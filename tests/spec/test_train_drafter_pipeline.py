@@ -1,10 +1,10 @@
 """pipeline=train_drafter end to end at a tiny size: the drafter, metrics.csv and the plots are written, and the
 exported copy loads as a drafter for the target (what spec.drafter=<dir> / auto read)."""
 import torch
+from synodic.pipelines.train_drafter import run
 
 from synodic.config.compose import compose
 from synodic.models.weights import shipped_dir
-from synodic.pipelines.train_drafter import run
 from synodic.spec.models import load_draft_model
 
 
