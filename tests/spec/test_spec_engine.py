@@ -149,3 +149,19 @@ def test_drafter_for_another_target_fails_with_one_line(tmp_path):
     with pytest.raises(ConfigError) as e:
         build_graph(cfg, max_seq_len=32)
     assert len(e.value.lines) == 1 and "vocab_size=4096" in e.value.lines[0], e.value.lines
+
+
+@pytest.mark.parametrize("preset,ssm", [("tiny_mamba2", "replay"), ("tiny_gdn", "eager")])
+def test_shipped_dflash2_drafter_is_lossless_and_accepts(preset, ssm):
+    """spec.drafter=auto loads the trained dflash2 drafter shipped for the target: greedy output unchanged,
+    and it gets drafts accepted (a random drafter's acceptance length stays at 1.0 on real text)."""
+    from synodic.data.corpus import heldout_tokens
+    from synodic.data.tokenizer import load_tokenizer
+    from synodic.models.weights import shipped_dir
+    ids = heldout_tokens(load_tokenizer(shipped_dir(preset) / "tokenizer.json").encode, 800)
+    text = [ids[i * 200: i * 200 + 40] for i in range(4)]  # held-out source code, as the drafter was trained on
+    base = [f"model={preset}", "runtime.device=cpu"]
+    _, plain = serve(base, max_tokens=(16, 16, 16, 16), prompts=text, max_seq_len=96)
+    eng, reqs = serve([*base, *SSM[ssm], "spec=dflash2"], max_tokens=(16, 16, 16, 16), prompts=text, max_seq_len=96)
+    assert [r.output_ids for r in reqs] == [r.output_ids for r in plain]
+    assert sum(eng.accepted) / len(eng.accepted) > 1.05
