@@ -6,22 +6,26 @@ from pathlib import Path
 CONF_DIR = Path(str(resources.files("synodic.conf")))
 
 
-def compose_raw(overrides: list[str] | tuple[str, ...] = ()) -> dict:
+def compose_node(overrides: list[str] | tuple[str, ...] = ()):
+    """The composed DictConfig from Hydra's compose API. Inside a running Hydra job (bench variants, sweeps)
+    Hydra is already initialised: its state is set aside and restored."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-    # Inside a running Hydra job (bench variants) Hydra is already initialised: set it aside.
     gh = GlobalHydra.instance()
     outer = gh.hydra if gh.is_initialized() else None
     gh.clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides))
+            return compose(config_name="config", overrides=list(overrides))
     finally:
         if outer is not None:
             GlobalHydra.instance().clear()
             GlobalHydra.instance().initialize(outer)
-    raw = OmegaConf.to_container(cfg, resolve=False)
+
+
+def compose_raw(overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    from omegaconf import OmegaConf
+    raw = OmegaConf.to_container(compose_node(overrides), resolve=False)
     raw.pop("hydra", None)
     return raw
 

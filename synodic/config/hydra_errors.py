@@ -116,30 +116,20 @@ def _unparsable(overrides: list[str]) -> str:
 
 def compose_checked(overrides: list[str]):
     """Compose + resolve + validate exactly as the job will; ConfigError with one line per problem."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from .compose import compose_node
     from .schema import validate
-    gh = GlobalHydra.instance()
-    outer = gh.hydra if gh.is_initialized() else None
-    gh.clear()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides))
-        raw = OmegaConf.to_container(cfg, resolve=True)
+        raw = OmegaConf.to_container(compose_node(overrides), resolve=True)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         lines = format_hydra_error(e, overrides)
         cause = e.__cause__
         if lines == [_first(str(e))] and cause is not None and getattr(cause, "full_key", None):
             lines = format_hydra_error(cause, overrides)
         raise ConfigError(lines) from None
-    finally:
-        gh.clear()
-        if outer is not None:
-            gh.initialize(outer)
     raw.pop("hydra", None)
     return validate(raw)
 
