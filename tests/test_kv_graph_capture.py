@@ -25,6 +25,7 @@ from synodic.engine.engine import Engine
 from synodic.engine.request import Request, SamplingParams
 from synodic.engine.runner import ModelRunner
 from synodic.graph import build_graph
+from synodic.kv.base import KVPolicy
 
 DSA = ["model=tiny_dsa", "model.weights=random"]
 POLICIES = {"resident": ["kv=resident", *TOPK, "kv.num_blocks=128"],
@@ -218,7 +219,7 @@ def test_every_builtin_policy_is_captured_and_others_fail_with_one_line():
                                                              max_seq_len=64).kv, notes=[])
         check_cuda_graphs(g, SimpleNamespace(kind=name), True)
         assert g.cuda_graphs and not g.notes, name
-    g = SimpleNamespace(cuda_graphs=True, kv=object(), notes=[])
+    g = SimpleNamespace(cuda_graphs=True, kv=KVPolicy(), notes=[])
     with pytest.raises(ConfigError) as e:
         check_cuda_graphs(g, SimpleNamespace(kind="custom"), True)
     assert len(e.value.lines) == 1 and "kv=custom" in e.value.lines[0]
