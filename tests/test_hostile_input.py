@@ -205,3 +205,12 @@ def test_module_entry_points(mod, tmp_path):
 def test_triton_kernel_forced_on_cpu(argv, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)   # conftest sets it for the CPU kernel tests
     _assert_one_line_errors(*check(argv), "ssm.kernel")
+
+
+def test_hydra_flags_that_take_a_value_are_not_overrides():
+    """`--cfg job` (the README's command) and `--package` take a value: it is not an override to parse."""
+    from synodic.config.hydra_errors import check
+    assert check(["--cfg", "job"]) == (None, [])
+    assert check(["-c", "job", "ssm=replay"]) == (None, [])
+    code, lines = check(["--cfg", "job", "ssm=nope"])
+    assert code == 2 and len(lines) == 1 and "ssm='nope'" in lines[0]

@@ -17,8 +17,8 @@ from .errors import ConfigError
 from .registry import GROUPS, REGISTRIES
 
 # Hydra's own flags: they never reach composition of the job config.
-_FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
-                     "--experimental-rerun", "--info", "-i"}
+_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                     "--config-dir", "-cd", "--experimental-rerun", "--info", "-i"}
 
 
 def options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
