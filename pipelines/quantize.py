@@ -61,14 +61,15 @@ def quantize_to_store(model, qcfg, store_root: Path | str | None = None, *, exec
         if overwrite and adir.exists():
             shutil.rmtree(adir)
         if store.is_complete(adir):
-            import json
-            man = json.loads((adir / store.MANIFEST).read_text())
+            man = store.verify_artifact(adir)  # "complete" only when its bytes check out
             return {**man, "artifact": str(adir), "computed_groups": 0, "resumed_groups": len(man["groups"]),
                     "quantize_s": time.perf_counter() - t0, "already_complete": True}
         (adir / store.PARTS).mkdir(parents=True, exist_ok=True)
         store.clean_tmp(adir)
         todo_all = apply.groups(names)
         done = store.done_groups(adir) & set(todo_all)
+        for g in done:  # a damaged part is found before any solving, not after the merge
+            store.verify_part(store.part_path(adir, g))
         todo = {g: ns for g, ns in todo_all.items() if g not in done}
         mods = dict(model.named_modules())
         absmax = None
