@@ -36,6 +36,8 @@ def execute(dcfg) -> int:
         return 2
     from synodic.results.writer import write_results
     path = write_results(run_dir, cfg, choices, payload, device)
+    from synodic.config.hydra_dirs import commit
+    commit(run_dir, dcfg)  # a rerun's .hydra/ files replace the old ones only now that its results.json exists
     print(f"results: {path}")
     return 0
 
