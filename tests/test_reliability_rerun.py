@@ -30,6 +30,8 @@ def test_failed_rerun_keeps_hydra_files_and_a_good_one_replaces_them(tmp_path):
     assert bad.returncode == 2, bad.stderr[-2000:]
     assert "runtime.max_slots" in bad.stderr and "Traceback" not in bad.stderr
     assert {k: (hyd / k).read_text() for k in old} == old
+    assert len([ln for ln in bad.stderr.splitlines() if "runtime.max_slots" in ln]) == 1  # not echoed by logging
+    assert "runtime.max_slots" in (d / "run.log").read_text()  # but in Hydra's run.log
     assert json.loads((d / "results.json").read_text()) == {"made_from": "the original .hydra"}
 
     prompts = tmp_path / "p.txt"
@@ -41,6 +43,7 @@ def test_failed_rerun_keeps_hydra_files_and_a_good_one_replaces_them(tmp_path):
     assert "output_subdir: .hydra" in (hyd / "hydra.yaml").read_text()  # as asked, not the null used meanwhile
     assert json.loads((d / "results.json").read_text())["config"]["workload"]["max_tokens"] == 2
     assert not list(hyd.glob(".*tmp*"))
+    assert "results: " in (d / "run.log").read_text()
 
 
 def test_fresh_directory_gets_hydra_files_at_job_start(tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import logging
 import math
 import shutil
 import sys
@@ -73,6 +74,9 @@ def export_model(model, tokenizer_path: Path, out: Path, save_dtype: str) -> Pat
     return Path(out)
 
 
+_logger = logging.getLogger(__name__)  # every step line and note also reaches Hydra's run.log
+
+
 class _Log:
     """Progress bar with loss and tokens/s on a terminal; plain lines otherwise."""
 
@@ -105,12 +109,14 @@ class _Log:
         if self.quiet or loss is None:
             return
         line = f"step {step} loss {loss:.4f} tok/s {tps:,.0f} {extra}"
+        _logger.info(line.rstrip())
         if not self.tty:
             print(line, flush=True)
         elif extra:
             self.bar.console.print(line)
 
     def note(self, msg: str):
+        _logger.info(msg)
         if not self.quiet:
             self.console.print(msg) if self.tty else print(msg, flush=True)
 
