@@ -127,6 +127,9 @@ def train(s, run_dir: str | Path, arch: HybridConfig, quiet: bool = False) -> di
     run_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     device = _device(s)
+    if s.batch_size is None:  # picked from the device, and recorded as the value used
+        from synodic.train.config import default_batch
+        s = s.model_copy(update={"batch_size": default_batch(device.type)})
     bf16 = s.precision == "bf16" or (s.precision == "auto" and device.type == "cuda")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -209,7 +212,8 @@ def train(s, run_dir: str | Path, arch: HybridConfig, quiet: bool = False) -> di
         return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
     info = {"params": n_params, "device": str(device), "precision": "bf16" if bf16 else "fp32",
-            "corpus": data.info, "tokens_per_step": s.batch_size * s.seq_len}
+            "corpus": data.info, "batch_size": s.batch_size,
+            "tokens_per_step": s.batch_size * s.seq_len}
     t_seg, tok_seg = time.time(), 0
     t_measure = None
     m0, m1 = measure_window(s.warmup_steps)
