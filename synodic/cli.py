@@ -20,6 +20,8 @@ def execute(dcfg) -> int:
         raw = OmegaConf.to_container(dcfg, resolve=True)
         raw.pop("hydra", None)
         cfg = validate(raw)
+        from synodic.config.files import architecture_note
+        architecture_note(cfg.model)  # model=X naming a checkpoint of another architecture: say which runs
         from hydra.core.hydra_config import HydraConfig
         hc = HydraConfig.get()
         run_dir = Path(hc.runtime.output_dir)
