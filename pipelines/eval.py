@@ -83,6 +83,7 @@ def _tokenizer(graph, vocab_size: int):
 
 
 SPEC_PROMPTS, SPEC_PROMPT_LEN, SPEC_NEW_TOKENS = 8, 64, 48
+CPU_EVAL_TOKENS = 65536  # pipeline.max_tokens=null on the CPU: 8 batches of 4 x 2048, about a minute
 
 
 def spec_acceptance(cfg, stream) -> dict:
@@ -118,8 +119,15 @@ def run(cfg, run_dir: Path) -> dict:
     tok = _tokenizer(graph, graph.model.config.vocab_size)
     text = Path(p.text).read_text(encoding="utf-8") if p.text else load_heldout()
     stream = token_stream(tok, text)
-    if p.max_tokens:
-        stream = stream[:p.max_tokens + 1]
+    limit = p.max_tokens
+    if limit is None and graph.device.type == "cpu" and len(stream) > CPU_EVAL_TOKENS + 1:
+        # the whole shard is ~500k tokens: ~10 minutes of forward passes on 2 cores
+        limit = CPU_EVAL_TOKENS
+        from synodic.config.files import note
+        note(f"pipeline.max_tokens=null on the CPU: scoring the first {limit:,} of {len(stream) - 1:,} tokens; "
+             f"pipeline.max_tokens={len(stream)} scores all of them")
+    if limit:
+        stream = stream[:limit + 1]
     tb = tok.token_bytes()
     n_bytes = sum(tb[i] for i in stream[1:].tolist())
     dec = p.path == "decode"
@@ -129,7 +137,7 @@ def run(cfg, run_dir: Path) -> dict:
          "nll_per_token": total / count, "tokens": count, "bytes": n_bytes}
     rows = [("bits per byte", f"{m['bits_per_byte']:.4f}"), ("perplexity", f"{m['perplexity']:.3f}"),
             ("tokens / bytes", f"{count:,} / {n_bytes:,}")]
-    out = {"metrics": m, "text": p.text or "shipped held-out shard",
+    out = {"metrics": m, "text": p.text or "shipped held-out shard", "max_tokens_used": limit,
            "weights": str(graph.ckpt_dir or "random")}
     if p.reference:
         rcfg = reference_config(cfg)
