@@ -43,3 +43,20 @@ def test_quant_grid_plot_is_linear_from_zero_with_a_title(tmp_path, monkeypatch)
     h = [b.get_height() for b in ax.patches]
     assert h == pytest.approx([0.04, 0.039])  # a 2.5 % difference is drawn as 2.5 %
     assert (tmp_path / "g.png").is_file()
+
+
+def test_cpu_eval_default_scores_a_slice_and_says_so(tmp_path, monkeypatch, capsys):
+    from synodic.pipelines import eval as ev
+
+    from synodic.config.compose import compose
+    from synodic.data.corpus import load_heldout
+    monkeypatch.setattr(ev, "CPU_EVAL_TOKENS", 96)
+    f = tmp_path / "t.txt"
+    f.write_text(load_heldout()[:4000])
+    cfg = compose(["pipeline=eval", "runtime.device=cpu", f"pipeline.text={f}", "pipeline.seq_len=32"])
+    out = ev.run(cfg, tmp_path)
+    assert out["metrics"]["tokens"] == 96 and out["max_tokens_used"] == 96
+    assert "pipeline.max_tokens=null on the CPU: scoring the first 96 of" in capsys.readouterr().err
+    cfg = compose(["pipeline=eval", "runtime.device=cpu", f"pipeline.text={f}", "pipeline.seq_len=32",
+                   "pipeline.max_tokens=100000"])
+    assert ev.run(cfg, tmp_path)["metrics"]["tokens"] > 96  # asked for: all of it
