@@ -96,8 +96,9 @@ def _train_device(cfg):
     return torch.device(d)
 
 
-def estimate(cfg) -> dict[str, tuple[str, int]]:
-    """{what: (the key that sizes it, bytes)}."""
+def estimate(cfg, limit: int | None = None) -> dict[str, tuple[str, int]]:
+    """{what: (the key that sizes it, bytes)}. With `limit`, training's activation trace is skipped when
+    the weights and optimizer state alone exceed it (an 8B preset's trace takes tens of seconds)."""
     a = _arch(cfg)
     wbytes = _DTYPE_BYTES.get(str(cfg.model.dtype), 4)
     out = {"model weights": (f"model={cfg.model.kind}", n_params(a) * wbytes)}
@@ -105,6 +106,8 @@ def estimate(cfg) -> dict[str, tuple[str, int]]:
     if p.kind == "train":
         # fp32 master weights + grads + two AdamW moments; activations saved for backward, counted
         out = {"weights, grads, AdamW moments": (f"model={cfg.model.kind}", n_params(a) * 16)}
+        if limit is not None and out["weights, grads, AdamW moments"][1] > limit:
+            return out
         from synodic.train.config import default_batch
         dev = _train_device(cfg).type
         bf16 = p.precision == "bf16" or (p.precision == "auto" and dev == "cuda")
@@ -138,9 +141,9 @@ def check_fits(cfg, device, fraction: float = 0.9) -> None:
     from .errors import ConfigError
     if cfg.pipeline.kind == "train":
         device = _train_device(cfg)  # what the trainer will use, not the runtime group's device
-    est = estimate(cfg)
-    total = sum(b for _, b in est.values())
     have = available_bytes(device)
+    est = estimate(cfg, limit=int(fraction * have))
+    total = sum(b for _, b in est.values())
     if total <= fraction * have:
         return
     what, (key, b) = max(est.items(), key=lambda kv: kv[1][1])
