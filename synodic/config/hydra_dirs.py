@@ -33,10 +33,6 @@ class DeferConfigFiles(Callback):
                 config.hydra.output_subdir = None
 
 
-def deferred() -> str | None:
-    return _deferred
-
-
 def commit(run_dir: Path, task_cfg) -> None:
     """After a successful run: write the config files Hydra was kept from writing at job start (the
     same three files, with output_subdir as it was asked for)."""
