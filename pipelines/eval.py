@@ -7,9 +7,28 @@ the reference config over windows of >= 2048 tokens.
     python run.py pipeline=eval ssm=replay ssm.precision=dual_fp8 pipeline.path=decode \
         'pipeline.reference={ssm: {kind: eager}}' pipeline.max_tokens=2048
 """
+import logging
+from contextlib import contextmanager
 from pathlib import Path
 
 from synodic.evaluation.config import EvalPipeline  # noqa: F401  (registers pipeline=eval)
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def _counted(scorer, label: str, stream, seq_len: int, batch_size: int, min_len: int = 1, decode: bool = False):
+    """`scorer` wrapped to advance a progress bar by one batch per call (the batches nll / compare make).
+    The decode path shows its own per-step bar on a terminal; there only the log lines are added."""
+    from synodic.evaluation.metrics import _batches
+    from synodic.results.progress import on_terminal, progress
+    n = sum(1 for b in _batches(stream, seq_len, batch_size, min_len) if min_len == 1 or b.shape[1] == seq_len + 1)
+    with progress(label, n, "batches", enabled=not (decode and on_terminal())) as advance:
+        def call(x):
+            out = scorer(x)
+            advance()
+            return out
+        yield call
 
 
 def reference_config(cfg):
@@ -64,6 +83,7 @@ def _tokenizer(graph, vocab_size: int):
 
 
 SPEC_PROMPTS, SPEC_PROMPT_LEN, SPEC_NEW_TOKENS = 8, 64, 48
+CPU_EVAL_TOKENS = 65536  # pipeline.max_tokens=null on the CPU: 8 batches of 4 x 2048, about a minute
 
 
 def spec_acceptance(cfg, stream) -> dict:
@@ -99,22 +119,33 @@ def run(cfg, run_dir: Path) -> dict:
     tok = _tokenizer(graph, graph.model.config.vocab_size)
     text = Path(p.text).read_text(encoding="utf-8") if p.text else load_heldout()
     stream = token_stream(tok, text)
-    if p.max_tokens:
-        stream = stream[:p.max_tokens + 1]
+    limit = p.max_tokens
+    if limit is None and graph.device.type == "cpu" and len(stream) > CPU_EVAL_TOKENS + 1:
+        # the whole shard is ~500k tokens: ~10 minutes of forward passes on 2 cores
+        limit = CPU_EVAL_TOKENS
+        from synodic.config.files import note
+        note(f"pipeline.max_tokens=null on the CPU: scoring the first {limit:,} of {len(stream) - 1:,} tokens; "
+             f"pipeline.max_tokens={len(stream)} scores all of them")
+    if limit:
+        stream = stream[:limit + 1]
     tb = tok.token_bytes()
     n_bytes = sum(tb[i] for i in stream[1:].tolist())
-    total, count = nll(model, stream, p.seq_len, p.batch_size, graph.device)
+    dec = p.path == "decode"
+    with _counted(model, "eval", stream, p.seq_len, p.batch_size, decode=dec) as scorer:
+        total, count = nll(scorer, stream, p.seq_len, p.batch_size, graph.device)
     m = {"bits_per_byte": total / math.log(2) / n_bytes, "perplexity": math.exp(total / count),
          "nll_per_token": total / count, "tokens": count, "bytes": n_bytes}
     rows = [("bits per byte", f"{m['bits_per_byte']:.4f}"), ("perplexity", f"{m['perplexity']:.3f}"),
             ("tokens / bytes", f"{count:,} / {n_bytes:,}")]
-    out = {"metrics": m, "text": p.text or "shipped held-out shard",
+    out = {"metrics": m, "text": p.text or "shipped held-out shard", "max_tokens_used": limit,
            "weights": str(graph.ckpt_dir or "random")}
     if p.reference:
         rcfg = reference_config(cfg)
         ref, rgraph = _scorer(rcfg, p.seq_len)
-        rt, rc = nll(ref, stream, p.seq_len, p.batch_size, rgraph.device)
-        c = compare(model, ref, stream.to(graph.device), p.seq_len, p.batch_size, graph.device)
+        with _counted(ref, "eval reference", stream, p.seq_len, p.batch_size, decode=dec) as rscorer:
+            rt, rc = nll(rscorer, stream, p.seq_len, p.batch_size, rgraph.device)
+        with _counted(model, "eval compare", stream, p.seq_len, p.batch_size, p.seq_len, dec) as scorer:
+            c = compare(scorer, ref, stream.to(graph.device), p.seq_len, p.batch_size, graph.device)
         m.update(bits_per_byte_reference=rt / math.log(2) / n_bytes, kl_mean=c["kl_mean"],
                  kl_p95=c["kl_p95"], kl_max=c["kl_max"], dlogprob_p95=c["dlogprob_p95"],
                  top1_agreement=c["top1_agreement"], compared_positions=c["positions"],
@@ -149,4 +180,6 @@ def run(cfg, run_dir: Path) -> dict:
     for r in rows:
         table.add_row(*r)
     Console().print(table)
+    log.info("eval %s quant=%s on %s: %s", cfg.model.kind, cfg.quant.kind, graph.device,
+             "; ".join(f"{k} {v}" for k, v in rows))
     return out

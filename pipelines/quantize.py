@@ -12,6 +12,7 @@ reconstruction error) is written last. An artifact that is already complete is r
 """
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Literal
@@ -19,6 +20,8 @@ from typing import Literal
 from pydantic import Field
 
 from synodic.config.registry import Component, register
+
+log = logging.getLogger(__name__)
 
 
 @register("pipeline")
@@ -61,14 +64,15 @@ def quantize_to_store(model, qcfg, store_root: Path | str | None = None, *, exec
         if overwrite and adir.exists():
             shutil.rmtree(adir)
         if store.is_complete(adir):
-            import json
-            man = json.loads((adir / store.MANIFEST).read_text())
+            man = store.verify_artifact(adir)  # "complete" only when its bytes check out
             return {**man, "artifact": str(adir), "computed_groups": 0, "resumed_groups": len(man["groups"]),
                     "quantize_s": time.perf_counter() - t0, "already_complete": True}
         (adir / store.PARTS).mkdir(parents=True, exist_ok=True)
         store.clean_tmp(adir)
         todo_all = apply.groups(names)
         done = store.done_groups(adir) & set(todo_all)
+        for g in done:  # a damaged part is found before any solving, not after the merge
+            store.verify_part(store.part_path(adir, g))
         todo = {g: ns for g, ns in todo_all.items() if g not in done}
         mods = dict(model.named_modules())
         absmax = None
@@ -81,12 +85,12 @@ def quantize_to_store(model, qcfg, store_root: Path | str | None = None, *, exec
             am = None if absmax is None else {n: absmax[n] for n in todo[g]}
             return g, ws, am
 
-        bar = _progress(progress, len(todo_all), len(done))
-        with bar:
-            task = bar.add_task("quantize", total=len(todo_all), completed=len(done))
+        from synodic.results.progress import progress as show_progress
+        with show_progress(f"quantize {qcfg.kind} {qcfg.method}", len(todo_all), "groups", done=len(done),
+                           enabled=progress) as advance:
 
             def finished(g, stats):
-                bar.update(task, advance=1, description=f"{g}")
+                advance(1, note=g)
                 if on_group_done is not None:
                     on_group_done(g, stats)
 
@@ -156,19 +160,6 @@ def _run_ray(todo, task_args, adir, qcfg, workers, ray_address, device, threads,
                 finished(pending.pop(r), ray.get(r))
 
 
-def _progress(enabled: bool, total: int, done: int):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-    return Progress(TextColumn("quantize {task.description:>14}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("groups"), TimeElapsedColumn(), TimeRemainingColumn(), disable=not enabled)
-
-
 def run(cfg, run_dir: Path) -> dict:
     from rich.console import Console
 
@@ -198,8 +189,10 @@ def run(cfg, run_dir: Path) -> dict:
     state = "already complete" if res["already_complete"] else (
         f"{res['computed_groups']} groups solved"
         + (f", {res['resumed_groups']} resumed" if res["resumed_groups"] else ""))
-    con.print(f"quantize: {qcfg.kind} {qcfg.method}, {len(errs)} linears, {state} in {res['quantize_s']:.1f}s; "
-              f"mean rel. MSE {res['rel_mse_mean']:.3e} (max {res['rel_mse_max']:.3e}); artifact {res['artifact']}")
+    msg = (f"quantize: {qcfg.kind} {qcfg.method}, {len(errs)} linears, {state} in {res['quantize_s']:.1f}s; "
+           f"mean rel. MSE {res['rel_mse_mean']:.3e} (max {res['rel_mse_max']:.3e}); artifact {res['artifact']}")
+    con.print(msg)
+    log.info(msg)
     metrics = {k: res[k] for k in ("rel_mse_mean", "rel_mse_max", "quantize_s", "computed_groups", "resumed_groups")}
     metrics["layers"] = len(errs)
     return {"quant": res, "artifact": res["artifact"], "metrics": metrics}

@@ -2,6 +2,7 @@
 runs the pipeline and writes results.json. Bad input exits with code 2 and one line per problem;
 SYNODIC_TRACEBACK=1 shows the traceback."""
 import importlib
+import logging
 import os
 import sys
 from pathlib import Path
@@ -9,6 +10,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from synodic.config import ConfigError, validate
+from synodic.config.logs import FILE_ONLY
+
+log = logging.getLogger(__name__)
 
 
 def execute(dcfg) -> int:
@@ -16,6 +20,8 @@ def execute(dcfg) -> int:
         raw = OmegaConf.to_container(dcfg, resolve=True)
         raw.pop("hydra", None)
         cfg = validate(raw)
+        from synodic.config.files import architecture_note
+        architecture_note(cfg.model)  # model=X naming a checkpoint of another architecture: say which runs
         from hydra.core.hydra_config import HydraConfig
         hc = HydraConfig.get()
         run_dir = Path(hc.runtime.output_dir)
@@ -33,10 +39,14 @@ def execute(dcfg) -> int:
             raise
         for line in e.lines:
             print(f"error: {line}", file=sys.stderr)
+            log.error(line, extra=FILE_ONLY)
         return 2
     from synodic.results.writer import write_results
     path = write_results(run_dir, cfg, choices, payload, device)
+    from synodic.config.hydra_dirs import commit
+    commit(run_dir, dcfg)  # a rerun's .hydra/ files replace the old ones only now that its results.json exists
     print(f"results: {path}")
+    log.info("results: %s", path)
     return 0
 
 

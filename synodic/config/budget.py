@@ -40,15 +40,80 @@ def n_params(arch) -> int:
         return sum(p.numel() for p in HybridLM(arch).parameters())
 
 
-def estimate(cfg) -> dict[str, tuple[str, int]]:
-    """{what: (the key that sizes it, bytes)}."""
+def _saved_bytes(arch, seq: int, chunk: int | None) -> int:
+    """Bytes autograd saves for backward in one forward + loss of a [1, seq] batch, traced on the meta
+    device (nothing is allocated): every saved tensor's storage counted once, parameters excluded."""
+    import torch
+    import torch.nn.functional as F
+
+    from synodic.models.lm import HybridLM
+    with torch.device("meta"):
+        m = HybridLM(arch)
+    if chunk:
+        for layer in m.ssm_layers:
+            layer.chunk = chunk
+    params = {q.untyped_storage()._cdata for q in m.parameters()}
+    seen: dict[int, int] = {}
+    alive = []  # holding each storage keeps its address from being reused by a later one
+
+    def pack(t):
+        st = t.untyped_storage()
+        alive.append(st)
+        if st._cdata not in params:
+            seen[st._cdata] = max(seen.get(st._cdata, 0), st.nbytes())
+        return t
+
+    x = torch.zeros(1, seq, dtype=torch.long, device="meta")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = m(x)
+        F.cross_entropy(logits.float().flatten(0, 1), x.flatten())
+    return sum(seen.values())
+
+
+def train_activation_bytes(arch, seq_len: int, batch: int, chunk: int | None, bf16: bool) -> int:
+    """Activation memory of one training step. Traced exactly at seq_len up to 512 tokens; beyond, a
+    quadratic in the sequence length fitted through traces at 128 / 256 / 512 (chunked scans are linear,
+    materialised attention scores quadratic). Plus the backward's transient fp32 logits gradient. Under
+    bf16 autocast most saved tensors are half the size: halved (an estimate, not a trace)."""
+    if seq_len <= 512:
+        per_seq = _saved_bytes(arch, seq_len, chunk)
+    else:
+        s = (128, 256, 512)
+        f = [_saved_bytes(arch, n, chunk) for n in s]
+        # Newton form of the quadratic through the three points, evaluated at seq_len
+        d1, d2 = (f[1] - f[0]) / (s[1] - s[0]), (f[2] - f[1]) / (s[2] - s[1])
+        c = (d2 - d1) / (s[2] - s[0])
+        per_seq = f[0] + d1 * (seq_len - s[0]) + c * (seq_len - s[0]) * (seq_len - s[1])
+    act = batch * max(per_seq, 0) * (0.5 if bf16 else 1.0)
+    return int(act + batch * seq_len * arch.vocab_size * 4)
+
+
+def _train_device(cfg):
+    import torch
+    d = cfg.pipeline.device
+    if d == "auto":
+        d = cfg.runtime.device if cfg.runtime.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(d)
+
+
+def estimate(cfg, limit: int | None = None) -> dict[str, tuple[str, int]]:
+    """{what: (the key that sizes it, bytes)}. With `limit`, training's activation trace is skipped when
+    the weights and optimizer state alone exceed it (an 8B preset's trace takes tens of seconds)."""
     a = _arch(cfg)
     wbytes = _DTYPE_BYTES.get(str(cfg.model.dtype), 4)
     out = {"model weights": (f"model={cfg.model.kind}", n_params(a) * wbytes)}
     p = cfg.pipeline
     if p.kind == "train":
-        # params + grads + two AdamW moments, fp32 (activations depend on the scan kernels: not estimated)
-        out["model weights"] = (f"model={cfg.model.kind}", n_params(a) * 16)
+        # fp32 master weights + grads + two AdamW moments; activations saved for backward, counted
+        out = {"weights, grads, AdamW moments": (f"model={cfg.model.kind}", n_params(a) * 16)}
+        if limit is not None and out["weights, grads, AdamW moments"][1] > limit:
+            return out
+        from synodic.train.config import default_batch
+        dev = _train_device(cfg).type
+        bf16 = p.precision == "bf16" or (p.precision == "auto" and dev == "cuda")
+        batch = p.batch_size or default_batch(dev)
+        out["activations"] = ("pipeline.batch_size",
+                              train_activation_bytes(a, p.seq_len, batch, p.scan_chunk, bf16))
         return out
     slots = cfg.runtime.max_slots
     mamba = a.count("mamba2") * (a.mamba_num_heads * a.mamba_head_dim * a.ssm_state_size * 4 +
@@ -74,9 +139,11 @@ def estimate(cfg) -> dict[str, tuple[str, int]]:
 
 def check_fits(cfg, device, fraction: float = 0.9) -> None:
     from .errors import ConfigError
-    est = estimate(cfg)
-    total = sum(b for _, b in est.values())
+    if cfg.pipeline.kind == "train":
+        device = _train_device(cfg)  # what the trainer will use, not the runtime group's device
     have = available_bytes(device)
+    est = estimate(cfg, limit=int(fraction * have))
+    total = sum(b for _, b in est.values())
     if total <= fraction * have:
         return
     what, (key, b) = max(est.items(), key=lambda kv: kv[1][1])
@@ -85,11 +152,18 @@ def check_fits(cfg, device, fraction: float = 0.9) -> None:
     name = key.split("=", 1)[0]
     raise ConfigError([f"{name}={val!r}: the run needs an estimated {total / GiB:.1f} GiB ({parts} GiB; "
                        f"{what} the largest) but the {getattr(device, 'type', device)} has {have / GiB:.1f} GiB; "
-                       f"expected a smaller {name} (or a bigger device)"])
+                       f"expected a smaller {name}{_hint(name)} (or a bigger device)"])
+
+
+def _hint(name: str) -> str:
+    return " or pipeline.seq_len" if name == "pipeline.batch_size" else ""
 
 
 def _value(cfg, key: str):
     obj = cfg
     for part in key.split("."):
         obj = getattr(obj, part, None)
+    if obj is None and key == "pipeline.batch_size":  # null: the value picked for the device
+        from synodic.train.config import default_batch
+        return default_batch(_train_device(cfg).type)
     return obj

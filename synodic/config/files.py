@@ -169,3 +169,19 @@ def quant_grid_problems(items: list[str], mode: str | None) -> list[str]:
         except ValidationError as e:
             out += [f"[{i}]={item!r}: {line}" for line in format_validation_error(e)]
     return out
+
+
+def architecture_note(model) -> None:
+    """model=X with model.weights=<dir> holding another architecture runs the checkpoint's: say so."""
+    if model.weights in ("auto", "random"):
+        return
+    from synodic.models.presets import PRESETS
+    from synodic.models.weights import load_config
+    try:
+        got, want = load_config(model.weights), PRESETS[model.kind]
+    except Exception:  # unloadable checkpoints are the weights validator's to report
+        return
+    if got.model_type != want.model_type:
+        note(f"model={model.kind}: model.weights={model.weights} holds a {got.model_type} model "
+             f"({got.num_hidden_layers} layers, hidden_size {got.hidden_size}), not the {model.kind} preset's "
+             f"{want.model_type}; running the checkpoint's architecture")

@@ -90,7 +90,7 @@ def resolve_artifact(qcfg, key: str) -> Path | None:
         return adir if store.is_complete(adir) else None
     p = Path(qcfg.artifact)
     if store.is_complete(p):
-        got = json.loads((p / store.MANIFEST).read_text()).get("hash")
+        got = store.read_manifest(p).get("hash")
         if got != key:
             raise ConfigError([f"quant.artifact={qcfg.artifact!r}: made for another model or quant config "
                                f"(hash {got}); this run needs {key}: run pipeline=quantize with it"])

@@ -28,7 +28,6 @@ def layer_errors(model, quant, *, use_store: bool = True, **overrides) -> dict[s
     """Relative MSE per selected linear of an unquantized `model` for `quant` (BlockQuant, a format
     name, or a dict of its fields; keyword overrides such as method='rtn' apply on top). With
     use_store and quant.artifact != 'none', a stored artifact's manifest answers without solving."""
-    import json
 
     import torch
 
@@ -42,7 +41,7 @@ def layer_errors(model, quant, *, use_store: bool = True, **overrides) -> dict[s
         except ConfigError:
             adir = None
         if adir is not None:
-            man = json.loads((adir / store.MANIFEST).read_text())
+            man = store.read_manifest(adir)
             if all(n in man["layers"] for n in names):
                 return {n: man["layers"][n]["rel_mse"] for n in names}
     mods = dict(model.named_modules())

@@ -5,6 +5,14 @@ from pydantic import Field, field_validator
 
 from synodic.config.registry import Component, register
 
+# batch_size=null picks by device: the shipped models were trained at 32 x 2048 on a GPU; on the CPU
+# that is ~23 GiB of fp32 activations (synodic/config/budget.py), so a 2-core / 24 GiB machine gets 4.
+GPU_BATCH, CPU_BATCH = 32, 4
+
+
+def default_batch(device_type: str) -> int:
+    return GPU_BATCH if device_type == "cuda" else CPU_BATCH
+
 
 @register("pipeline")
 class TrainPipeline(Component):
@@ -16,7 +24,8 @@ class TrainPipeline(Component):
                            "fit a byte-level BPE of vocab_size on the train documents; or a tokenizer.json")
     vocab_size: int = Field(4096, ge=260, description="BPE vocabulary when tokenizer=train")
     seq_len: int = Field(2048, ge=8, description="tokens per packed training sequence")
-    batch_size: int = Field(32, ge=1, description="sequences per optimiser step")
+    batch_size: int | None = Field(None, ge=1, description="sequences per optimiser step; null: "
+                                   f"{GPU_BATCH} on a GPU, {CPU_BATCH} on the CPU (fits 24 GiB at seq_len 2048)")
     max_steps: int | None = Field(None, ge=1, description="optimiser steps; null: as many as fit in "
                                   "time_budget_s (measured during warm-up, then fixed and recorded)")
     time_budget_s: float = Field(450.0, gt=0, description="wall-clock budget when max_steps is null "

@@ -107,7 +107,22 @@ def resume_conflicts(saved: dict, now: dict, saved_arch: dict, arch: dict, step:
         out.append(f"pipeline.{k}={b!r}: the checkpoint was trained with {a!r}")
     if now.get("max_steps") is not None and now["max_steps"] < step:
         out.append(f"pipeline.max_steps={now['max_steps']}: the checkpoint is already at step {step}")
+    if saved_arch and saved_arch.get("model_type") != arch.get("model_type"):
+        # another architecture altogether: one line, not every field that differs
+        out.append(f"model={_name(arch)}: the checkpoint holds a {_name(saved_arch)} model, another architecture")
+        return out
     for k in sorted(set(saved_arch) | set(arch)):
         if saved_arch.get(k) != arch.get(k):
             out.append(f"model.{k}={arch.get(k)!r}: the checkpoint's model has {saved_arch.get(k)!r}")
     return out
+
+
+def _name(arch: dict) -> str:
+    """The preset an architecture is (vocab_size aside: training sizes it to the tokenizer), else its
+    model_type."""
+    from synodic.models.presets import PRESETS
+    for name, pre in PRESETS.items():
+        d = pre.model_dump(mode="json")
+        if {**d, "vocab_size": None} == {**arch, "vocab_size": None}:
+            return name
+    return f"{arch.get('model_type')} ({arch.get('num_hidden_layers')} layers, hidden_size {arch.get('hidden_size')})"

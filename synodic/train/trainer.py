@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import logging
 import math
 import shutil
 import sys
@@ -73,6 +74,10 @@ def export_model(model, tokenizer_path: Path, out: Path, save_dtype: str) -> Pat
     return Path(out)
 
 
+_logger = logging.getLogger(__name__)  # every step line and note also reaches Hydra's run.log
+CPU_FINAL_EVAL_CHARS = 131072  # final_eval on the CPU: ~40k tokens of the held-out shard, about a minute
+
+
 class _Log:
     """Progress bar with loss and tokens/s on a terminal; plain lines otherwise."""
 
@@ -105,12 +110,14 @@ class _Log:
         if self.quiet or loss is None:
             return
         line = f"step {step} loss {loss:.4f} tok/s {tps:,.0f} {extra}"
+        _logger.info(line.rstrip())
         if not self.tty:
             print(line, flush=True)
         elif extra:
             self.bar.console.print(line)
 
     def note(self, msg: str):
+        _logger.info(msg)
         if not self.quiet:
             self.console.print(msg) if self.tty else print(msg, flush=True)
 
@@ -121,6 +128,9 @@ def train(s, run_dir: str | Path, arch: HybridConfig, quiet: bool = False) -> di
     run_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     device = _device(s)
+    if s.batch_size is None:  # picked from the device, and recorded as the value used
+        from synodic.train.config import default_batch
+        s = s.model_copy(update={"batch_size": default_batch(device.type)})
     bf16 = s.precision == "bf16" or (s.precision == "auto" and device.type == "cuda")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -203,7 +213,8 @@ def train(s, run_dir: str | Path, arch: HybridConfig, quiet: bool = False) -> di
         return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
     info = {"params": n_params, "device": str(device), "precision": "bf16" if bf16 else "fp32",
-            "corpus": data.info, "tokens_per_step": s.batch_size * s.seq_len}
+            "corpus": data.info, "batch_size": s.batch_size,
+            "tokens_per_step": s.batch_size * s.seq_len}
     t_seg, tok_seg = time.time(), 0
     t_measure = None
     m0, m1 = measure_window(s.warmup_steps)
@@ -295,7 +306,15 @@ def train(s, run_dir: str | Path, arch: HybridConfig, quiet: bool = False) -> di
         if device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        hm = heldout_metrics(shipped, tok, data.heldout_text, s.seq_len, max(1, s.batch_size // 4), device)
+        text = data.heldout_text
+        if device.type != "cuda" and len(text) > CPU_FINAL_EVAL_CHARS:
+            # the whole shard is ~250 forward windows: a quarter of an hour on 2 cores
+            cut = text.rfind("\n", 0, CPU_FINAL_EVAL_CHARS)
+            text = text[:cut if cut > 0 else CPU_FINAL_EVAL_CHARS]
+            log.note(f"final eval on the CPU: the first {len(text):,} of {len(data.heldout_text):,} characters "
+                     "of the held-out shard (a GPU run scores all of it)")
+            result["metrics"]["final_eval_subset"] = True
+        hm = heldout_metrics(shipped, tok, text, s.seq_len, max(1, s.batch_size // 4), device)
         result["metrics"].update(bits_per_byte=hm["bits_per_byte"], perplexity=hm["perplexity"],
                                  heldout_tokens=hm["tokens"], heldout_bytes=hm["bytes"])
         log.note(f"held-out: {hm['bits_per_byte']:.4f} bits/byte, perplexity {hm['perplexity']:.3f} "
