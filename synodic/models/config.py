@@ -37,8 +37,11 @@ class HybridConfig(BaseModel):
     num_key_value_heads: int = Field(2, ge=1, description="KV heads (GQA).")
     head_dim: int = Field(32, ge=2, description="Attention head dim.")
     rope_theta: float = Field(10000.0, gt=0, description="RoPE base.")
-    partial_rotary_factor: float = Field(1.0, gt=0, le=1, description="Fraction of head_dim rotated.")
+    partial_rotary_factor: float = Field(1.0, ge=0, le=1, description="Fraction of head_dim rotated "
+                                         "(0: attention without rotary embeddings, as NemotronH's).")
     qk_norm: bool = Field(False, description="RMSNorm on q and k per head before RoPE.")
+    attn_output_gate: bool = Field(False, description="Attention output times sigmoid(o_gate(x)) before o_proj "
+                                   "(Qwen3-Next's gated attention; o_gate is its own projection).")
     # learned top-k indexer (DeepSeek-V3.2 DSA "lightning indexer"), one per attention layer
     index_n_heads: int = Field(0, ge=0, description="Learned indexer query heads H_I per attention layer "
                                "(synodic/models/indexer.py); 0 = no learned indexer (top-k KV policies then "
@@ -60,6 +63,8 @@ class HybridConfig(BaseModel):
     linear_key_head_dim: int = Field(32, ge=1, description="GDN K.")
     linear_value_head_dim: int = Field(32, ge=1, description="GDN V.")
     linear_conv_kernel_dim: int = Field(4, ge=1, description="GDN causal conv width.")
+    gdn_norm_before_gate: bool = Field(False, description="GDN output norm: false = norm(y * silu(z)) (the "
+                                       "Mamba-2 order); true = norm(y) * silu(z) (Qwen3-Next's order).")
     initializer_range: float = Field(0.02, gt=0, description="Std of random init.")
 
     @model_validator(mode="after")
