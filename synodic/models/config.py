@@ -65,6 +65,15 @@ class HybridConfig(BaseModel):
     linear_conv_kernel_dim: int = Field(4, ge=1, description="GDN causal conv width.")
     gdn_norm_before_gate: bool = Field(False, description="GDN output norm: false = norm(y * silu(z)) (the "
                                        "Mamba-2 order); true = norm(y) * silu(z) (Qwen3-Next's order).")
+    # sparse MoE MLPs (Qwen3-Next's block, synodic/models/moe.py); num_experts 0 = dense MLPs everywhere
+    num_experts: int = Field(0, ge=0, description="Routed experts per MoE MLP (qwen3_next; 0 = no MoE).")
+    num_experts_per_tok: int = Field(1, ge=1, description="Experts each token is routed to (top-k).")
+    moe_intermediate_size: int = Field(0, ge=0, description="Hidden width of one routed expert.")
+    shared_expert_intermediate_size: int = Field(0, ge=0, description="Hidden width of the shared expert "
+                                                 "(0 = none).")
+    norm_topk_prob: bool = Field(True, description="Renormalise the top-k router weights to sum to 1.")
+    decoder_sparse_step: int = Field(1, ge=1, description="Layer i's MLP is MoE when (i + 1) % step == 0 ...")
+    mlp_only_layers: list[int] = Field(default_factory=list, description="... and i is not listed here.")
     initializer_range: float = Field(0.02, gt=0, description="Std of random init.")
 
     @model_validator(mode="after")
@@ -84,6 +93,14 @@ class HybridConfig(BaseModel):
             if self.linear_num_value_heads % self.linear_num_key_heads:
                 raise ValueError(f"linear_num_value_heads={self.linear_num_value_heads}: expected a "
                                  f"multiple of linear_num_key_heads={self.linear_num_key_heads}")
+        if self.num_experts:
+            if self.model_type != "qwen3_next":
+                raise ValueError(f"num_experts={self.num_experts}: MoE MLPs are implemented for model_type "
+                                 "qwen3_next; expected num_experts=0")
+            if self.num_experts_per_tok > self.num_experts or not self.moe_intermediate_size:
+                raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok}, moe_intermediate_size="
+                                 f"{self.moe_intermediate_size}: expected top-k <= num_experts={self.num_experts} "
+                                 "and moe_intermediate_size >= 1")
         if self.index_n_heads and (self.index_rope_dim % 2 or self.index_rope_dim > self.index_head_dim):
             raise ValueError(f"index_rope_dim={self.index_rope_dim}: expected an even number <= "
                              f"index_head_dim={self.index_head_dim}")
@@ -99,6 +116,10 @@ class HybridConfig(BaseModel):
             return [[m[c]] for c in self.hybrid_override_pattern]
         mixer = {"linear_attention": "gdn", "full_attention": "attention"}
         return [[mixer[t], "mlp"] for t in self.layer_types]
+
+    def moe_layer(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is the sparse MoE block (transformers' Qwen3-Next rule)."""
+        return bool(self.num_experts) and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
 
     def count(self, kind: BlockKind) -> int:
         return sum(b.count(kind) for b in self.blocks())

@@ -42,27 +42,12 @@ def _layer_types(raw: dict, where: Path, n: int) -> list[str]:
     return list(lt)
 
 
-def sparse_layers(raw: dict, n: int) -> list[int]:
-    """Layers whose MLP is the sparse MoE block (transformers' rule: num_experts > 0, not in
-    mlp_only_layers, (i + 1) % decoder_sparse_step == 0)."""
-    if not raw.get("num_experts"):
-        return []
-    step, only = int(raw.get("decoder_sparse_step", 1)), set(raw.get("mlp_only_layers") or [])
-    return [i for i in range(n) if i not in only and (i + 1) % step == 0]
-
-
 def mapping(raw: dict, where: Path, keys: set[str]) -> Mapping:
     n = pick(raw, where, "num_hidden_layers")
     act = raw.get("hidden_act", "silu")
     require(act == "silu", f"{where}: hidden_act={act!r}; expected 'silu' (SwiGLU MLPs, SiLU conv)")
     require(not raw.get("attention_bias"), f"{where}: attention_bias={raw.get('attention_bias')}; expected false")
     theta, frac = _rope(raw, where)
-    sparse = sparse_layers(raw, n)
-    if sparse:
-        from ..config import HybridConfig
-        if "num_experts" not in HybridConfig.model_fields:
-            raise CheckpointError(f"{where}: num_experts={raw['num_experts']} makes layer {sparse[0]}'s MLP a sparse "
-                                  "MoE block, which synodic does not implement; expected num_experts=0")
     fields = dict(
         model_type="qwen3_next", vocab_size=pick(raw, where, "vocab_size"), hidden_size=pick(raw, where, "hidden_size"),
         intermediate_size=pick(raw, where, "intermediate_size"), num_hidden_layers=n,
@@ -78,11 +63,13 @@ def mapping(raw: dict, where: Path, keys: set[str]) -> Mapping:
         linear_value_head_dim=pick(raw, where, "linear_value_head_dim"),
         linear_conv_kernel_dim=raw.get("linear_conv_kernel_dim", 4), gdn_norm_before_gate=True,
         initializer_range=raw.get("initializer_range", 0.02))
-    if sparse:
+    if raw.get("num_experts"):
         fields.update(num_experts=raw["num_experts"], num_experts_per_tok=pick(raw, where, "num_experts_per_tok"),
                       moe_intermediate_size=pick(raw, where, "moe_intermediate_size"),
-                      shared_expert_intermediate_size=raw.get("shared_expert_intermediate_size", 0),
-                      norm_topk_prob=bool(raw.get("norm_topk_prob", True)), moe_layers=sparse)
+                      shared_expert_intermediate_size=raw.get("shared_expert_intermediate_size") or 0,
+                      norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+                      decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
+                      mlp_only_layers=list(raw.get("mlp_only_layers") or []))
     cfg = validated(fields, where)
     return Mapping(cfg, sources(cfg, keys), zero=[f"blocks.{2 * i}.mixer.conv1d.bias"
                                                   for i, t in enumerate(cfg.layer_types) if t == "linear_attention"])
@@ -112,7 +99,6 @@ def sources(cfg, keys: set[str]) -> dict[str, Source]:
     }
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = Source(shapes["lm_head.weight"], _same("lm_head.weight"))
-    moe = set(getattr(cfg, "moe_layers", None) or [])
     for i, t in enumerate(cfg.layer_types):
         L, mix, mlp = f"model.layers.{i}.", f"blocks.{2 * i}.", f"blocks.{2 * i + 1}."
         out[L + "input_layernorm.weight"] = Source(shapes[mix + "norm.weight"], _plus_one(mix + "norm.weight"))
@@ -146,10 +132,32 @@ def sources(cfg, keys: set[str]) -> dict[str, Source]:
                 out[a + s] = Source(shapes[m + s], _same(m + s))
             for s in ("q_norm.weight", "k_norm.weight"):
                 out[a + s] = Source(shapes[m + s], _plus_one(m + s))
-        if i in moe:
-            from .qwen3_next_moe import moe_sources
-            out.update(moe_sources(cfg, L + "mlp.", mlp + "mixer.", shapes, keys))
+        if cfg.moe_layer(i):
+            out.update(_moe_sources(cfg, L + "mlp.", mlp + "mixer.", shapes, keys))
         else:
             for s in ("gate_proj.weight", "up_proj.weight", "down_proj.weight"):
                 out[L + "mlp." + s] = Source(shapes[mlp + "mixer." + s], _same(mlp + "mixer." + s))
+    return out
+
+
+def _moe_sources(cfg, hf: str, syn: str, shapes: dict, keys: set[str]) -> dict[str, Source]:
+    """The sparse MoE block: router `gate`, shared expert + its gate, and the routed experts, either one
+    tensor per expert and projection (Hub checkpoints: experts.{e}.gate_proj / up_proj / down_proj) or
+    transformers' stacked experts.gate_up_proj [E, 2I, D] / experts.down_proj [E, D, I]."""
+    E, I = cfg.num_experts, cfg.moe_intermediate_size
+    out = {hf + "gate.weight": Source(shapes[syn + "gate.weight"], _same(syn + "gate.weight"))}
+    if cfg.shared_expert_intermediate_size:
+        for s in ("shared_expert.gate_proj.weight", "shared_expert.up_proj.weight", "shared_expert.down_proj.weight",
+                  "shared_expert_gate.weight"):
+            out[hf + s] = Source(shapes[syn + s], _same(syn + s))
+    if hf + "experts.gate_up_proj" in keys:
+        for s in ("gate_up_proj", "down_proj"):
+            out[hf + "experts." + s] = Source(shapes[syn + s], _same(syn + s))
+        return out
+    D = cfg.hidden_size
+    for e in range(E):
+        x = f"{hf}experts.{e}."
+        out[x + "gate_proj.weight"] = Source((I, D), lambda t, e=e: [(syn + "gate_up_proj", t, (e, slice(0, I)))])
+        out[x + "up_proj.weight"] = Source((I, D), lambda t, e=e: [(syn + "gate_up_proj", t, (e, slice(I, 2 * I)))])
+        out[x + "down_proj.weight"] = Source((D, I), lambda t, e=e: [(syn + "down_proj", t, e)])
     return out
