@@ -119,7 +119,8 @@ class HybridConfig(BaseModel):
 
     def moe_layer(self, layer: int) -> bool:
         """Whether layer `layer`'s MLP is the sparse MoE block (transformers' Qwen3-Next rule)."""
-        return bool(self.num_experts) and layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+        return (bool(self.num_experts) and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
 
     def count(self, kind: BlockKind) -> int:
         return sum(b.count(kind) for b in self.blocks())

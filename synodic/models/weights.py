@@ -28,7 +28,10 @@ def save_checkpoint(model: HybridLM, out_dir: str | Path) -> Path:
 
 
 def load_config(ckpt_dir: str | Path) -> HybridConfig:
-    from .hf import hf_config, is_hf_folder
+    from .hf import CheckpointError, hf_config, is_hf_folder
+    if not (Path(ckpt_dir) / "config.json").is_file():
+        raise CheckpointError(f"{ckpt_dir} has no config.json; expected a synodic checkpoint or a Hugging Face "
+                              "folder (config.json + safetensors shards)")
     if is_hf_folder(ckpt_dir):
         return hf_config(ckpt_dir)
     return HybridConfig.model_validate_json((Path(ckpt_dir) / "config.json").read_text())

@@ -187,13 +187,13 @@ def plan(folder: Path, mapping: Mapping) -> Plan:
         if keys:
             reads.append((shard, keys))
     missing = [k for k in mapping.sources if k not in found]
-    require(not missing, lambda: f"{folder}: no tensor {missing[0]!r} in any shard ({len(missing)} missing); expected "
-                         "every tensor of the layout config.json describes")
+    require(not missing, lambda: f"{folder}: no tensor {missing[0]!r} in any shard ({len(missing)} missing); "
+                                 "expected every tensor of the layout config.json describes")
     for name in mapping.zero:
         covered[name] = params[name].numel()
     short = [n for n, c in covered.items() if c != params[n].numel()]
-    require(not short, lambda: f"{folder}: synodic parameter {short[0]} is not fully covered by the checkpoint's tensors; "
-                       "expected a complete checkpoint")
+    require(not short, lambda: f"{folder}: synodic parameter {short[0]} is not fully covered by the checkpoint's "
+                               "tensors; expected a complete checkpoint")
     return Plan(mapping, reads, nbytes)
 
 

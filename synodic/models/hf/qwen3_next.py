@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .loader import CheckpointError, Mapping, Source, pick, require, validated
+from .loader import Mapping, Source, pick, require, validated
 
 
 def _rope(raw: dict, where: Path) -> tuple[float, float]:
