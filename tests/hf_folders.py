@@ -66,3 +66,19 @@ def write_tokenizer(out: Path, vocab: int) -> None:
             "Hello world, hello synodic."] * 20
     tok.train_from_iterator(text, trainer)
     tok.save(str(Path(out) / "tokenizer.json"))
+
+
+def main(argv=None):
+    """python -m tests.hf_folders {nemotron_h,qwen3_next,qwen3_next_moe} OUT: a tiny random folder with a
+    tokenizer, the README's `model.weights=` example (needs transformers: pip install -e '.[dev]')."""
+    import argparse
+    ap = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
+    ap.add_argument("family", choices=["nemotron_h", "qwen3_next", "qwen3_next_moe"])
+    ap.add_argument("out")
+    a = ap.parse_args(argv)
+    write_folder(a.family, Path(a.out), tokenizer=True)
+    print(a.out)
+
+
+if __name__ == "__main__":
+    main()
