@@ -17,6 +17,7 @@ QWEN3_NEXT = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidd
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, partial_rotary_factor=0.5,
                   linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=12,
                   num_experts=0, tie_word_embeddings=True)
+QWEN3_5 = {k: v for k, v in QWEN3_NEXT.items() if k != "num_experts"}  # Qwen3.5 text: dense, split projections
 QWEN3_NEXT_MOE = dict(QWEN3_NEXT, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24,
                       shared_expert_intermediate_size=40, decoder_sparse_step=1, mlp_only_layers=[1])
 
@@ -26,6 +27,9 @@ def hf_model(family: str, seed: int = 0, **over):
     torch.manual_seed(seed)
     if family == "nemotron_h":
         model = NemotronHForCausalLM(NemotronHConfig(**{**NEMOTRON_H, **over}))
+    elif family == "qwen3_5":
+        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{**QWEN3_5, **over}))
     else:
         base = QWEN3_NEXT_MOE if family == "qwen3_next_moe" else QWEN3_NEXT
         model = Qwen3NextForCausalLM(Qwen3NextConfig(**{**base, **over}))
@@ -69,11 +73,11 @@ def write_tokenizer(out: Path, vocab: int) -> None:
 
 
 def main(argv=None):
-    """python -m tests.hf_folders {nemotron_h,qwen3_next,qwen3_next_moe} OUT: a tiny random folder with a
+    """python -m tests.hf_folders {nemotron_h,qwen3_next,qwen3_next_moe,qwen3_5} OUT: a tiny random folder with a
     tokenizer, the README's `model.weights=` example (needs transformers: pip install -e '.[dev]')."""
     import argparse
     ap = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
-    ap.add_argument("family", choices=["nemotron_h", "qwen3_next", "qwen3_next_moe"])
+    ap.add_argument("family", choices=["nemotron_h", "qwen3_next", "qwen3_next_moe", "qwen3_5"])
     ap.add_argument("out")
     a = ap.parse_args(argv)
     write_folder(a.family, Path(a.out), tokenizer=True)

@@ -1,4 +1,4 @@
-"""Hugging Face folders written by transformers' own NemotronH / Qwen3-Next classes load into synodic
+"""Hugging Face folders written by transformers' own NemotronH / Qwen3-Next / Qwen3.5 (text) classes load into synodic
 and compute the same thing: whole-sequence logits (fp32, relative max error <= 1e-4), each decode
 step against transformers' cached forward, and 32 greedy tokens token for token, with ssm=eager and
 ssm=replay. Runs on the CPU; transformers takes its torch fallbacks (no mamba_ssm / fla kernels)."""
@@ -15,7 +15,7 @@ from synodic.engine.request import Request, SamplingParams  # noqa: E402
 from synodic.graph import build_graph  # noqa: E402
 from synodic.models.weights import load_checkpoint  # noqa: E402
 
-FAMILIES = ["nemotron_h", "qwen3_next"]
+FAMILIES = ["nemotron_h", "qwen3_next", "qwen3_5"]
 PROMPT = [5, 9, 200, 31, 7, 250, 3, 18, 101, 64, 12]
 
 
@@ -84,3 +84,25 @@ def test_decode_steps_and_greedy_match_transformers(folders, fam, ssm):
         with torch.no_grad():
             hf = ref.generate(torch.tensor([r.prompt_ids]), max_new_tokens=32, do_sample=False)
         assert r.output_ids == hf[0, len(r.prompt_ids):].tolist()
+
+
+def test_qwen3_5_multimodal_wrapper_loads_the_language_model(folders, tmp_path):
+    """Hub Qwen3.5 folders are the multimodal model: config under text_config, tensors under
+    model.language_model.*, vision tensors beside them (skipped)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+    src, ref = folders["qwen3_5"]
+    text = json.loads((src / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"],
+                                                      "model_type": "qwen3_5", "text_config": text,
+                                                      "tie_word_embeddings": text["tie_word_embeddings"]}))
+    tensors = {}
+    for shard in src.glob("model-*.safetensors"):
+        for k, v in load_file(str(shard)).items():
+            tensors[k.replace("model.", "model.language_model.", 1)] = v
+    tensors["model.visual.patch_embed.proj.weight"] = torch.zeros(4, 3)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    a, b = load_checkpoint(src, progress=False), load_checkpoint(tmp_path, progress=False)
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

@@ -15,7 +15,7 @@ import torch
 
 from .loader import CheckpointError, Plan, materialize, plan, read_json, require, shards
 
-FAMILIES = ("nemotron_h", "qwen3_next")
+FAMILIES = ("nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_text")
 
 
 def is_hf_folder(d: str | Path) -> bool:
@@ -36,7 +36,7 @@ def _family(raw: dict, where: Path):
     mt = raw.get("model_type")
     if mt == "nemotron_h":
         from . import nemotron_h as fam
-    elif mt == "qwen3_next":
+    elif mt in ("qwen3_next", "qwen3_5", "qwen3_5_text"):  # Qwen3.5: Qwen3-Next with split GDN projections
         from . import qwen3_next as fam
     else:
         raise CheckpointError(f"{where}: model_type={mt!r}; expected one of {', '.join(FAMILIES)} (the Hugging Face "

@@ -43,6 +43,12 @@ def _layer_types(raw: dict, where: Path, n: int) -> list[str]:
 
 
 def mapping(raw: dict, where: Path, keys: set[str]) -> Mapping:
+    split = raw.get("model_type") in ("qwen3_5", "qwen3_5_text")
+    if raw.get("model_type") == "qwen3_5":  # the multimodal wrapper: the language model's config is nested
+        text = raw.get("text_config")
+        require(isinstance(text, dict), f"{where}: model_type='qwen3_5' without a text_config object; expected "
+                                        "the language model's config under text_config")
+        raw = {"tie_word_embeddings": raw.get("tie_word_embeddings", False), **text}
     n = pick(raw, where, "num_hidden_layers")
     act = raw.get("hidden_act", "silu")
     require(act == "silu", f"{where}: hidden_act={act!r}; expected 'silu' (SwiGLU MLPs, SiLU conv)")
@@ -71,8 +77,11 @@ def mapping(raw: dict, where: Path, keys: set[str]) -> Mapping:
                       decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
                       mlp_only_layers=list(raw.get("mlp_only_layers") or []))
     cfg = validated(fields, where)
-    return Mapping(cfg, sources(cfg, keys), zero=[f"blocks.{2 * i}.mixer.conv1d.bias"
-                                                  for i, t in enumerate(cfg.layer_types) if t == "linear_attention"])
+    prefix = "model.language_model." if any(k.startswith("model.language_model.") for k in keys) else "model."
+    return Mapping(cfg, sources(cfg, keys, prefix, split),
+                   zero=[f"blocks.{2 * i}.mixer.conv1d.bias" for i, t in enumerate(cfg.layer_types)
+                         if t == "linear_attention"],
+                   ignore=(r"^mtp\.", r"rotary_emb\.inv_freq$", r"^model\.visual\.", r"^visual\."))
 
 
 def _same(name):
@@ -84,7 +93,9 @@ def _plus_one(name):
     return lambda t: [(name, t.float() + 1.0, None)]
 
 
-def sources(cfg, keys: set[str]) -> dict[str, Source]:
+def sources(cfg, keys: set[str], prefix: str = "model.", split: bool = False) -> dict[str, Source]:
+    """On-disk name → Source for every tensor; `split`: Qwen3.5's GDN projections in_proj_qkv (already
+    [q | k | v]), in_proj_z, in_proj_b, in_proj_a instead of the interleaved in_proj_qkvz / in_proj_ba."""
     from ..lm import HybridLM
     with torch.device("meta"):
         shapes = {k: tuple(v.shape) for k, v in HybridLM(cfg).named_parameters()}
@@ -93,14 +104,15 @@ def sources(cfg, keys: set[str]) -> dict[str, Source]:
         cfg.linear_value_head_dim
     r = HV // Hk
     nq, hd = cfg.num_attention_heads, cfg.head_dim
+    C = 2 * Hk * K + HV * V  # GDN conv channels: q, k, v
     out: dict[str, Source] = {
-        "model.embed_tokens.weight": Source(shapes["embed_tokens.weight"], _same("embed_tokens.weight")),
-        "model.norm.weight": Source(shapes["norm_f.weight"], _plus_one("norm_f.weight")),
+        prefix + "embed_tokens.weight": Source(shapes["embed_tokens.weight"], _same("embed_tokens.weight")),
+        prefix + "norm.weight": Source(shapes["norm_f.weight"], _plus_one("norm_f.weight")),
     }
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = Source(shapes["lm_head.weight"], _same("lm_head.weight"))
     for i, t in enumerate(cfg.layer_types):
-        L, mix, mlp = f"model.layers.{i}.", f"blocks.{2 * i}.", f"blocks.{2 * i + 1}."
+        L, mix, mlp = f"{prefix}layers.{i}.", f"blocks.{2 * i}.", f"blocks.{2 * i + 1}."
         out[L + "input_layernorm.weight"] = Source(shapes[mix + "norm.weight"], _plus_one(mix + "norm.weight"))
         out[L + "post_attention_layernorm.weight"] = Source(shapes[mlp + "norm.weight"],
                                                             _plus_one(mlp + "norm.weight"))
@@ -115,8 +127,18 @@ def sources(cfg, keys: set[str]) -> dict[str, Source]:
                 b, a_ = w.unflatten(0, (Hk, 2 * r)).split([r, r], dim=1)
                 return [(m + "in_proj_ba.weight", torch.cat([b.flatten(0, 1), a_.flatten(0, 1)]), None)]
 
-            out[a + "in_proj_qkvz.weight"] = Source((Hk * (2 * K + 2 * r * V), D), qkvz)
-            out[a + "in_proj_ba.weight"] = Source((2 * HV, D), ba)
+            if split:
+                out[a + "in_proj_qkv.weight"] = Source((C, D), lambda w, m=m: [(m + "in_proj_qkvz.weight", w,
+                                                                                  slice(0, C))])
+                out[a + "in_proj_z.weight"] = Source((HV * V, D), lambda w, m=m: [(m + "in_proj_qkvz.weight", w,
+                                                                                     slice(C, None))])
+                out[a + "in_proj_b.weight"] = Source((HV, D), lambda w, m=m: [(m + "in_proj_ba.weight", w,
+                                                                                 slice(0, HV))])
+                out[a + "in_proj_a.weight"] = Source((HV, D), lambda w, m=m: [(m + "in_proj_ba.weight", w,
+                                                                                 slice(HV, None))])
+            else:
+                out[a + "in_proj_qkvz.weight"] = Source((Hk * (2 * K + 2 * r * V), D), qkvz)
+                out[a + "in_proj_ba.weight"] = Source((2 * HV, D), ba)
             out[a + "norm.weight"] = Source((V,), lambda w, m=m: [(m + "norm.weight", w.repeat(HV), None)])
             for s in ("conv1d.weight", "dt_bias", "A_log", "out_proj.weight"):
                 out[a + s] = Source(shapes[m + s], _same(m + s))
