@@ -2,8 +2,9 @@
 (weights renormalised over the k when `norm_topk_prob`), plus a shared SwiGLU expert scaled by
 sigmoid(shared_expert_gate(x)). Plain torch, grouped by expert:
 
-- few (token, expert) pairs (decode, short verify windows): each pair's expert weights are gathered
-  and applied with one batched matmul — no host sync, so a decode step stays graph-capturable;
+- few (token, expert) pairs (decode, short verify windows), and any step being captured into a CUDA
+  graph: each pair's expert weights are gathered and applied with one batched matmul — no host sync
+  (a temporary of pairs x expert size: large batches of big experts want a fused kernel);
 - many pairs (prefill): pairs are sorted by expert and each expert runs one GEMM over its tokens.
 
 `hits` (a device buffer) counts, per expert, the pairs routed to it in the last forward: the ledger
@@ -44,7 +45,8 @@ def experts_grouped(x, idx, w, gate_up, down) -> torch.Tensor:
     N, k = idx.shape
     flat = idx.reshape(-1)
     xs = x.repeat_interleave(k, dim=0)  # pair p = (token p // k, its (p % k)-th expert)
-    if N * k <= GATHER_MAX_PAIRS:
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync inside a CUDA graph
+    if N * k <= GATHER_MAX_PAIRS or capturing:
         g, u = torch.bmm(gate_up[flat], xs[:, :, None])[..., 0].chunk(2, dim=-1)
         y = torch.bmm(down[flat], (F.silu(g) * u)[:, :, None])[..., 0]
     else:
