@@ -106,3 +106,27 @@ def test_qwen3_5_multimodal_wrapper_loads_the_language_model(folders, tmp_path):
     a, b = load_checkpoint(src, progress=False), load_checkpoint(tmp_path, progress=False)
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_tokenizer_and_eos(folders, tmp_path):
+    """tokenizer.json through `tokenizers`; EOS from generation_config.json, else tokenizer_config.json."""
+    import json
+    import shutil
+
+    from hf_folders import write_tokenizer
+
+    from synodic.engine.text import load_codec
+    d = tmp_path / "f"
+    shutil.copytree(folders["nemotron_h"][0], d)
+    write_tokenizer(d, 320)
+    codec = load_codec(d)
+    assert codec.eos_id == 2 and codec.tok.token_to_id("</s>") == 2  # generation_config.json: eos_token_id 2
+    assert codec.decode(codec.encode("hello world")) == "hello world"
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 2]}))
+    assert load_codec(d).eos_id == 1
+    (d / "generation_config.json").unlink()
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.pop("eos_token_id")
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<unk>"}))
+    assert load_codec(d).eos_id == 0
