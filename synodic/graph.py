@@ -48,7 +48,7 @@ class ServingGraph:
         b = len(lengths)
         if (b * T) not in self.weight_bytes:
             self.weight_bytes[b * T] = linear_weight_bytes(self.model, b * T)
-        out = {"weights_read": self.weight_bytes[b * T] + b * T * self.embed_row_bytes}
+        out = {"weights_read": self.weight_bytes[b * T] + b * T * self.embed_row_bytes + moe_bytes_read(self.model)}
         if self.ssm is not None:
             out.update(self.ssm.step_bytes(slots, T, accepted))
         if self.kv is not None:
@@ -155,6 +155,15 @@ def check_cuda_graphs(g: ServingGraph, kv_cfg, asked: bool | None) -> None:
                            f"or null; {type(g.kv).__name__} decode steps cannot be captured (not graph_safe)"])
     g.cuda_graphs = False
     g.notes.append(f"cuda_graphs off: kv={kv_cfg.kind} steps are not captured")
+
+
+def moe_bytes_read(model: torch.nn.Module) -> int:
+    """Bytes of the routed experts the last forward read, over the model's MoE MLPs (synodic/models/moe.py;
+    reading their per-expert hit counts waits for the step). 0 without MoE."""
+    moe = getattr(model, "_moe_modules", None)
+    if moe is None:
+        moe = model._moe_modules = [m for m in model.modules() if hasattr(m, "expert_bytes_read")]
+    return sum(m.expert_bytes_read() for m in moe)
 
 
 def linear_weight_bytes(model: torch.nn.Module, rows: int = 1) -> int:

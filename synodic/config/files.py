@@ -48,6 +48,9 @@ def checkpoint_problems(d: str | Path) -> list[str]:
     d = Path(d)
     if not d.is_dir():
         return [f"expected auto, random or a checkpoint directory (no directory {d})"]
+    from synodic.models.hf import hf_problems, is_hf_folder
+    if is_hf_folder(d):  # a Hugging Face folder: its own checks (synodic/models/hf)
+        return hf_problems(d)
     out = []
     cj = d / "config.json"
     if not cj.is_file():

@@ -49,6 +49,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=False)
         self.v_proj = nn.Linear(cfg.hidden_size, self.nkv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.nq * self.hd, cfg.hidden_size, bias=False)
+        # Qwen3-Next's gated attention: o * sigmoid(o_gate(x)) per channel before o_proj
+        self.o_gate = nn.Linear(cfg.hidden_size, self.nq * self.hd, bias=False) if cfg.attn_output_gate else None
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
@@ -75,6 +77,13 @@ class Attention(nn.Module):
             return rope_norm(x, cos, sin, self.rot, backend=fused_backend(x))
         return rope_norm(x, cos, sin, self.rot, norm.weight, norm.eps, backend=fused_backend(x, norm.weight))
 
+    def _out(self, o: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """o_proj of the heads' outputs o [b,T,nq,hd] (after the output gate, when the layer has one)."""
+        o = o.flatten(-2)
+        if self.o_gate is not None:
+            o = o * torch.sigmoid(self.o_gate(hidden))
+        return self.o_proj(o)
+
     def _index(self, h, pos, ctx):
         ix = self.indexer
         return ix(h, pos, step_rope(ctx, pos, ix.theta, ix.rot) if ix.rot else None)
@@ -99,7 +108,7 @@ class Attention(nn.Module):
             sparse = ctx.kv.prefill_attend if ctx is not None else None
             if sparse is not None:  # top-k KV policies: each prompt query attends to its own top-k
                 kw = {"index": self.indexer(hidden, pos).at(0)} if learned else {}
-                return self.o_proj(sparse(self.attn_index, ctx.slot, start, q[0], k[0], v[0], **kw)[None].flatten(-2))
+                return self._out(sparse(self.attn_index, ctx.slot, start, q[0], k[0], v[0], **kw)[None], hidden)
             if ctx is not None:
                 for r, slot in enumerate(ctx.slots):
                     ctx.kv.write_prefill(self.attn_index, slot, start, k[r], v[r])
@@ -107,4 +116,4 @@ class Attention(nn.Module):
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.repeat_interleave(rep, 2).transpose(1, 2),
                 v.repeat_interleave(rep, 2).transpose(1, 2), is_causal=True).transpose(1, 2)
-        return self.o_proj(o.flatten(-2))
+        return self._out(o, hidden)

@@ -37,8 +37,11 @@ class HybridConfig(BaseModel):
     num_key_value_heads: int = Field(2, ge=1, description="KV heads (GQA).")
     head_dim: int = Field(32, ge=2, description="Attention head dim.")
     rope_theta: float = Field(10000.0, gt=0, description="RoPE base.")
-    partial_rotary_factor: float = Field(1.0, gt=0, le=1, description="Fraction of head_dim rotated.")
+    partial_rotary_factor: float = Field(1.0, ge=0, le=1, description="Fraction of head_dim rotated "
+                                         "(0: attention without rotary embeddings, as NemotronH's).")
     qk_norm: bool = Field(False, description="RMSNorm on q and k per head before RoPE.")
+    attn_output_gate: bool = Field(False, description="Attention output times sigmoid(o_gate(x)) before o_proj "
+                                   "(Qwen3-Next's gated attention; o_gate is its own projection).")
     # learned top-k indexer (DeepSeek-V3.2 DSA "lightning indexer"), one per attention layer
     index_n_heads: int = Field(0, ge=0, description="Learned indexer query heads H_I per attention layer "
                                "(synodic/models/indexer.py); 0 = no learned indexer (top-k KV policies then "
@@ -60,6 +63,17 @@ class HybridConfig(BaseModel):
     linear_key_head_dim: int = Field(32, ge=1, description="GDN K.")
     linear_value_head_dim: int = Field(32, ge=1, description="GDN V.")
     linear_conv_kernel_dim: int = Field(4, ge=1, description="GDN causal conv width.")
+    gdn_norm_before_gate: bool = Field(False, description="GDN output norm: false = norm(y * silu(z)) (the "
+                                       "Mamba-2 order); true = norm(y) * silu(z) (Qwen3-Next's order).")
+    # sparse MoE MLPs (Qwen3-Next's block, synodic/models/moe.py); num_experts 0 = dense MLPs everywhere
+    num_experts: int = Field(0, ge=0, description="Routed experts per MoE MLP (qwen3_next; 0 = no MoE).")
+    num_experts_per_tok: int = Field(1, ge=1, description="Experts each token is routed to (top-k).")
+    moe_intermediate_size: int = Field(0, ge=0, description="Hidden width of one routed expert.")
+    shared_expert_intermediate_size: int = Field(0, ge=0, description="Hidden width of the shared expert "
+                                                 "(0 = none).")
+    norm_topk_prob: bool = Field(True, description="Renormalise the top-k router weights to sum to 1.")
+    decoder_sparse_step: int = Field(1, ge=1, description="Layer i's MLP is MoE when (i + 1) % step == 0 ...")
+    mlp_only_layers: list[int] = Field(default_factory=list, description="... and i is not listed here.")
     initializer_range: float = Field(0.02, gt=0, description="Std of random init.")
 
     @model_validator(mode="after")
@@ -79,6 +93,14 @@ class HybridConfig(BaseModel):
             if self.linear_num_value_heads % self.linear_num_key_heads:
                 raise ValueError(f"linear_num_value_heads={self.linear_num_value_heads}: expected a "
                                  f"multiple of linear_num_key_heads={self.linear_num_key_heads}")
+        if self.num_experts:
+            if self.model_type != "qwen3_next":
+                raise ValueError(f"num_experts={self.num_experts}: MoE MLPs are implemented for model_type "
+                                 "qwen3_next; expected num_experts=0")
+            if self.num_experts_per_tok > self.num_experts or not self.moe_intermediate_size:
+                raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok}, moe_intermediate_size="
+                                 f"{self.moe_intermediate_size}: expected top-k <= num_experts={self.num_experts} "
+                                 "and moe_intermediate_size >= 1")
         if self.index_n_heads and (self.index_rope_dim % 2 or self.index_rope_dim > self.index_head_dim):
             raise ValueError(f"index_rope_dim={self.index_rope_dim}: expected an even number <= "
                              f"index_head_dim={self.index_head_dim}")
@@ -94,6 +116,11 @@ class HybridConfig(BaseModel):
             return [[m[c]] for c in self.hybrid_override_pattern]
         mixer = {"linear_attention": "gdn", "full_attention": "attention"}
         return [[mixer[t], "mlp"] for t in self.layer_types]
+
+    def moe_layer(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is the sparse MoE block (transformers' Qwen3-Next rule)."""
+        return (bool(self.num_experts) and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
 
     def count(self, kind: BlockKind) -> int:
         return sum(b.count(kind) for b in self.blocks())

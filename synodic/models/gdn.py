@@ -34,7 +34,8 @@ class GatedDeltaNetMixer(nn.Module):
                                 groups=self.conv_dim, bias=True)
         self.dt_bias = nn.Parameter(torch.ones(self.HV))
         self.A_log = nn.Parameter(torch.log(torch.empty(self.HV).uniform_(1, 16)))
-        self.norm = GatedRMSNorm(self.value_dim, cfg.rms_norm_eps, group_size=self.V)
+        self.norm = GatedRMSNorm(self.value_dim, cfg.rms_norm_eps, group_size=self.V,
+                                 norm_before_gate=cfg.gdn_norm_before_gate)
         self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
 
     def _qkv(self, qkv):

@@ -9,6 +9,7 @@ from .config import HybridConfig
 from .gdn import GatedDeltaNetMixer
 from .mamba2 import Mamba2Mixer
 from .mlp import MLP
+from .moe import SparseMoE
 from .norm import RMSNorm
 
 
@@ -71,7 +72,9 @@ class Block(nn.Module):
             "mamba2": lambda: Mamba2Mixer(cfg, index),
             "gdn": lambda: GatedDeltaNetMixer(cfg, index),
             "attention": lambda: Attention(cfg, index),
-            "mlp": lambda: MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_hidden_act),
+            # qwen3_next has one MLP per layer, so `index` is the layer for the MoE rule
+            "mlp": lambda: SparseMoE(cfg) if cfg.moe_layer(index) else MLP(cfg.hidden_size, cfg.intermediate_size,
+                                                                            cfg.mlp_hidden_act),
         }[kind]()
 
 

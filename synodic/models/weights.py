@@ -1,4 +1,5 @@
-"""Checkpoints: `config.json` (HybridConfig) + `model.safetensors` (+ optional `tokenizer.json`)."""
+"""Checkpoints: synodic's own (`config.json` = HybridConfig + `model.safetensors` + optional `tokenizer.json`)
+or a Hugging Face folder (synodic/models/hf: nemotron_h / qwen3_next config.json, sharded safetensors)."""
 from pathlib import Path
 
 import torch
@@ -27,10 +28,20 @@ def save_checkpoint(model: HybridLM, out_dir: str | Path) -> Path:
 
 
 def load_config(ckpt_dir: str | Path) -> HybridConfig:
+    from .hf import CheckpointError, hf_config, is_hf_folder
+    if not (Path(ckpt_dir) / "config.json").is_file():
+        raise CheckpointError(f"{ckpt_dir} has no config.json; expected a synodic checkpoint or a Hugging Face "
+                              "folder (config.json + safetensors shards)")
+    if is_hf_folder(ckpt_dir):
+        return hf_config(ckpt_dir)
     return HybridConfig.model_validate_json((Path(ckpt_dir) / "config.json").read_text())
 
 
-def load_checkpoint(ckpt_dir: str | Path, device="cpu", dtype=torch.float32) -> HybridLM:
+def load_checkpoint(ckpt_dir: str | Path, device="cpu", dtype=torch.float32, progress: bool = True) -> HybridLM:
+    """A synodic checkpoint directory or a Hugging Face folder (streamed shard by shard onto `device`)."""
+    from .hf import is_hf_folder, load_hf
+    if is_hf_folder(ckpt_dir):
+        return load_hf(ckpt_dir, device, dtype, progress)
     cfg = load_config(ckpt_dir)
     with torch.device("meta"):
         model = HybridLM(cfg)

@@ -1,0 +1,83 @@
+"""NemotronH (model_type nemotron_h): config.json fields → HybridConfig, Hub tensor names → synodic's.
+
+One synodic block per layer, as on disk. Layer kinds come from `hybrid_override_pattern` (Hub
+configs: M Mamba-2, * attention, - MLP, E MoE) or `layers_block_type` (transformers 5: mamba /
+linear_attention, attention / full_attention, mlp, moe). NemotronH attention has no rotary
+embeddings (partial_rotary_factor 0); norms are plain RMSNorm weights; the Mamba-2 gated norm is
+per group of d_inner / n_groups channels, gate before norm, as synodic's."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .loader import CheckpointError, Mapping, Source, pick, require, validated
+
+_KIND = {"M": "M", "mamba": "M", "linear_attention": "M", "*": "*", "attention": "*", "full_attention": "*",
+         "-": "-", "mlp": "-", "E": "E", "moe": "E"}
+
+
+def _pattern(raw: dict, where: Path) -> tuple[str, str]:
+    if raw.get("layers_block_type") is not None:
+        key, kinds = "layers_block_type", list(raw["layers_block_type"])
+    else:
+        key, kinds = "hybrid_override_pattern", list(pick(raw, where, "hybrid_override_pattern", "layers_block_type"))
+    bad = [k for k in kinds if k not in _KIND]
+    require(not bad, lambda: f"{where}: {key} has layer type {bad[0]!r}; expected mamba (M), attention (*), mlp (-)")
+    p = "".join(_KIND[k] for k in kinds)
+    if "E" in p:
+        raise CheckpointError(f"{where}: {key} makes layer {p.index('E')} a moe (E) layer, which synodic does not "
+                              "implement for nemotron_h; expected mamba (M), attention (*) and mlp (-) layers")
+    return key, p
+
+
+def mapping(raw: dict, where: Path, keys: set[str]) -> Mapping:
+    key, p = _pattern(raw, where)
+    for k in ("use_bias", "mamba_proj_bias", "attention_bias", "mlp_bias"):
+        require(not raw.get(k), f"{where}: {k}={raw.get(k)}; expected false (synodic's linears have no bias)")
+    act = raw.get("mlp_hidden_act", "relu2")
+    require(act == "relu2", f"{where}: mlp_hidden_act={act!r}; expected 'relu2' (NemotronH's squared-ReLU MLP)")
+    m_act = raw.get("mamba_hidden_act", "silu")
+    require(m_act == "silu", f"{where}: mamba_hidden_act={m_act!r}; expected 'silu'")
+    H = pick(raw, where, "hidden_size")
+    nq = pick(raw, where, "num_attention_heads")
+    cfg = validated(dict(
+        model_type="nemotron_h", vocab_size=pick(raw, where, "vocab_size"), hidden_size=H,
+        intermediate_size=pick(raw, where, "intermediate_size"), num_hidden_layers=len(p),
+        hybrid_override_pattern=p, mlp_hidden_act="relu2",
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        rms_norm_eps=pick(raw, where, "layer_norm_epsilon", "rms_norm_eps", default=1e-5),
+        num_attention_heads=nq, num_key_value_heads=pick(raw, where, "num_key_value_heads", default=nq),
+        head_dim=pick(raw, where, "head_dim", "attention_head_dim", default=H // nq), partial_rotary_factor=0.0,
+        mamba_num_heads=pick(raw, where, "mamba_num_heads"), mamba_head_dim=pick(raw, where, "mamba_head_dim"),
+        ssm_state_size=pick(raw, where, "ssm_state_size"), n_groups=pick(raw, where, "n_groups", "mamba_n_groups"),
+        conv_kernel=pick(raw, where, "conv_kernel", "mamba_d_conv"),
+        chunk_size=pick(raw, where, "chunk_size", "mamba_chunk_size", default=128),
+        initializer_range=raw.get("initializer_range", 0.02)), where)
+    prefix = "backbone." if any(k.startswith("backbone.") for k in keys) else "model."
+    return Mapping(cfg, sources(cfg, prefix, conv_bias=raw.get("use_conv_bias", raw.get("mamba_conv_bias", True))),
+                   zero=[] if raw.get("use_conv_bias", raw.get("mamba_conv_bias", True)) else
+                   [f"blocks.{i}.mixer.conv1d.bias" for i, c in enumerate(p) if c == "M"])
+
+
+def _same(name: str):
+    return lambda t: [(name, t, None)]
+
+
+def sources(cfg, prefix: str, conv_bias: bool = True) -> dict[str, Source]:
+    from ..lm import HybridLM
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in HybridLM(cfg).named_parameters()}
+    names = {prefix + "embeddings.weight": "embed_tokens.weight", prefix + "norm_f.weight": "norm_f.weight"}
+    if not cfg.tie_word_embeddings:
+        names["lm_head.weight"] = "lm_head.weight"
+    for i, c in enumerate(cfg.hybrid_override_pattern):
+        layer, blk = f"{prefix}layers.{i}.", f"blocks.{i}."
+        names[layer + "norm.weight"] = blk + "norm.weight"
+        subs = {"M": ["in_proj.weight", "conv1d.weight", "dt_bias", "A_log", "D", "norm.weight", "out_proj.weight"]
+                + (["conv1d.bias"] if conv_bias else []),
+                "*": ["q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"],
+                "-": ["up_proj.weight", "down_proj.weight"]}[c]
+        for s in subs:
+            names[layer + "mixer." + s] = blk + "mixer." + s
+    return {hf: Source(shapes[syn], _same(syn)) for hf, syn in names.items()}
