@@ -122,14 +122,15 @@ def _check_pages(graph, b: int, p: BenchPipeline) -> None:
 
 def reference_outputs(graph, b: int, p: BenchPipeline) -> dict[int, list[int]]:
     """The target's greedy continuation of the point's requests: a plain (non-speculative) engine run over the
-    same graph, γ + 1 tokens longer than a speculative row can emit. Controlled acceptance drafts from it."""
+    same graph, γ tokens longer than a speculative row can emit. Controlled acceptance drafts from it."""
     from synodic.engine.engine import Engine
     from synodic.engine.request import Request, SamplingParams
 
     _check_pages(graph, b, p)
     reqs, _ = bench_requests(graph, b, p)
     T = _gamma(graph) + 1
-    refs = [Request(r.id, r.prompt_ids, SamplingParams(max_tokens=r.params.max_tokens + T)) for r in reqs]
+    # a row proposes with at most max_tokens - 1 outputs: drafts up to index max_tokens + γ - 2
+    refs = [Request(r.id, r.prompt_ids, SamplingParams(max_tokens=r.params.max_tokens + T - 1)) for r in reqs]
     spec, graph.spec = graph.spec, None
     try:
         Engine(graph).generate(refs)
@@ -161,7 +162,6 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
     inside the window is excluded, as the engine excludes it from decode_s. Speculative variants end with
     Engine.stop at the last timed step; with p.acceptance == "controlled" the drafter is wrapped
     (synodic.spec.controlled) and drafts from `reference` (reference_outputs by default)."""
-    import torch
 
     from synodic.engine.engine import Engine
     from synodic.spec.controlled import ControlledDrafter, conditional_rates
@@ -200,9 +200,7 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if graph.device.type == "cuda" else [])
         prof = profile(activities=acts)
 
-    def snap():
-        if graph.device.type == "cuda":
-            torch.cuda.synchronize()
+    def snap():  # at a read-back: that step is done; in overlap mode the next one is queued (not waited for)
         st = eng.spec_stats
         return (time.perf_counter(), eng.runner.capture_s, dict(eng.ledger.totals), eng.ledger.tokens, st.emitted)
 

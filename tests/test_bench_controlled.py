@@ -42,11 +42,11 @@ def _run(p: BenchPipeline, spec=("spec=ngram", "spec.num_speculative_tokens=3"))
 
 
 def test_controlled_acceptance_matches_requested_rates_and_stays_lossless():
-    p = BenchPipeline(batch_sizes=[8], prompt_len=6, steps=40, warmup=1, stagger=2, repeats=1,
+    p = BenchPipeline(batch_sizes=[8], prompt_len=6, steps=32, warmup=1, stagger=2, repeats=1,
                       acceptance="controlled", acceptance_rates=RATES, acceptance_seed=3)
     row, eng, calls, graph = _run(p)
     assert row["acceptance"] == "controlled" and row["outputs_match_reference"] is True
-    assert len(calls) == eng.spec_stats.steps > 40
+    assert len(calls) == eng.spec_stats.steps > 32
     st = eng.spec_stats
     reach = [st.pos_drafted[0], *st.pos_accepted[:2]]
     for k, (want, got, n) in enumerate(zip(RATES, row["acceptance_by_position"], reach)):
