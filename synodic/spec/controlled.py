@@ -47,7 +47,8 @@ class ControlledDrafter:
         if any(r.params.temperature > 0 for r in batch):
             raise ValueError("controlled acceptance needs greedy requests (temperature 0): a sampled verify "
                              "accepts by probability, not by the chosen rates")
-        dev = drafts.device if isinstance(drafts, torch.Tensor) else torch.device("cpu")
+        # the engine's device: a host-list drafter (ngram) gives no tensor to take it from
+        dev = drafts.device if isinstance(drafts, torch.Tensor) else temperature.device
         rows = np.fromiter((self._row[r.id] for r in batch), dtype=np.int64, count=len(batch))
         n = np.fromiter((len(r.output_ids) for r in batch), dtype=np.int64, count=len(batch))
         n_draw = np.minimum(n, self.draws.shape[1] - 1)
