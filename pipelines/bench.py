@@ -175,7 +175,7 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
     spec, cuda_graphs = graph.spec, graph.cuda_graphs
     if controlled:
         graph.spec = ControlledDrafter(spec, G, _rates(graph, p), reference, graph.model.config.vocab_size,
-                                       p.acceptance_seed)
+                                       p.acceptance_seed, graph.max_slots, graph.max_seq_len, graph.device)
     if profile_path is not None:
         graph.cuda_graphs = False  # kernels visible one by one
     try:
@@ -246,6 +246,7 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
                                          for x in conditional_rates(eng.spec_stats)]
         if controlled:
             row["outputs_match_reference"] = all(reference[r.id][:len(r.output_ids)] == r.output_ids for r in reqs)
+            row["uncontrolled_drafts"] = eng.drafter.unknown_drafts()
     if prof is not None:
         key = "self_cuda_time_total" if graph.device.type == "cuda" else "self_cpu_time_total"
         profile_path.write_text(f"batch {b}, {p.steps} uncaptured decode steps\n" + prof.key_averages().table(

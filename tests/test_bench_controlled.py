@@ -53,7 +53,7 @@ def test_controlled_acceptance_matches_requested_rates_and_stays_lossless():
         assert n >= 30, (k, n)
         tol = 3 * math.sqrt(want * (1 - want) / n) + 0.03
         assert abs(got - want) <= tol, (k, got, want, n, tol)
-    assert eng.drafter.beyond_reference == 0
+    assert eng.drafter.unknown_drafts() == 0 == row["uncontrolled_drafts"]
     # outputs equal an independent plain greedy run of the same requests on a graph without speculation
     plain = build_graph(compose(BASE), graph.max_seq_len, max_slots=8)
     reqs, _ = bench_requests(graph, 8, p)
@@ -91,3 +91,26 @@ def test_the_shipped_default_rates_cover_the_shipped_drafters():
     cfg = compose(["pipeline=bench"])
     assert cfg.pipeline.acceptance == "real"  # never the default
     assert len(cfg.pipeline.measured_rates["dflash2"]) == compose(["spec=dflash2"]).spec.num_speculative_tokens
+
+
+def test_the_captured_step_path_draws_the_same_acceptances_as_the_host_path(monkeypatch):
+    """A device drafter (dflash2) runs the engine's ModelRunner.speculate with the wrapper's draft_device inside;
+    forcing the op-by-op path (propose on the host) gives the same per-position acceptances and outputs."""
+    from synodic.engine.runner import ModelRunner
+    from synodic.spec.controlled import ControlledDrafter
+    p = BenchPipeline(batch_sizes=[8], prompt_len=6, steps=12, warmup=1, stagger=2, repeats=1,
+                      acceptance="controlled", acceptance_rates=RATES, acceptance_seed=5)
+    spec = ("spec=dflash2", "spec.drafter=random", "spec.num_speculative_tokens=3")
+    used = []
+    speculate = ModelRunner.speculate
+    monkeypatch.setattr(ModelRunner, "speculate", lambda self, *a, **k: used.append(1) or speculate(self, *a, **k))
+    dev_row, dev_eng, _, _ = _run(p, spec)
+    assert used and dev_row["outputs_match_reference"] and dev_row["uncontrolled_drafts"] == 0
+    assert dev_eng.spec_stats.pos_accepted[0] > 0
+    used.clear()
+    monkeypatch.setattr(ControlledDrafter, "graph_safe", property(lambda self: False))
+    host_row, host_eng, _, _ = _run(p, spec)
+    assert not used and host_row["outputs_match_reference"]
+    assert dev_eng.spec_stats.pos_accepted == host_eng.spec_stats.pos_accepted
+    assert {r.id: r.output_ids for r in dev_eng.scheduler.finished} == \
+        {r.id: r.output_ids for r in host_eng.scheduler.finished}
