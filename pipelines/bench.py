@@ -162,7 +162,6 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
     inside the window is excluded, as the engine excludes it from decode_s. Speculative variants end with
     Engine.stop at the last timed step; with p.acceptance == "controlled" the drafter is wrapped
     (synodic.spec.controlled) and drafts from `reference` (reference_outputs by default)."""
-
     from synodic.engine.engine import Engine
     from synodic.spec.controlled import ControlledDrafter, conditional_rates
 
