@@ -1,5 +1,12 @@
 """pipeline=bench: decode throughput over batch sizes for one or more variants, side by side in one
-process (same inputs), as a markdown + CSV table and a plot in the run dir."""
+process (same inputs), as a markdown + CSV table and a plot in the run dir.
+
+Every point is served by the engine itself (synodic.engine.engine.Engine.generate: overlapped steps, CUDA
+graphs, speculative steps, the KV policy's hooks, the byte ledger), so what bench times is what
+pipeline=decode serves; the bench only chooses the requests, when they join, and which steps it times
+(docs/measuring.md, "End to end")."""
+import logging
+import statistics
 import time
 from pathlib import Path
 from typing import Annotated, Literal
@@ -7,6 +14,11 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from synodic.config.registry import Component, register
+
+log = logging.getLogger(__name__)
+SPREAD_WARN = 0.10  # median over min step time above which a point's repeats are reported as disagreeing
+
+_Rate = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
 @register("pipeline")
@@ -18,13 +30,34 @@ class BenchPipeline(Component):
                                 "applied on top of the run's overrides ('' = the run's own config)")
     prompt_len: int = Field(32, ge=1, description="prompt tokens per sequence before timing")
     steps: int = Field(16, ge=1, description="timed decode steps per point")
-    warmup: int = Field(2, ge=0, description="untimed decode steps first (graph capture, autotune)")
+    warmup: int = Field(2, ge=0, description="untimed decode steps first (graph capture, autotune); the timer "
+                        "starts at a step's read-back, so with stagger <= 1 and warmup 0 one untimed step runs")
     stagger: int = Field(16, ge=0, description="rows join over this many untimed steps first (row s after s mod "
                          "stagger steps), so positions and replay cursors are spread as when requests arrive over "
                          "time; 0 or 1: every row starts together (replay then flushes every row on the same step)")
+    repeats: int = Field(3, ge=1, description="times each point is served and timed (fresh requests each); "
+                         "step_ms is the median, step_ms_min the fastest, and a warning is printed and recorded "
+                         "when they differ by more than 10 %")
     profile: bool = Field(False, description="after all timings, per variant at the largest batch: 3 "
                           "uncaptured steps under torch.profiler, per-kernel time table in profile_<variant #>.txt "
                           "(where the step's time goes)")
+    acceptance: Literal["real", "controlled"] = Field(
+        "real", description="speculative variants: real = the drafter's own proposals; controlled = the drafter "
+        "runs (its full cost) but its proposals are replaced by the target's greedy continuation rejected at "
+        "acceptance_rates (synodic/spec/controlled.py; for random-weight presets, which accept nothing)")
+    acceptance_rates: list[_Rate] | None = Field(
+        None, description="controlled: conditional acceptance per draft position (kept at k given 1..k-1 kept), "
+        "at least γ of them; null = measured_rates[<spec scheme>]")
+    measured_rates: dict[str, list[_Rate]] = Field(
+        {}, description="per spec scheme, the conditional acceptance by draft position measured on the embedded "
+        "models (conf/pipeline/bench.yaml holds them and their source): controlled acceptance's default")
+    acceptance_seed: int = Field(0, description="controlled: seed of the acceptance draws (same seed, same "
+                                 "requests: the same drafts accepted)")
+    memory_budget: int | None = Field(None, ge=1, description="device bytes: per variant, how many requests fit "
+                                      "(weights once; per request SSM state slot, KV pages, drafter ring) and "
+                                      "the decode throughput at that admission (admission.md)")
+    max_admitted: int = Field(256, ge=1, description="memory_budget: the largest batch timed at the admission "
+                              "(the admitted count itself is reported uncapped)")
 
 
 def _task_overrides() -> list[str]:
@@ -35,121 +68,274 @@ def _task_overrides() -> list[str]:
         return []
 
 
-def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None) -> dict:
-    """Prefill b random prompts, let the rows join over p.stagger steps, then time p.steps batched decode steps
-    (greedy feedback) the way the engine runs them: overlapped when graph.overlap (step N + 1 queued with
-    step N's tokens still on the device, N's tokens read back while N + 1 runs), else one host sync per step;
-    the byte ledger is taken every step in both."""
+def _gamma(graph) -> int:
+    return getattr(graph.cfg.spec, "num_speculative_tokens", 0) if graph.spec is not None else 0
+
+
+def _phases(p: BenchPipeline) -> tuple[int, int]:
+    """(stagger steps, untimed steps after them): the timer starts at the read-back of the last untimed step."""
+    S = p.stagger if p.stagger > 1 else 0
+    return S, p.warmup if S + p.warmup > 0 else 1
+
+
+def row_tokens(p: BenchPipeline, window: int = 1) -> int:
+    """Tokens a row may hold by the end of a point (prompt, every step's window, one spare step)."""
+    S, W = _phases(p)
+    return p.prompt_len + (S + W + p.steps + 2) * window
+
+
+def bench_requests(graph, b: int, p: BenchPipeline):
+    """b greedy requests on seeded random prompts (the same for every variant at batch b), the step each joins
+    at, and each one's max_tokens: a plain row ends exactly at the last timed step; a speculative row (up to
+    1 + γ tokens a step) cannot end before it (the bench stops the engine there)."""
     import torch
 
-    from synodic.engine.runner import ModelRunner
-    from synodic.engine.scheduler import Scheduler
-    from synodic.transfer import PendingTokens
+    from synodic.engine.request import Request, SamplingParams
 
-    runner = ModelRunner(graph.model, graph.ssm, graph.kv, graph.max_slots, graph.device, graph.cuda_graphs)
     gen = torch.Generator().manual_seed(b)
     vocab = graph.model.config.vocab_size
-    total = p.prompt_len + p.stagger + p.warmup + p.steps + 2
-    if graph.kv is not None:  # every row holds its pages for the whole run: check before any prefill
-        blocks = graph.kv.blocks
-        need = b * blocks.blocks_for(total)
-        if need > blocks.num_blocks:
-            from synodic.config.errors import ConfigError
-            raise ConfigError([f"kv.num_blocks={blocks.num_blocks}: batch {b} x {total} tokens (prompt_len + "
-                               f"stagger + warmup + steps + 2) needs {need} pages of {blocks.block_size}; expected "
-                               f"kv.num_blocks >= {need} or fewer pipeline.steps"])
     prompts = [torch.randint(0, vocab, (p.prompt_len,), generator=gen).tolist() for _ in range(b)]
-    Scheduler(graph.max_slots, graph.kv.blocks if graph.kv is not None else None, graph.max_slots).hold(
-        list(range(b)), total)
-    per = max(1, graph.cfg.runtime.prefill_tokens // p.prompt_len) if runner.batched_prefill else 1
-    toks = []
-    for s in range(0, b, per):  # batched prefill, as the engine's
-        toks += runner.prefill_batch(list(range(s, min(b, s + per))), prompts[s:s + per]).argmax(-1).tolist()
-    pos = [p.prompt_len] * b
-    if p.stagger > 1:  # uncaptured steps: no graphs for the partial batches
-        joiner = ModelRunner(graph.model, graph.ssm, graph.kv, graph.max_slots, graph.device, False)
-        for k in range(p.stagger):
-            rows = [s for s in range(b) if s % p.stagger <= k]
-            out = joiner.decode(rows, [pos[s] for s in rows], [toks[s] for s in rows], max(pos) + 1).argmax(-1)
-            graph.advance(rows)  # cursor mirrors stay in step
-            for s, t in zip(rows, out.tolist()):
-                toks[s], pos[s] = t, pos[s] + 1
-    slots = list(range(b))
+    S, W = _phases(p)
+    T = _gamma(graph) + 1
+    joins = [s % S if S else 0 for s in range(b)]
+    steps = [S - j + W + p.steps for j in joins]  # decode steps row s is in, through the last timed one
+    max_tokens = [1 + n if T == 1 else 1 + (n + 1) * T for n in steps]
+    reqs = [Request(s, prompts[s], SamplingParams(max_tokens=m)) for s, m in enumerate(max_tokens)]
+    return reqs, joins
 
-    def sync():
-        if graph.device.type == "cuda":
-            torch.cuda.synchronize()
 
-    # every step's KV view bucket covers the run's last position, so the graph captured in warm-up serves every
-    # timed step (a view crossing a power-of-two page count mid-run would time a capture)
-    view_len = max(pos) + p.warmup + p.steps + 2
+def _check_pages(graph, b: int, p: BenchPipeline) -> None:
+    """Every row holds its pages for the whole point: checked before any prefill (a preemption would change
+    what is timed)."""
+    if graph.kv is None:
+        return
+    blocks, T = graph.kv.blocks, _gamma(graph) + 1
+    total = row_tokens(p, T)
+    need = b * blocks.blocks_for(total)
+    if need > blocks.num_blocks:
+        from synodic.config.errors import ConfigError
+        what = "stagger + warmup + steps + 2" if T == 1 else f"(stagger + warmup + steps + 2) x {T}"
+        raise ConfigError([f"kv.num_blocks={blocks.num_blocks}: batch {b} x {total} tokens (prompt_len + {what}) "
+                           f"needs {need} pages of {blocks.block_size}; expected kv.num_blocks >= {need} or fewer "
+                           "pipeline.steps"])
 
-    def launch(tokens, ahead: int):
-        logits = runner.decode(slots, [q + ahead for q in pos], tokens, view_len)
-        nxt = logits.argmax(-1)
-        return nxt, PendingTokens(nxt)
 
-    def finish(pending) -> dict:
-        toks[:] = pending.wait()
-        step_b = graph.step_bytes(slots, [q + 1 for q in pos])
-        graph.advance(slots)
-        pos[:] = [q + 1 for q in pos]
-        return step_b
+def reference_outputs(graph, b: int, p: BenchPipeline) -> dict[int, list[int]]:
+    """The target's greedy continuation of the point's requests: a plain (non-speculative) engine run over the
+    same graph, γ tokens longer than a speculative row can emit. Controlled acceptance drafts from it."""
+    from synodic.engine.engine import Engine
+    from synodic.engine.request import Request, SamplingParams
 
-    def run_steps(n: int) -> dict[str, float]:
-        """n steps; returns their summed ledger entries."""
-        acc: dict[str, float] = {}
-        if n == 0:
-            return acc
-        step = launch(toks, 0)
-        for i in range(n):
-            nxt = launch(step[0], 1) if graph.overlap and i + 1 < n else None
-            for k, v in finish(step[1]).items():
-                acc[k] = acc.get(k, 0) + v
-            step = nxt if nxt is not None or i + 1 == n else launch(toks, 0)
-        return acc
+    _check_pages(graph, b, p)
+    reqs, _ = bench_requests(graph, b, p)
+    T = _gamma(graph) + 1
+    # a row proposes with at most max_tokens - 1 outputs: drafts up to index max_tokens + γ - 2
+    refs = [Request(r.id, r.prompt_ids, SamplingParams(max_tokens=r.params.max_tokens + T - 1)) for r in reqs]
+    spec, graph.spec = graph.spec, None
+    try:
+        Engine(graph).generate(refs)
+    finally:
+        graph.spec = spec
+    return {r.id: r.output_ids for r in refs}
 
-    run_steps(p.warmup)
-    sync()
-    t0 = time.perf_counter()
-    acc = {k: v / p.steps for k, v in run_steps(p.steps).items()}
-    step_s = (time.perf_counter() - t0) / p.steps
+
+def _rates(graph, p: BenchPipeline) -> list[float]:
+    from synodic.config.errors import ConfigError
+    scheme = graph.cfg.spec.kind
+    rates = p.acceptance_rates if p.acceptance_rates is not None else p.measured_rates.get(scheme)
+    if rates is None:
+        raise ConfigError([f"pipeline.acceptance_rates=None with spec={scheme}: pipeline.measured_rates has "
+                           f"{sorted(p.measured_rates) or 'no schemes'}; expected pipeline.acceptance_rates=[...] "
+                           f"(one per draft position)"])
+    if len(rates) < _gamma(graph):
+        raise ConfigError([f"pipeline.acceptance_rates={rates}: {len(rates)} rates for "
+                           f"spec.num_speculative_tokens={_gamma(graph)}; expected at least {_gamma(graph)}"])
+    return list(rates[:_gamma(graph)])
+
+
+def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None,
+               reference: dict[int, list[int]] | None = None) -> dict:
+    """Serve b requests through the engine: rows join over p.stagger untimed steps (synced steps, as
+    admissions are in serving), p.warmup more untimed steps, then p.steps timed ones, all through
+    Engine.generate. Times, bytes (the engine's own ledger) and tokens are the differences between the
+    engine's counters at the read-backs of the last untimed and the last timed step; CUDA-graph capture time
+    inside the window is excluded, as the engine excludes it from decode_s. Speculative variants end with
+    Engine.stop at the last timed step; with p.acceptance == "controlled" the drafter is wrapped
+    (synodic.spec.controlled) and drafts from `reference` (reference_outputs by default)."""
+    from synodic.engine.engine import Engine
+    from synodic.spec.controlled import ControlledDrafter, conditional_rates
+
+    _check_pages(graph, b, p)
+    G = _gamma(graph)
+    controlled = p.acceptance == "controlled" and graph.spec is not None
+    if controlled and reference is None:
+        reference = reference_outputs(graph, b, p)
+    reqs, joins = bench_requests(graph, b, p)
+    spec, cuda_graphs = graph.spec, graph.cuda_graphs
+    if controlled:
+        graph.spec = ControlledDrafter(spec, G, _rates(graph, p), reference, graph.model.config.vocab_size,
+                                       p.acceptance_seed, graph.max_slots, graph.max_seq_len, graph.device)
     if profile_path is not None:
-        _profile(graph, slots, pos[0], toks, b, profile_path)
-    bytes_ = acc
+        graph.cuda_graphs = False  # kernels visible one by one
+    try:
+        eng = Engine(graph)
+    finally:
+        graph.spec, graph.cuda_graphs = spec, cuda_graphs
+    S, W = _phases(p)
+    k0, k1 = S + W - 1, S + W - 1 + p.steps  # ticks (0-based step read-backs) opening and closing the window
+    later: dict[int, list] = {}
+    for r, j in zip(reqs, joins):
+        later.setdefault(j, []).append(r)
+    first = later.pop(0)
+    overlap = eng.overlap
+    if later:  # joins need the host between steps: synced until the last one is queued
+        eng.overlap = False
+    last_join = max(later, default=0)
+    marks: dict[int, tuple] = {}
+    tick = [-1]
+    prof = None
+    if profile_path is not None:
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if graph.device.type == "cuda" else [])
+        prof = profile(activities=acts)
+
+    def snap():  # at a read-back: that step is done; in overlap mode the next one is queued (not waited for)
+        st = eng.spec_stats
+        return (time.perf_counter(), eng.runner.capture_s, dict(eng.ledger.totals), eng.ledger.tokens, st.emitted)
+
+    def progress(_live: int) -> None:
+        k = tick[0] = tick[0] + 1
+        if k + 1 in later:  # these rows join at the next step
+            now = time.perf_counter()
+            for r in later[k + 1]:
+                r.arrival_s = now
+                eng.scheduler.add(r)
+            if k + 1 == last_join:
+                eng.overlap = overlap
+        if k == k0:
+            marks[0] = snap()
+            if prof is not None:
+                prof.start()
+        elif k == k1:
+            if prof is not None:
+                prof.stop()
+            marks[1] = snap()
+            if G:
+                eng.stop("bench_end")
+
+    eng.generate(first, progress=progress)
+    if 1 not in marks:
+        raise RuntimeError(f"bench: the engine ran {tick[0] + 1} steps at batch {b}, expected {k1 + 1}")
+    off = [r.id for r in reqs if r.preemptions or r.finish_reason not in ("length", "bench_end")]
+    if off:
+        raise RuntimeError(f"bench: requests {off[:8]} at batch {b} were preempted or ended early "
+                           f"({reqs[off[0]].finish_reason}); the point would not time {b} rows")
+    (t0, c0, L0, n0, e0), (t1, c1, L1, n1, e1) = marks[0], marks[1]
+    step_s = (t1 - t0 - (c1 - c0)) / p.steps
+    tokens = (e1 - e0) if G else (n1 - n0)
+    bytes_ = {k: (L1[k] - L0.get(k, 0)) / p.steps for k in L1}
     moved = sum(v for k, v in bytes_.items() if not k.startswith("kv_") or k in ("kv_device_read",))
     moved -= bytes_.get("kv_selected_rows", 0) + bytes_.get("kv_host_fetched_rows", 0)
-    return {"batch": b, "step_ms": 1e3 * step_s, "tokens_per_s": b / step_s, "bytes_per_step": moved,
-            "GB_per_s": moved / step_s / 1e9, **{f"bytes_{k}": v for k, v in bytes_.items()}}
+    row = {"batch": b, "step_ms": 1e3 * step_s, "tokens_per_s": tokens / p.steps / step_s, "bytes_per_step": moved,
+           "GB_per_s": moved / step_s / 1e9, **{f"bytes_{k}": v for k, v in bytes_.items()}}
+    if G:
+        row["tokens_per_row_step"] = tokens / p.steps / b
+        row["acceptance"] = "controlled" if controlled else "real"
+        row["acceptance_by_position"] = [None if x is None else round(x, 4)
+                                         for x in conditional_rates(eng.spec_stats)]
+        if controlled:
+            row["outputs_match_reference"] = all(reference[r.id][:len(r.output_ids)] == r.output_ids for r in reqs)
+            row["uncontrolled_drafts"] = eng.drafter.unknown_drafts()
+    if prof is not None:
+        key = "self_cuda_time_total" if graph.device.type == "cuda" else "self_cpu_time_total"
+        profile_path.write_text(f"batch {b}, {p.steps} uncaptured decode steps\n" + prof.key_averages().table(
+            sort_by=key, row_limit=40, max_name_column_width=80))
+    return row
 
 
-def _profile(graph, slots, pos, toks, b, path: Path) -> None:
-    """3 uncaptured decode steps (kernels visible one by one) under torch.profiler -> table at path."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+def combine_repeats(reps: list[dict]) -> dict:
+    """One row from a point's repeats: step_ms the median (tokens/s and GB/s from it), step_ms_min the
+    fastest, spread = median / min - 1; `warning` when the spread exceeds 10 %."""
+    ms = [r["step_ms"] for r in reps]
+    med, lo = statistics.median(ms), min(ms)
+    out = dict(reps[0])  # bytes and tokens per step are the same in every repeat (same requests, greedy)
+    per_step = reps[0]["tokens_per_s"] * reps[0]["step_ms"] / 1e3
+    out.update(step_ms=med, tokens_per_s=per_step / (med / 1e3), GB_per_s=out["bytes_per_step"] / (med / 1e3) / 1e9,
+               step_ms_min=lo, step_ms_median=med, repeats=len(reps), spread=med / lo - 1 if lo > 0 else 0.0)
+    if out["spread"] > SPREAD_WARN:
+        out["warning"] = (f"batch {out['batch']}: median {med:.3f} ms/step vs min {lo:.3f} ms ({out['spread']:.0%} "
+                          f"apart, > {SPREAD_WARN:.0%}): noisy timings, rerun or raise pipeline.steps")
+    return out
 
-    from synodic.engine.runner import ModelRunner
 
-    eager = ModelRunner(graph.model, graph.ssm, graph.kv, graph.max_slots, graph.device, False)
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if graph.device.type == "cuda" else [])
-    logits = eager.decode(slots, [pos] * b, toks, pos + 1)  # warm the uncaptured path
-    pos += 1
-    with profile(activities=acts) as prof:
-        for _ in range(3):
-            logits = eager.decode(slots, [pos] * b, logits.argmax(-1).tolist(), pos + 1)
-            graph.advance(slots)
-            pos += 1
-        if graph.device.type == "cuda":
-            torch.cuda.synchronize()
-    key = "self_cuda_time_total" if graph.device.type == "cuda" else "self_cpu_time_total"
-    path.write_text(f"batch {b}, 3 uncaptured decode steps\n"
-                                     + prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=80))
+def _kv_pages(kv, tokens: int) -> tuple[int, int, int]:
+    """(device-pool pages, pages outside the pool, bytes of a page over every attention layer) one request
+    holds: resident every page of its context; hisparse its hot buffer (pool) and draft pages (outside);
+    adaptive at its floor under pressure (demoted: hot-buffer and tail pages, or its whole context if fewer)."""
+    if hasattr(kv, "k"):  # resident: K and V pages of every attention layer
+        return kv.blocks.blocks_for(tokens), 0, sum(t[0].numel() * t.element_size() for t in [*kv.k, *kv.v])
+    page = sum(t[0].numel() * t.element_size() for t in kv.kv)
+    if hasattr(kv, "DP"):  # hisparse
+        return kv.HP, kv.DP, page
+    return min(-(-tokens // kv.bs), kv.HPA + kv.tail), 0, page
+
+
+def slot_bytes(graph, tokens: int) -> dict[str, int]:
+    """Device bytes one request holds at `tokens` context tokens, from the graph's own layouts: the SSM
+    backend's slot (replay: checkpoint, its low-precision copy and the ring of ring_len inputs, the backend's
+    ledger constants, plus the cursor; eager: its state buffers, 1 + γ of them when it verifies windows; both:
+    the conv window), the KV pages the policy gives it (_kv_pages) and the neural drafter's context ring."""
+    out = {}
+    ssm = graph.ssm
+    if ssm is not None:
+        conv = ssm._conv_row_bytes
+        if hasattr(ssm, "_CK"):  # replay
+            out["ssm"] = ssm._CK + ssm._LO + ssm._E * ssm.L + ssm.write_pos.element_size() + conv
+        else:  # eager: state rows max_slots * W
+            out["ssm"] = ssm.W * sum(s[0].numel() * s.element_size() for s in ssm.state) + conv
+    if graph.kv is not None:
+        pool, extra, page = _kv_pages(graph.kv, tokens)
+        out["kv"] = (pool + extra) * page
+    ring = getattr(getattr(graph.spec, "model", None), "_ring", None)
+    if ring is not None:
+        out["draft_ring"] = sum(t[0].numel() * t.element_size() for t in [*ring["k"], *ring["v"]])
+    return out
+
+
+def weights_bytes(graph) -> int:
+    """Parameters + buffers of the target and the drafter (a quantized model's packed codes, and its dense
+    copies when quant.dense_copy keeps them)."""
+    mods = [graph.model] + ([graph.spec.model] if hasattr(graph.spec, "model") else [])
+    tensors = {id(t): t for m in mods for t in [*m.parameters(), *m.buffers()]}.values()
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def admission(graph, p: BenchPipeline) -> dict:
+    """Requests a device memory budget of p.memory_budget bytes admits: (budget - weights) // bytes a request."""
+    tokens = row_tokens(p, _gamma(graph) + 1)
+    per = slot_bytes(graph, tokens)
+    w = weights_bytes(graph)
+    total = sum(per.values())
+    return {"memory_budget": p.memory_budget, "weights_bytes": w, "request_bytes": per,
+            "request_bytes_total": total, "context_tokens": tokens,
+            "admitted": max(0, (p.memory_budget - w) // total) if total else None}
+
+
+def budget_graph(vcfg, pool_pages: int | None, admitted: int, max_len: int):
+    """The variant rebuilt for `admitted` rows: max_slots = admitted and the device KV pool exactly the pages
+    the admitted requests hold (pool_pages each, from _kv_pages), so the policy runs as at that budget."""
+    from synodic.graph import build_graph
+    cfg = vcfg
+    if pool_pages is not None:
+        cfg = vcfg.model_copy(update={"kv": vcfg.kv.model_copy(update={"num_blocks": admitted * pool_pages})})
+    return build_graph(cfg, max_len, max_slots=admitted)
 
 
 def run(cfg, run_dir: Path) -> dict:
     import csv
 
     from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from synodic.config.compose import compose
     from synodic.graph import build_graph
@@ -158,30 +344,86 @@ def run(cfg, run_dir: Path) -> dict:
     p = cfg.pipeline
     con = Console()
     base = _task_overrides()
-    rows = []
-    max_len = p.prompt_len + p.stagger + p.warmup + p.steps + 3
-    for v in p.variants:
-        vcfg = compose(base + v.split()) if v else cfg
-        graph = build_graph(vcfg, max_len, max_slots=max(p.batch_sizes))
-        # what the weights occupy (parameters + buffers: a quantized model's packed codes, and its dense copies
-        # when quant.dense_copy keeps them)
-        tensors = {id(t): t for t in [*graph.model.parameters(), *graph.model.buffers()]}.values()
-        model_gib = sum(t.numel() * t.element_size() for t in tensors) / 2**30
-        for b in p.batch_sizes:
-            r = {"variant": v or "base", **time_point(graph, b, p), "model_GiB": round(model_gib, 3)}
-            con.print(f"{r['variant']:>30} batch {b:>4}: {r['step_ms']:.3f} ms/step, "
-                      f"{r['tokens_per_s']:.0f} tok/s, {r['GB_per_s']:.1f} GB/s")
-            rows.append(r)
-        del graph
+    vcfgs = [compose(base + v.split()) if v else cfg for v in p.variants]
+    if p.acceptance == "controlled" and all(c.spec.kind == "none" for c in vcfgs):
+        from synodic.config.errors import ConfigError
+        raise ConfigError(["pipeline.acceptance='controlled': no variant speculates (every spec=none); expected "
+                           "a variant with spec=<scheme> or pipeline.acceptance=real"])
+    rows, warnings, admissions = [], [], []
+    points = len(p.variants) * (len(p.batch_sizes) + (p.memory_budget is not None)) * p.repeats
+    bar = Progress(TextColumn("bench {task.description:>40}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=con)
+
+    def point(graph, name: str, b: int, task, extra: dict) -> dict:
+        reference = None
+        if p.acceptance == "controlled" and graph.spec is not None:  # one reference run serves every repeat
+            bar.update(task, description=f"{name} b={b} reference")
+            reference = reference_outputs(graph, b, p)
+        reps = []
+        for i in range(p.repeats):
+            bar.update(task, description=f"{name} b={b} #{i + 1}")
+            reps.append(time_point(graph, b, p, reference=reference))
+            bar.advance(task)
+        r = {"variant": name, **combine_repeats(reps), **extra}
+        msg = (f"{name:>30} batch {b:>4}: {r['step_ms']:.3f} ms/step (min {r['step_ms_min']:.3f}), "
+               f"{r['tokens_per_s']:.0f} tok/s, {r['GB_per_s']:.1f} GB/s")
+        if "acceptance" in r:
+            msg += f", {r['tokens_per_row_step']:.2f} tokens/row/step ({r['acceptance']} acceptance)"
+        con.print(msg)
+        log.info(msg)
+        if "warning" in r:
+            w = f"{name}, {r.pop('warning')}"
+            r["warning"] = w
+            warnings.append(w)
+            con.print(f"[yellow]warning: {w}[/yellow]")
+            log.warning(w)
+        return r
+
+    with bar:
+        task = bar.add_task("", total=points)
+        for v, vcfg in zip(p.variants, vcfgs):
+            name = v or "base"
+            T = vcfg.spec.window
+            max_len = row_tokens(p, T) + 1
+            graph = build_graph(vcfg, max_len, max_slots=max(p.batch_sizes))
+            # what the weights occupy (parameters + buffers: a quantized model's packed codes, and its dense
+            # copies when quant.dense_copy keeps them)
+            tensors = {id(t): t for t in [*graph.model.parameters(), *graph.model.buffers()]}.values()
+            model_gib = round(sum(t.numel() * t.element_size() for t in tensors) / 2**30, 3)
+            for b in p.batch_sizes:
+                rows.append(point(graph, name, b, task, {"model_GiB": model_gib}))
+            if p.memory_budget is not None:
+                adm = {"variant": name, **admission(graph, p)}
+                admissions.append(adm)
+                n = adm["admitted"]
+                con.print(f"{name:>30} budget {p.memory_budget / 2**30:.3f} GiB: weights "
+                          f"{adm['weights_bytes'] / 2**30:.3f} GiB, {adm['request_bytes_total']} B a request "
+                          f"({', '.join(f'{k} {x}' for k, x in adm['request_bytes'].items())}) -> {n} admitted")
+                if n:
+                    pool = _kv_pages(graph.kv, adm["context_tokens"])[0] if graph.kv is not None else None
+                    del graph
+                    nb = min(n, p.max_admitted)
+                    graph = budget_graph(vcfg, pool, nb, max_len)
+                    r = point(graph, name, nb, task, {"model_GiB": model_gib, "memory_budget": p.memory_budget,
+                                                      "admitted": n})
+                    adm.update(batch_timed=nb, tokens_per_s=r["tokens_per_s"], step_ms=r["step_ms"])
+                    rows.append(r)
+                else:
+                    bar.advance(task, p.repeats)
+            del graph
     if p.profile:  # a separate pass: a profiler session can slow the CUDA-graph timings that follow it
-        quick = p.model_copy(update={"steps": 1, "warmup": 1})
-        for i, v in enumerate(p.variants):
-            graph = build_graph(compose(base + v.split()) if v else cfg, max_len, max_slots=max(p.batch_sizes))
+        quick = p.model_copy(update={"steps": 3, "warmup": 1, "repeats": 1})
+        for i, vcfg in enumerate(vcfgs):
+            graph = build_graph(vcfg, row_tokens(quick, vcfg.spec.window) + 1, max_slots=max(p.batch_sizes))
             time_point(graph, max(p.batch_sizes), quick, run_dir / f"profile_{i}.txt")
             del graph
-    cols = ["variant", "batch", "step_ms", "tokens_per_s", "bytes_per_step", "GB_per_s", "model_GiB"]
+    cols = ["variant", "batch", "step_ms", "step_ms_min", "tokens_per_s", "bytes_per_step", "GB_per_s", "model_GiB"]
+    if any("acceptance" in r for r in rows):
+        cols += ["tokens_per_row_step", "acceptance"]
+    if admissions:
+        cols += ["admitted"]
     md = markdown_table(rows, cols)
-    (run_dir / "bench.md").write_text(md + "\n")
+    (run_dir / "bench.md").write_text(md + "\n" + "".join(f"\nwarning: {w}" for w in warnings) + "\n")
     with open(run_dir / "bench.csv", "w", newline="") as f:
         # variants with different KV policies add different ledger columns: the union, first-seen order
         w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
@@ -189,7 +431,21 @@ def run(cfg, run_dir: Path) -> dict:
         w.writerows(rows)
     _plot(rows, run_dir / "bench.png")
     con.print(md)
-    return {"bench": rows, "metrics": {"decode_tokens_per_s": max(r["tokens_per_s"] for r in rows)}}
+    out = {"bench": rows, "metrics": {"decode_tokens_per_s": max(r["tokens_per_s"] for r in rows)},
+           "warnings": warnings, "acceptance": p.acceptance}
+    if p.acceptance == "controlled":
+        con.print("[bold]acceptance: controlled[/bold] (speculative rows draft the target's greedy continuation "
+                  "rejected at pipeline.acceptance_rates; not the drafter's own acceptance)")
+    if admissions:
+        acols = ["variant", "memory_budget", "weights_bytes", "request_bytes_total", "admitted", "batch_timed",
+                 "tokens_per_s"]
+        amd = markdown_table(admissions, acols)
+        (run_dir / "admission.md").write_text(amd + "\n")
+        con.print(amd)
+        out["admission"] = admissions
+    for w in warnings:
+        con.print(f"[yellow]warning: {w}[/yellow]")
+    return out
 
 
 def _plot(rows, path: Path) -> None:
@@ -198,11 +454,12 @@ def _plot(rows, path: Path) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
     for v in dict.fromkeys(r["variant"] for r in rows):
-        pts = [r for r in rows if r["variant"] == v]
+        pts = [r for r in rows if r["variant"] == v and "memory_budget" not in r]
         ax.plot([r["batch"] for r in pts], [r["tokens_per_s"] for r in pts], marker="o", label=v)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch")
-    ax.set_ylabel("decode tokens/s")
+    ax.set_ylabel("decode tokens/s (median of repeats)")
+    ax.set_title("pipeline=bench: decode throughput")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()

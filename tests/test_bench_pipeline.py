@@ -56,3 +56,34 @@ def test_bench_reports_the_weights_footprint(tmp_path, monkeypatch):
     rows = list(csv.DictReader(open(tmp_path / "bench.csv")))
     base, kept, lean = (float(r["model_GiB"]) for r in rows)
     assert lean < base / 2 < kept / 2 and "model_GiB" in (tmp_path / "bench.md").read_text()
+
+
+def test_repeats_report_min_and_median_and_warn_when_they_disagree():
+    from synodic.pipelines.bench import combine_repeats
+
+    def rep(ms):
+        return {"batch": 4, "step_ms": ms, "tokens_per_s": 4 / (ms / 1e3), "bytes_per_step": 1e6, "GB_per_s": 0.0}
+    calm = combine_repeats([rep(1.00), rep(1.08), rep(1.05)])
+    assert (calm["step_ms_min"], calm["step_ms"], calm["repeats"]) == (1.00, 1.05, 3) and "warning" not in calm
+    assert abs(calm["tokens_per_s"] - 4 / 1.05e-3) < 1e-6 and abs(calm["GB_per_s"] - 1e6 / 1.05e-3 / 1e9) < 1e-9
+    noisy = combine_repeats([rep(1.00), rep(1.30), rep(1.12)])
+    assert noisy["step_ms"] == 1.12 and "12%" in noisy["warning"] and "> 10%" in noisy["warning"]
+
+
+def test_mixed_kv_policies_write_one_csv_with_the_union_of_columns(tmp_path):
+    """'' and 'kv=adaptive' report different ledger keys; the CSV holds their union with empty cells, and the
+    repeats' min / median columns."""
+    import csv
+
+    from synodic.pipelines.bench import run
+    adaptive = "kv=adaptive kv.num_blocks=16 kv.host_num_blocks=16 kv.index_num_blocks=16 kv.top_k=8 kv.block_size=16"
+    cfg = compose(["pipeline=bench", "model.weights=random", "runtime.device=cpu", "runtime.max_slots=2",
+                   "pipeline.batch_sizes=[2]", "pipeline.prompt_len=4", "pipeline.steps=2", "pipeline.warmup=1",
+                   "pipeline.stagger=0", "pipeline.repeats=2", f"pipeline.variants=['', '{adaptive}']"])
+    out = run(cfg, tmp_path)
+    rows = list(csv.DictReader(open(tmp_path / "bench.csv")))
+    assert [r["variant"] for r in rows] == ["base", adaptive]
+    only_adaptive = ["bytes_kv_h2d_bytes", "bytes_kv_demoted_pages"]
+    assert all(rows[0][k] == "" and rows[1][k] != "" for k in only_adaptive)
+    assert all(float(r["step_ms_min"]) <= float(r["step_ms"]) and r["repeats"] == "2" for r in rows)
+    assert isinstance(out["warnings"], list) and out["acceptance"] == "real"

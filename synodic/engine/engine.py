@@ -75,6 +75,17 @@ class Engine:
             r.finish_s = now
             self.sampler.forget(r.id)
 
+    def stop(self, reason: str = "stopped") -> None:
+        """End every unfinished request now (waiting ones too) with `reason`; generate() drains the step in
+        flight and returns. For callers that serve a fixed number of steps (pipeline=bench calls it from the
+        progress callback); nothing is admitted after it, so the freed slots stay unused until generate returns."""
+        now = time.perf_counter()
+        for r in [*self.scheduler.waiting, *self.scheduler.running]:
+            self.scheduler.finish(r, reason)
+            r.finish_s = now
+            self.sampler.forget(r.id)
+        self.scheduler.waiting.clear()
+
     def generate(self, requests: list[Request], on_token: Callable[[Request, int], None] | None = None,
                  progress: Callable[[int], None] | None = None,
                  drafter: Callable[[list[Request]], list[list[int]]] | None = None) -> list[Request]:

@@ -1,0 +1,134 @@
+"""Controlled acceptance for benchmarks (pipeline=bench pipeline.acceptance=controlled): a drafter wrapper that
+runs the real drafter (its whole cost: propose, context updates, ledger entry) and then replaces its proposals
+with the target's own greedy continuation, rejected at chosen per-position rates.
+
+Random-weight presets accept nothing, so a speculative step at real shapes would otherwise time only
+one-token verifies. Here the drafts of a row whose output holds n tokens are ref[n], ref[n + 1], ... (ref: the
+row's greedy continuation from a plain run of the same request, whose first n tokens the row has already
+emitted, greedy speculation being lossless); draft k (1-based) is kept with probability rates[k - 1] given
+drafts 1..k-1 were kept (conditional rates, as synodic/spec/training.py reports them), and the first one not
+kept is replaced by another token, so the real verify rejects it there. Verification stays real, so the
+outputs remain the plain greedy outputs; only the number of accepted drafts is chosen.
+
+The draws are a fixed table indexed by (request, output length, position), drawn from `seed`: two runs of
+the same requests accept the same drafts whatever the batching or step overlap. Greedy requests only.
+
+Two paths, the same draws: `propose` (the engine's op-by-op speculative step) replaces drafts on the host;
+for a device drafter (`graph_safe`), `draft_device` replaces them on the device from per-slot tables filled
+at prefill (tokens and draws by absolute position), so the engine's captured speculative step
+(ModelRunner.speculate, one CUDA graph) runs with the wrapper inside it."""
+import numpy as np
+import torch
+
+from synodic.transfer import pinned
+
+
+class ControlledDrafter:
+    def __init__(self, inner, gamma: int, rates: list[float], reference: dict[int, list[int]], vocab_size: int,
+                 seed: int = 0, max_slots: int = 0, max_len: int = 0, device="cpu"):
+        if len(rates) < gamma:
+            raise ValueError(f"controlled acceptance: {len(rates)} rates for γ={gamma}; expected at least {gamma}")
+        if any(not 0.0 <= r <= 1.0 for r in rates):
+            raise ValueError(f"controlled acceptance: rates {rates}; expected each in [0, 1]")
+        self.inner, self.gamma, self.vocab = inner, gamma, vocab_size
+        self.rates = np.asarray(rates[:gamma], dtype=np.float64)
+        self.seed = seed
+        self.hidden_layers = getattr(inner, "hidden_layers", ())
+        ids = sorted(reference)
+        self._row = {i: k for k, i in enumerate(ids)}
+        n = max((len(reference[i]) for i in ids), default=0)
+        # -1 past a row's reference: such drafts cannot be controlled (counted in `beyond_reference`)
+        self.ref = np.full((len(ids), n + gamma), -1, dtype=np.int64)
+        for i in ids:
+            self.ref[self._row[i], :len(reference[i])] = reference[i]
+        self.draws = np.random.default_rng(seed).random((len(ids), n + 1, gamma))
+        self.beyond_reference = 0
+        self._dev = None
+        if self.graph_safe:  # per slot (+ the scratch row for padding), by absolute position
+            dev, width = torch.device(device), max_len + gamma + 2
+            self._dev = {"tgt": torch.full((max_slots + 1, width), -1, dtype=torch.long, device=dev),
+                         "u": torch.ones(max_slots + 1, width, gamma, dtype=torch.float32, device=dev),
+                         "rates": torch.tensor(self.rates, dtype=torch.float32, device=dev),
+                         "k": torch.arange(gamma, device=dev),
+                         "unknown": torch.zeros((), dtype=torch.long, device=dev)}
+
+    @property
+    def graph_safe(self) -> bool:
+        return bool(getattr(self.inner, "graph_safe", False))
+
+    def on_prefill(self, reqs, hidden) -> None:
+        self.inner.on_prefill(reqs, hidden)
+        if self._dev is None:
+            return
+        tgt, u = self._dev["tgt"], self._dev["u"]
+        width = tgt.shape[1]
+        for r in reqs:  # (a recompute after preemption refills the same absolute positions)
+            row, P = self._row[r.id], len(r.prompt_ids)
+            line = torch.full((width,), -1, dtype=torch.long)
+            ref = torch.from_numpy(self.ref[row])[:max(0, width - P)]
+            line[P:P + len(ref)] = ref  # token at absolute position q: ref[q - P]
+            draws = torch.ones(width, self.gamma, dtype=torch.float32)
+            d = torch.from_numpy(self.draws[row]).float()[:width - P + 1]
+            draws[P - 1:P - 1 + len(d)] = d  # draws for an anchor at position q: output length q + 1 - P
+            tgt[r.slot].copy_(line)
+            u[r.slot].copy_(draws)
+
+    def draft_device(self, slots, anchors, positions, gamma: int):
+        """Device twin of propose (inside the captured step): the real drafter's drafts are computed and replaced
+        by the slot's reference tokens, kept while the draws fall under the rates."""
+        self.inner.draft_device(slots, anchors, positions, gamma)  # the real drafter's whole cost
+        t = self._dev
+        width = t["tgt"].shape[1]
+        pos = positions.long().clamp(0, width - 1)
+        target = t["tgt"][slots[:, None], (pos[:, None] + 1 + t["k"][:gamma]).clamp(max=width - 1)]
+        keep = torch.cumprod((t["u"][slots, pos, :gamma] < t["rates"][:gamma]).long(), 1).bool()
+        unknown = target < 0
+        t["unknown"] += unknown.sum()
+        target = torch.where(unknown, 0, target)
+        return torch.where(keep, target, (target + 1) % self.vocab)
+
+    def commit_device(self, slots, hidden, start, accepted) -> None:
+        self.inner.commit_device(slots, hidden, start, accepted)
+
+    def propose(self, batch, gamma, temperature, generator):
+        drafts, _, _ = self.inner.propose(batch, gamma, temperature, generator)  # the real drafter's whole cost
+        if any(r.params.temperature > 0 for r in batch):
+            raise ValueError("controlled acceptance needs greedy requests (temperature 0): a sampled verify "
+                             "accepts by probability, not by the chosen rates")
+        # the engine's device: a host-list drafter (ngram) gives no tensor to take it from
+        dev = drafts.device if isinstance(drafts, torch.Tensor) else temperature.device
+        rows = np.fromiter((self._row[r.id] for r in batch), dtype=np.int64, count=len(batch))
+        n = np.fromiter((len(r.output_ids) for r in batch), dtype=np.int64, count=len(batch))
+        n_draw = np.minimum(n, self.draws.shape[1] - 1)
+        target = self.ref[rows[:, None], np.minimum(n[:, None] + np.arange(gamma), self.ref.shape[1] - 1)]
+        keep = np.cumprod(self.draws[rows, n_draw, :gamma] < self.rates[:gamma], axis=1).astype(bool)
+        unknown = target < 0
+        self.beyond_reference += int(unknown.sum())
+        target = np.where(unknown, 0, target)
+        out = np.where(keep, target, (target + 1) % self.vocab)  # the first draft not kept is rejected there
+        host = torch.from_numpy(out)
+        return pinned(host, dev).to(dev, non_blocking=True), None, None
+
+    def on_commit(self, batch, hidden, start, accepted) -> None:
+        self.inner.on_commit(batch, hidden, start, accepted)
+
+    def step_bytes(self, batch, lengths) -> dict[str, int]:
+        return self.inner.step_bytes(batch, lengths)
+
+    def summary(self) -> dict:
+        return {**self.inner.summary(), "controlled_acceptance": {
+            "rates": self.rates.tolist(), "seed": self.seed, "beyond_reference": self.unknown_drafts()}}
+
+    def unknown_drafts(self) -> int:
+        """Drafts past a row's reference (not controlled): should be 0."""
+        return self.beyond_reference + (int(self._dev["unknown"]) if self._dev is not None else 0)
+
+
+def conditional_rates(stats) -> list[float | None]:
+    """Per-position conditional acceptance (accepted at k given 1..k-1 accepted) from a SpecStats, whose
+    counters are unconditional (rows whose draft k was accepted, over rows with a draft k)."""
+    out = []
+    for k, (a, d) in enumerate(zip(stats.pos_accepted, stats.pos_drafted)):
+        reach = d if k == 0 else stats.pos_accepted[k - 1]
+        out.append(a / reach if reach else None)
+    return out
