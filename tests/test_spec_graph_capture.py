@@ -31,6 +31,7 @@ TIERED = ["kv.top_k=4", "kv.block_size=2", "kv.hot_buffer=6", "kv.host_num_block
 CASES = {
     "shipped_mamba2_replay": ["model=tiny_mamba2", "ssm=replay", "spec=dflash2"],
     "shipped_gdn_eager": ["model=tiny_gdn", "ssm=eager", "spec=dflash2", "spec.num_speculative_tokens=4"],
+    "shipped_gdn_ngram_staged": ["model=tiny_gdn", "ssm=replay", "spec=ngram", "spec.num_speculative_tokens=5"],
     "random_resident_eager": [*SMALL, "ssm=eager", "spec=dflash", "spec.drafter=random",
                               "spec.num_speculative_tokens=3", "kv=resident", "kv.num_blocks=128"],
     "random_adaptive_replay": [*SMALL, "ssm=replay", "ssm.ring_len=8", "spec=dspark", "spec.drafter=random",

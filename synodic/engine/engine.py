@@ -218,12 +218,9 @@ class Engine:
         b = len(batch)
         ts, cap = time.perf_counter(), self.runner.capture_s
         greedy = all(r.params.temperature == 0 for r in batch)
-        if greedy and getattr(self.drafter, "graph_safe", False) and self.scheduler.reserve(batch, self.gamma):
-            G, n_drafts = self.gamma, [self.gamma] * b
-            out = self.runner.speculate(self.drafter, [r.slot for r in batch], [r.length - 1 for r in batch],
-                                        [r.output_ids[-1] for r in batch], G,
-                                        max(r.length for r in batch) + G).tolist()  # the step's one host sync
-            td = ts  # draft and verify are one launch here: their split is not measured
+        out = self._spec_fixed(batch) if greedy and self.gamma else None
+        if out is not None:
+            G, n_drafts, out, td = out
         else:
             G, n_drafts, out, td = self._spec_eager(batch)
         now = time.perf_counter()
@@ -246,6 +243,28 @@ class Engine:
         self.spec_stats.add(n_drafts, [row[0] for row in out], emitted, td - ts, now - td)
         if progress is not None:
             progress(b)
+
+    def _spec_fixed(self, batch):
+        """A greedy step over the fixed window 1 + γ (ModelRunner.speculate: one CUDA graph per bucket with graphs
+        on). A device drafter drafts inside it; any other drafter's drafts are staged into it (fewer real
+        drafts than γ are padding). None when some row cannot get pages for the whole window."""
+        b, G = len(batch), self.gamma
+        ts = time.perf_counter()
+        drafts = n_drafts = None
+        if not getattr(self.drafter, "graph_safe", False):
+            drafts, _, n_drafts = self.drafter.propose(batch, G, torch.zeros(b, device=self.runner.device),
+                                                       self._draft_gen)
+            width = drafts.shape[1] if isinstance(drafts, torch.Tensor) else max(map(len, drafts), default=0)
+            if width > G:  # (a test's synthetic drafter states its γ by its drafts)
+                return None
+            n_drafts = [min(G, width)] * b if n_drafts is None else [min(G, n) for n in n_drafts]
+        if not self.scheduler.reserve(batch, G):
+            return None
+        td = time.perf_counter() if drafts is not None else ts  # a device drafter's time is inside the step
+        out = self.runner.speculate(self.drafter, [r.slot for r in batch], [r.length - 1 for r in batch],
+                                    [r.output_ids[-1] for r in batch], G, max(r.length for r in batch) + G,
+                                    drafts, n_drafts).tolist()  # the step's one host sync
+        return G, n_drafts if n_drafts is not None else [G] * b, out, td
 
     def _spec_eager(self, batch) -> tuple[int, list[int], list[list[int]], float]:
         """Draft, verify and commit op by op (any drafter, sampling rows); returns (drafts verified G, real drafts

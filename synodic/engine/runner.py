@@ -28,6 +28,7 @@ class ModelRunner:
         self.slots.fill_(-1)  # -1 = padding row
         self.rows.fill_(n)    # padding → scratch row n
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._draft_inputs: dict[int, torch.Tensor] = {}  # gamma → staged drafts [max_slots, 1 + gamma]
         self.pool = None
         self.capture_s = 0.0  # wall time spent capturing graphs (warm-up work, kept out of decode rates)
         # target blocks whose residual stream prefill / verify also return (a neural drafter's context), and the
@@ -158,32 +159,62 @@ class ModelRunner:
 
     @torch.inference_mode()
     def speculate(self, drafter, slots: list[int], positions: list[int], anchors: list[int], gamma: int,
-                  max_len: int) -> torch.Tensor:
-        """One greedy speculative step: `drafter` (a device drafter: draft_device / commit_device) proposes gamma
-        tokens per row from its context ring, the target verifies [anchor, drafts] at positions[i].., the
-        greedy-accepted prefix commits to the SSM backend (cursor) and the drafter's ring, all from the fixed
-        buffers — one CUDA graph per (bucket, view, KV key, gamma) when graphs are on. Row i's anchor is
-        its last committed token at positions[i]. Returns [b, 2 + gamma] long on the device: column 0 the
-        accepted drafts m, then the window's tokens (the row emits tokens[:m + 1]). Pages for the whole
-        window must be held (Scheduler.reserve)."""
+                  max_len: int, drafts=None, n_drafts: list[int] | None = None) -> torch.Tensor:
+        """One greedy speculative step over a fixed window of 1 + gamma tokens: the drafts come from `drafter`'s
+        draft_device (a device drafter: proposes from its context ring inside the step) or, given as
+        `drafts` (host lists or a device tensor [b, <= gamma]) with `n_drafts` real ones per row, are staged
+        into a fixed buffer (later positions are padding, never accepted). The target verifies [anchor,
+        drafts] at positions[i].., the greedy-accepted prefix commits to the SSM backend (cursor) and to a
+        device drafter's ring — one CUDA graph per (bucket, view, KV key, gamma, source) when graphs are on.
+        Row i's anchor is its last committed token at positions[i]. Returns [b, 2 + gamma] long on the
+        device: column 0 the accepted drafts m, then the window's tokens (the row emits tokens[:m + 1]).
+        Pages for the whole window must be held (Scheduler.reserve)."""
         b = len(slots)
+        staged = drafts is not None
+        if staged:
+            self._stage_drafts(b, gamma, drafts, n_drafts)
         bucket, view = self._stage(slots, positions, anchors, max_len)
-        forward = lambda: self._spec_forward(bucket, drafter, gamma)  # noqa: E731
-        out = forward() if not self.use_graphs else self._replay((bucket, view, "spec", gamma), forward)
+        forward = lambda: self._spec_forward(bucket, drafter, gamma, staged)  # noqa: E731
+        key = (bucket, view, "spec", gamma, "staged" if staged else "device")
+        out = forward() if not self.use_graphs else self._replay(key, forward)
         self._after_step()
         return out[:b]
 
-    def _spec_forward(self, bucket: int, drafter, gamma: int) -> torch.Tensor:
+    def _stage_drafts(self, b: int, gamma: int, drafts, n_drafts) -> None:
+        """Rows [n_drafts, d_1..d_gamma] of the staged-drafts buffer for this gamma (padding rows: 0 drafts)."""
+        buf = self._draft_inputs.get(gamma)
+        if buf is None:  # one fixed buffer per gamma: its graphs read it at a fixed address
+            buf = self._draft_inputs[gamma] = torch.zeros(self.max_slots, 1 + gamma, dtype=torch.long,
+                                                          device=self.device)
+        if isinstance(drafts, torch.Tensor):
+            g = drafts.shape[1]
+            nd = pinned(torch.tensor(n_drafts, dtype=torch.long), self.device).to(self.device, non_blocking=True)
+            buf[:b, 0].copy_(nd)
+            buf[:b, 1:1 + g].copy_(drafts)
+        else:
+            host = torch.zeros(b, 1 + gamma, dtype=torch.long)
+            for i, (n, d) in enumerate(zip(n_drafts, drafts)):
+                host[i, 0] = n
+                host[i, 1:1 + len(d[:gamma])] = torch.tensor(d[:gamma], dtype=torch.long)
+            buf[:b].copy_(pinned(host, self.device), non_blocking=True)
+        buf[b:, 0] = 0
+
+    def _spec_forward(self, bucket: int, drafter, gamma: int, staged: bool) -> torch.Tensor:
         anchors, pos, rows = self.ids[:bucket, 0], self.pos[:bucket], self.rows[:bucket]
-        drafts = drafter.draft_device(rows, anchors, pos, gamma)  # padding rows use the drafter's scratch slot
+        if staged:
+            buf = self._draft_inputs[gamma][:bucket]
+            n_drafts, drafts = buf[:, 0], buf[:, 1:]
+        else:  # padding rows use the drafter's scratch slot
+            n_drafts, drafts = None, drafter.draft_device(rows, anchors, pos, gamma)
         window = torch.cat([anchors[:, None], drafts], 1)
         if self.ssm is not None:
             self.ssm.begin_window(gamma + 1)
         logits = self._run(window, VerifyContext(ssm=self.ssm, kv=self.kv, positions=pos))
-        m, tokens = verify(logits, drafts, None, None, None, None)
+        m, tokens = verify(logits, drafts, None, None, None, None, n_drafts)
         if self.ssm is not None:
             self.ssm.commit(m + 1)
-        drafter.commit_device(rows, self.hidden, pos, m + 1)
+        if hasattr(drafter, "commit_device") and self.hidden_layers:
+            drafter.commit_device(rows, self.hidden, pos, m + 1)
         return torch.cat([m[:, None], tokens], 1)
 
     def _capture(self, bucket: int, forward):
