@@ -39,7 +39,8 @@ def run_variant(model: str, spec: str, batch: int, p: dict, prompts) -> dict:
     from synodic.engine.engine import Engine
     from synodic.engine.request import Request, SamplingParams
     from synodic.graph import build_graph
-    over = [f"model={model}", f"ssm={p['ssm']}", f"spec={spec}", f"runtime.device={p['device']}",
+    kind, *extra = spec.split()  # "dflash2 spec.dtype=bfloat16": a scheme and its overrides
+    over = [f"model={model}", f"ssm={p['ssm']}", f"spec={kind}", *extra, f"runtime.device={p['device']}",
             f"runtime.max_slots={max(batch, 1)}"]
     eng = Engine(build_graph(compose(over), max_seq_len=p["prompt_tokens"] + p["output_tokens"] + 16))
 
@@ -74,7 +75,8 @@ def main(argv=None) -> None:
     ap.add_argument("--smoke", action="store_true", help="CPU sizes (automatic without a CUDA device)")
     ap.add_argument("--models", nargs="+")
     ap.add_argument("--batches", nargs="+", type=int)
-    ap.add_argument("--specs", nargs="+")
+    ap.add_argument("--specs", nargs="+", help="spec options, each optionally with its overrides in one "
+                    "quoted word: 'dflash2 spec.dtype=bfloat16'")
     ap.add_argument("--ssm")
     a = ap.parse_args(argv)
     p = dict(SMOKE if a.smoke or not torch.cuda.is_available() else GPU)
