@@ -38,7 +38,9 @@ def kv_resolve_ref(sel, rows, pos, res_table, hot_table, hot_pos, lru, idx_table
             resident = torch.zeros_like(valid)
             rid = torch.zeros_like(p)
         if fast_path and P < B:  # short sequence: hot slot j holds position j, no lookups
-            ids[n] = torch.where(resident, rid, torch.where(valid, hot_row(pc), -1)).to(ids.dtype)
+            # a resident position (a window's draft page) may lie past the hot buffer: never index hot_table with it
+            ids[n] = torch.where(resident, rid, torch.where(valid, hot_row(torch.where(resident, 0, pc)), -1)
+                                 ).to(ids.dtype)
             n_miss[n] = 0
             continue
         newest = valid & ~resident & (p == P)

@@ -74,7 +74,8 @@ def _resolve_row(
                                                        kmask, bs, HAS_RES)
     if P < fast_limit:
         # short sequence (hisparse): hot slot j holds position j; no lookups, no LRU work
-        hp = tl.load(hot_tab_ptr + r * hot_tab_s + lp, mask=valid, other=0).to(tl.int64)
+        # resident positions (a window's draft pages) may lie past the hot buffer's pages: not loaded
+        hp = tl.load(hot_tab_ptr + r * hot_tab_s + lp, mask=valid & (~resident), other=0).to(tl.int64)
         out = tl.where(resident, rid, tl.where(valid, hp * bs + off, -1))
         tl.store(ids_ptr + n * ids_n + offs, out.to(tl.int32), mask=kmask)
         tl.store(nmiss_ptr + n, 0)

@@ -156,3 +156,29 @@ def test_staging_rows_never_move_across_batch_buckets():
     for rows in range(2, STAGE_MAX_ROWS + 1):
         assert scratch.staging(rows * k, 12, torch.bfloat16).data_ptr() == first.data_ptr()
     assert scratch.staging((STAGE_MAX_ROWS + 2) * k, 12, torch.bfloat16).shape[0] >= (STAGE_MAX_ROWS + 2) * k
+
+
+@pytest.mark.parametrize("backend", ["ref", "triton"])
+def test_fast_path_resident_positions_past_the_hot_buffer(backend, device):
+    """A hisparse verify window that starts below B takes the fast path for every query, and a later query
+    selects window positions past the hot buffer's pages (kv.block_size=2, B=6, a 4-token window from position 5
+    reaches position 8, page 4 of a 4-page hot table): they resolve to their draft (resident) pages and the hot
+    table is never indexed with them (the reference raised IndexError, the kernel read past the table row)."""
+    bs, b, hp = 2, 6, 4                        # hot table: ceil((B + 1) / bs) = 4 pages per slot
+    W_, S_, MP = 3, 2, 8
+    hot_table = torch.arange(S_ * hp, dtype=torch.int32).view(S_, hp)
+    res = torch.full((S_, MP), -1, dtype=torch.int32)
+    res[0, 2:5] = torch.tensor([20, 21, 22], dtype=torch.int32)   # draft pages of the window's pages 2..4
+    dev = torch.randn(24, bs, W_)
+    st = dict(res_table=res, hot_table=hot_table, hot_pos=torch.full((S_, b + 1), -1, dtype=torch.int32),
+              lru=torch.arange(b, dtype=torch.int32).repeat(S_, 1), idx_table=torch.zeros(S_, MP, dtype=torch.int32),
+              slot_of=torch.full((2, bs), -1, dtype=torch.int32), src_table=torch.zeros(S_, MP, dtype=torch.int32),
+              src=torch.zeros(2, bs, W_), dev=dev)
+    st = {k: v.to(device) for k, v in st.items()}
+    sel = torch.tensor([[3, 8, 4, 6]], dtype=torch.int32, device=device)
+    rows = torch.zeros(1, dtype=torch.long, device=device)
+    pos = torch.full((1,), 5, dtype=torch.long, device=device)
+    ids, nm = kv_resolve(sel, rows, pos, block_size=bs, fast_path=True, backend=backend, **st)
+    # 3: hot slot 3 (hot page 1, offset 1); 8, 4, 6: draft pages 22, 20, 21 at offset 0
+    assert ids.tolist() == [[3, 44, 40, 42]]
+    assert int(nm.sum()) == 0
