@@ -141,6 +141,8 @@ class ModelRunner:
         """Keep accepted[i] (device tensor, 1..T) window tokens of row i of the last verify."""
         if self.ssm is not None:
             self.ssm.commit(accepted)
+        if getattr(self.kv, "commit", None) is not None:  # window rows kept out of the hot buffer until accepted
+            self.kv.commit(accepted)
 
     def _capture(self, bucket: int):
         """Graph of `_forward(bucket)`, warmed up and captured with every row as padding (slot -1, the scratch

@@ -63,6 +63,9 @@ class _HostTiered(Component):
                                    "null = 2 * top_k")
     indexer: IndexerKind = Field("auto", description=_INDEXER)
     learned_key_dtype: Literal["fp8", "bf16"] = Field("fp8", description=_LEARNED_KEYS)
+    shared_retrieval: bool = Field(True, description="speculative verify windows: the window's queries share one "
+                                   "host fetch of their missed rows per (request, layer) (false: every query fetches "
+                                   "its own misses; the ledger reports both counts either way)")
 
     @model_validator(mode="after")
     def _buffer(self):
@@ -101,7 +104,7 @@ class HiSparseKV(_HostTiered):
                                f"kv.block_size={self.block_size}: expected kv.draft_pages >= {need} (kv=hisparse "
                                "keeps a window's rows in draft pages outside the hot buffer)"])
         from synodic.kv.hisparse import HiSparsePolicy
-        return HiSparsePolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len)
+        return HiSparsePolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len, window)
 
 
 @register("kv")
@@ -119,11 +122,12 @@ class AdaptiveKV(_HostTiered):
 
     def build(self, ctx):
         index_kind(self, ctx.model)
-        need = self.window_pages(getattr(ctx, "window", 1))
+        window = getattr(ctx, "window", 1)
+        need = self.window_pages(window)
         if need > self.tail_pages:
             from synodic.config.errors import ConfigError
             raise ConfigError([f"kv.tail_pages={self.tail_pages} with a verify window of {ctx.window} tokens and "
                                f"kv.block_size={self.block_size}: expected kv.tail_pages >= {need} (the window's rows "
                                "must stay in resident tail pages)"])
         from synodic.kv.adaptive import AdaptivePolicy
-        return AdaptivePolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len)
+        return AdaptivePolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len, window)
