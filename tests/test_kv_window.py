@@ -123,16 +123,27 @@ def test_rejected_drafts_never_enter_the_hot_buffer_or_stamps(kind, reference, m
     assert len(checks) > 10
 
 
-def test_no_request_lost_when_a_window_cannot_get_pages(reference):
-    """A pool too small for every row's window: such steps verify no drafts (plain steps) or preempt; every request
-    finishes with plain greedy's tokens."""
+def test_no_request_lost_when_a_window_cannot_get_pages(reference, monkeypatch):
+    """A pool too small for every row's window (resident: device pages; hisparse: host pages): such steps verify no
+    drafts (plain steps) and the scheduler preempts; every request finishes with plain greedy's tokens."""
+    from synodic.engine.scheduler import Scheduler
+    refused = []
+    reserve = Scheduler.reserve
+
+    def counted(self, rows, extra, free_only=False):
+        ok = reserve(self, rows, extra, free_only)
+        refused.append(extra > 1 and not ok)
+        return ok
+    monkeypatch.setattr(Scheduler, "reserve", counted)
     prompts = [[7 + i] * (10 + i) for i in range(4)]
     _, plain, _ = serve(["kv=resident", *TOPK, "kv.num_blocks=128"], prompts, max_tokens=10)
     ref = {r.id: r.output_ids for r in plain}
-    for ov in (["kv=resident", *TOPK, "kv.num_blocks=30"], [*PRESSURE["hisparse"][:-2], "kv.num_blocks=12",
-                                                             "kv.draft_pages=3"]):
+    for ov in (["kv=resident", *TOPK, "kv.num_blocks=30"],
+               ["kv=hisparse", *TIERED, "kv.num_blocks=12", "kv.draft_pages=3", "kv.host_num_blocks=30"]):
+        refused.clear()
         eng, reqs, _ = serve([*ov, "runtime.max_slots=4"], prompts, max_tokens=10, window=4,
                              drafter=corrupting_drafter(ref, 3))
+        assert any(refused), ov
         assert all(r.finish_reason == "length" for r in reqs), ov
         assert [r.output_ids for r in reqs] == [ref[r.id] for r in reqs], ov
 
