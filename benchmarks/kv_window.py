@@ -37,8 +37,8 @@ def _sync(device) -> None:
 def build(a):
     from synodic.config.compose import compose
     from synodic.graph import build_graph
-    over = [f"model={a.model}", "model.weights=random", f"runtime.device={a.device}", f"runtime.max_slots={a.requests}",
-            "runtime.cuda_graphs=false"]
+    over = [f"model={a.model}", f"model.weights={a.weights}", f"runtime.device={a.device}",
+            f"runtime.max_slots={a.requests}", "runtime.cuda_graphs=false"]
     cfg = compose(over)
     return build_graph(cfg, max_seq_len=a.prompt_len + a.steps * (a.gamma + 1) + 8, window=a.gamma + 1)
 
@@ -58,7 +58,7 @@ def kv_config(a, shared: bool):
     else:  # adaptive under pressure: about half the full residency, so requests run demoted
         over += [f"kv.num_blocks={max(a.requests * (hot_pages + 3), a.requests * ppr // 2)}",
                  f"kv.tail_pages={-(-(T - 1) // bs) + 1}"]
-    return compose(["model=tiny_dsa", *over]).kv
+    return compose([f"model={a.model}", *over]).kv
 
 
 def run_mode(graph, a, shared: bool, prompts) -> tuple[dict, list[list[int]]]:
@@ -99,6 +99,9 @@ def parse(argv):
     ap.add_argument("--out", default="kv_window.json")
     ap.add_argument("--smoke", action="store_true", help="tiny_dsa on the CPU (automatic without CUDA)")
     ap.add_argument("--kv", choices=("hisparse", "adaptive"), default="hisparse")
+    ap.add_argument("--weights", default="random", help="model.weights: random (default: selections of consecutive "
+                    "queries overlap little, the worst case for sharing), auto, or a checkpoint directory (e.g. one "
+                    "with a distilled indexer, benchmarks.kv_locality --save-distilled)")
     for k in ("model", "device"):
         ap.add_argument(f"--{k}")
     for k in ("prompt_len", "requests", "steps", "top_k", "hot_buffer", "block_size", "gamma"):
@@ -125,7 +128,7 @@ def main(argv=None) -> dict:
     on, off = rows[True], rows[False]
     ratio = (on["window_fetch_bytes_per_step"] / off["window_fetch_bytes_per_step"]
              if off["window_fetch_bytes_per_step"] else None)
-    res = {"benchmark": "kv_window", "model": a.model, "device": str(graph.device), "kv": a.kv,
+    res = {"benchmark": "kv_window", "model": a.model, "weights": a.weights, "device": str(graph.device), "kv": a.kv,
            "config": {k: getattr(a, k) for k in ("prompt_len", "requests", "steps", "top_k", "hot_buffer",
                                                   "block_size", "gamma")},
            "shared": on, "per_query": off,

@@ -152,7 +152,7 @@ def test_adaptive_budget_counts_the_drafter_ring():
     from synodic.config.errors import ConfigError
     from synodic.kv.drafter_ring import drafter_ring_bytes
     spec = ["spec=dflash", "spec.drafter=random", "spec.num_speculative_tokens=3", "spec.context_window=16",
-            "runtime.max_slots=2"]
+            "runtime.max_slots=2", "kv.drafter_ring_in_budget=true"]
     g = build_graph(compose([*MODEL, *PRESSURE["adaptive"], "kv.num_blocks=40", *spec]), max_seq_len=64)
     ring = drafter_ring_bytes(g.spec)
     kv = g.kv
@@ -164,3 +164,5 @@ def test_adaptive_budget_counts_the_drafter_ring():
         build_graph(compose([*MODEL, *PRESSURE["adaptive"], f"kv.num_blocks={kv.reserved_pages}", *spec]),
                     max_seq_len=64)
     assert "the draft model's context ring" in e.value.lines[0]
+    off = build_graph(compose([*MODEL, *PRESSURE["adaptive"], "kv.num_blocks=40", *spec[:-1]]), max_seq_len=64).kv
+    assert off.reserved_pages == 0 and len(off.free) == 40

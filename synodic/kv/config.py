@@ -119,6 +119,9 @@ class AdaptiveKV(_HostTiered):
                                          "while at least this fraction of device pages stays free afterwards")
     promote_pages_per_step: int = Field(8, ge=0, description="most pages promoted back (host → device) per "
                                         "decode step; 0 = never promote")
+    drafter_ring_in_budget: bool = Field(False, description="a neural drafter's context K/V ring (spec.context_window "
+                                         "rows per slot, on the device) is taken out of the device pool: the pages "
+                                         "its bytes fill are withheld from admission, demotion and promotion")
 
     def build(self, ctx):
         index_kind(self, ctx.model)

@@ -3,7 +3,7 @@
 A neural drafter keeps `context_window` rotated context rows per request slot and draft layer on the device,
 allocated once at build and independent of context length. The adaptive policy sizes residency by its device
 pool, so memory the ring holds must come out of that pool: the graph hands the ring's bytes to the policy once
-the drafter is built, and the policy withholds as many pages as they fill.
+the drafter is built, and the policy withholds as many pages as they fill (`kv.drafter_ring_in_budget=true`).
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ def drafter_ring_bytes(spec) -> int:
 def count_drafter_ring(graph) -> None:
     """Graph build hook: the KV policy that budgets device memory (`reserve_device_bytes`) is told the ring."""
     reserve = getattr(graph.kv, "reserve_device_bytes", None)
+    if not getattr(getattr(graph.kv, "cfg", None), "drafter_ring_in_budget", False):
+        return
     n = drafter_ring_bytes(graph.spec)
     if reserve is not None and n:
         reserve(n, "the draft model's context ring")
