@@ -106,15 +106,15 @@ def opaque(fn, name):
 class FakeGraph:
     """CPU stand-in for `ModelRunner._record` / torch.cuda.CUDAGraph (see the module docstring)."""
 
-    def __init__(self, runner, bucket):
-        self.runner, self.bucket = runner, bucket
+    def __init__(self, runner, bucket, forward):
+        self.runner, self.forward = runner, forward
         for _ in range(2):
-            runner._forward(bucket)
+            forward()
         self.ops, self.out = self._run()
 
     def _run(self):
         with OpTrace() as tr:
-            out = self.runner._forward(self.bucket)
+            out = self.forward()
         return tr.ops, out
 
     def replay(self):
@@ -134,7 +134,7 @@ def serve(policy, device="cpu", graphs=False, emulate=False):
     run = eng.runner
     if emulate:
         run.use_graphs = True  # buckets pad batches; captures go through FakeGraph
-        run._record = lambda bucket: (g := FakeGraph(run, bucket), g.out)
+        run._record = lambda bucket, forward: (g := FakeGraph(run, bucket, forward), g.out)
     logits, entries, keys = [], [], []
     decode, add = run.decode, eng.ledger.add
 
@@ -245,16 +245,16 @@ def test_cuda_graphs_on_and_off_give_identical_outputs():
 
 
 def test_runner_capture_pads_every_row_and_restores_inputs(monkeypatch):
-    """_capture runs with slot -1, the scratch row and position 0 on every row, and puts the step back."""
+    """_capture runs with token 0, slot -1, the scratch row and position 0 on every row, and puts the step back."""
     seen = {}
     run = ModelRunner(torch.nn.Identity(), None, None, 4, "cpu", False)
     run.inputs[:, :3] = torch.tensor([[7, 8, 9], [30, 31, 32], [0, 1, 2], [0, 1, 2]])
     before = run.inputs.clone()
 
-    def rec(bucket):
+    def rec(bucket, forward):
         seen["inputs"] = run.inputs[:, :bucket].clone()
         return "graph", "out"
     monkeypatch.setattr(run, "_record", rec)
-    assert run._capture(3) == ("graph", "out")
-    assert seen["inputs"][1:].tolist() == [[0, 0, 0], [-1, -1, -1], [4, 4, 4]]
+    assert run._capture(3, None) == ("graph", "out")
+    assert seen["inputs"].tolist() == [[0, 0, 0], [0, 0, 0], [-1, -1, -1], [4, 4, 4]]
     assert torch.equal(run.inputs, before)

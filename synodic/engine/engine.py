@@ -202,11 +202,46 @@ class Engine:
         KV commit by cursor / length, and the drafter's context takes the committed tokens' hidden states — all
         on the device; the accepted counts and tokens come back in the step's one host sync. Rows get pages
         for the whole window first; when some row cannot grow that far, the step verifies no drafts (a plain
-        step) and the scheduler preempts as usual next time."""
+        step) and the scheduler preempts as usual next time. Greedy batches of a device drafter run as
+        ModelRunner.speculate (one CUDA graph per bucket with graphs on); the rest step by step below."""
+        b = len(batch)
+        ts, cap = time.perf_counter(), self.runner.capture_s
+        greedy = all(r.params.temperature == 0 for r in batch)
+        if greedy and getattr(self.drafter, "graph_safe", False) and self.scheduler.reserve(batch, self.gamma):
+            G, n_drafts = self.gamma, [self.gamma] * b
+            out = self.runner.speculate(self.drafter, [r.slot for r in batch], [r.length - 1 for r in batch],
+                                        [r.output_ids[-1] for r in batch], G,
+                                        max(r.length for r in batch) + G).tolist()  # the step's one host sync
+            td = ts  # draft and verify are one launch here: their split is not measured
+        else:
+            G, n_drafts, out, td = self._spec_eager(batch)
+        now = time.perf_counter()
+        self.decode_s += now - ts - (self.runner.capture_s - cap)  # captures are warm-up
+        lengths = [r.length for r in batch]
+        slots, kept = [r.slot for r in batch], [row[0] + 1 for row in out]
+        entry = self.graph.step_bytes(slots, lengths, G + 1, kept)
+        if G:
+            entry.update(self.drafter.step_bytes(batch, lengths))
+        self.graph.advance(slots, G + 1, kept)
+        emitted = 0
+        for r, row in zip(batch, out):
+            self.accepted.append(row[0] + 1)
+            for tok in row[1: row[0] + 2]:
+                if r.done:
+                    break
+                self._append(r, tok, now, on_token)
+                emitted += 1
+        self.ledger.add(emitted, entry)  # tokens this step produced: the rate's numerator, per-token bytes' divisor
+        self.spec_stats.add(n_drafts, [row[0] for row in out], emitted, td - ts, now - td)
+        if progress is not None:
+            progress(b)
+
+    def _spec_eager(self, batch) -> tuple[int, list[int], list[list[int]], float]:
+        """Draft, verify and commit op by op (any drafter, sampling rows); returns (drafts verified G, real drafts
+        per row, rows [accepted, tokens...] read back, time the drafts were ready)."""
         dev, b = self.runner.device, len(batch)
         temp = torch.tensor([r.params.temperature for r in batch], dtype=torch.float32)
         sampling = bool((temp > 0).any())
-        ts = time.perf_counter()
         drafts, q, n_drafts = self.drafter.propose(batch, self.gamma, temp.to(dev, non_blocking=True),
                                                    self._draft_gen)
         G = drafts.shape[1] if isinstance(drafts, torch.Tensor) else len(drafts[0])
@@ -241,24 +276,4 @@ class Engine:
         self.runner.commit(m + 1)  # anchor + accepted drafts enter the state, on the device
         if self.runner.hidden_layers:
             self.drafter.on_commit(batch, self.runner.hidden, self.runner.pos[:b], m + 1)
-        out = torch.cat([m[:, None], toks], 1).tolist()  # the step's one host sync
-        now = time.perf_counter()
-        self.decode_s += now - ts
-        lengths = [r.length for r in batch]
-        slots, kept = [r.slot for r in batch], [row[0] + 1 for row in out]
-        entry = self.graph.step_bytes(slots, lengths, G + 1, kept)
-        if G:
-            entry.update(self.drafter.step_bytes(batch, lengths))
-        self.ledger.add(b, entry)
-        self.graph.advance(slots, G + 1, kept)
-        emitted = 0
-        for r, row in zip(batch, out):
-            self.accepted.append(row[0] + 1)
-            for tok in row[1: row[0] + 2]:
-                if r.done:
-                    break
-                self._append(r, tok, now, on_token)
-                emitted += 1
-        self.spec_stats.add(n_drafts, [row[0] for row in out], emitted, td - ts, now - td)
-        if progress is not None:
-            progress(b)
+        return G, n_drafts, torch.cat([m[:, None], toks], 1).tolist(), td  # the step's one host sync

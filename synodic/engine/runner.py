@@ -1,11 +1,13 @@
-"""Runs the model: prefill one prompt, or one decode step over a batch, optionally replaying a CUDA
-graph per (batch bucket, KV view, KV policy's graph_key) from fixed-address buffers."""
+"""Runs the model: prefill one prompt, one decode step over a batch, or one greedy speculative step (draft +
+verify + commit), optionally replaying a CUDA graph per (batch bucket, KV view, KV policy's graph_key[, γ])
+from fixed-address buffers."""
 import time
 
 import numpy as np
 import torch
 
 from synodic.models.lm import DecodeContext, PrefillContext, VerifyContext
+from synodic.spec.verify import verify
 from synodic.transfer import pinned
 
 
@@ -86,10 +88,22 @@ class ModelRunner:
         tokens may be a device tensor [B] (the previous step's sampled tokens, not yet read back): the step
         is then queued without waiting for the host."""
         b = len(slots)
+        bucket, view = self._stage(slots, positions, tokens, max_len)
+        if not self.use_graphs:
+            out = self._forward(bucket)
+        else:
+            out = self._replay((bucket, view), lambda: self._forward(bucket))
+        self._after_step()
+        return out[:b]
+
+    def _stage(self, slots, positions, tokens, max_len: int) -> tuple[int, int]:
+        """Copy a step's inputs (one token per row, padded to the bucket) into the fixed buffers and bind the
+        backends; returns (bucket, KV view)."""
+        b = len(slots)
         bucket = self._bucket(b)
         pad = bucket - b
         on_device = isinstance(tokens, torch.Tensor)
-        host_toks = [0] * bucket if on_device else tokens + [0] * pad
+        host_toks = [0] * bucket if on_device else list(tokens) + [0] * pad
         # numpy builds the host rows ~3x faster than torch.tensor from lists (46 vs 156 µs at 256 rows on the
         # 2-core dev host); page-locked, so the copy queues behind a step still running
         host = torch.from_numpy(np.array(
@@ -99,17 +113,17 @@ class ModelRunner:
             self.ids[:b, 0].copy_(tokens)
         view = self.kv.view_blocks_for(max_len) if self.kv is not None else 0
         self._bind(bucket, view)
-        if not self.use_graphs:
-            out = self._forward(bucket)
-        else:
-            # after bind: binding may change host state that picks the step's code path (kv.graph_key)
-            key = (bucket, view, *(self.kv.graph_key() if self.kv is not None else ()))
-            if key not in self.graphs:
-                self.graphs[key] = self._capture(bucket)
-            graph, out = self.graphs[key]
-            graph.replay()
-        self._after_step()
-        return out[:b]
+        return bucket, view
+
+    def _replay(self, key: tuple, forward):
+        """Replay the graph of `forward` for this key (captured on first use); returns its output buffer."""
+        # after bind: binding may change host state that picks the step's code path (kv.graph_key)
+        key = (*key, *(self.kv.graph_key() if self.kv is not None else ()))
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(key[0], forward)
+        graph, out = self.graphs[key]
+        graph.replay()
+        return out
 
     def _after_step(self) -> None:
         """The KV policy's per-step read-back (ledger counters), queued right behind the step."""
@@ -144,32 +158,62 @@ class ModelRunner:
         if getattr(self.kv, "commit", None) is not None:  # window rows kept out of the hot buffer until accepted
             self.kv.commit(accepted)
 
-    def _capture(self, bucket: int):
-        """Graph of `_forward(bucket)`, warmed up and captured with every row as padding (slot -1, the scratch
-        row, position 0) so only scratch state and pages are touched: a padding row at position 0 takes
-        every KV resolve's no-lookup path (padding rows share one scratch slot). The step's inputs are put
-        back afterwards; the backends stay bound to the same buffers, so nothing is bound again (a second
-        bind would redo the policy's between-step work)."""
+    @torch.inference_mode()
+    def speculate(self, drafter, slots: list[int], positions: list[int], anchors: list[int], gamma: int,
+                  max_len: int) -> torch.Tensor:
+        """One greedy speculative step: `drafter` (a device drafter: draft_device / commit_device) proposes gamma
+        tokens per row from its context ring, the target verifies [anchor, drafts] at positions[i].., the
+        greedy-accepted prefix commits to the SSM backend (cursor) and the drafter's ring, all from the fixed
+        buffers — one CUDA graph per (bucket, view, KV key, gamma) when graphs are on. Row i's anchor is
+        its last committed token at positions[i]. Returns [b, 2 + gamma] long on the device: column 0 the
+        accepted drafts m, then the window's tokens (the row emits tokens[:m + 1]). Pages for the whole
+        window must be held (Scheduler.reserve)."""
+        b = len(slots)
+        bucket, view = self._stage(slots, positions, anchors, max_len)
+        forward = lambda: self._spec_forward(bucket, drafter, gamma)  # noqa: E731
+        out = forward() if not self.use_graphs else self._replay((bucket, view, "spec", gamma), forward)
+        self._after_step()
+        return out[:b]
+
+    def _spec_forward(self, bucket: int, drafter, gamma: int) -> torch.Tensor:
+        anchors, pos, rows = self.ids[:bucket, 0], self.pos[:bucket], self.rows[:bucket]
+        drafts = drafter.draft_device(rows, anchors, pos, gamma)  # padding rows use the drafter's scratch slot
+        window = torch.cat([anchors[:, None], drafts], 1)
+        if self.ssm is not None:
+            self.ssm.begin_window(gamma + 1)
+        logits = self._run(window, VerifyContext(ssm=self.ssm, kv=self.kv, positions=pos))
+        m, tokens = verify(logits, drafts, None, None, None, None)
+        if self.ssm is not None:
+            self.ssm.commit(m + 1)
+        drafter.commit_device(rows, self.hidden, pos, m + 1)
+        return torch.cat([m[:, None], tokens], 1)
+
+    def _capture(self, bucket: int, forward):
+        """Graph of `forward` (a step over `bucket` rows), warmed up and captured with every row as padding
+        (slot -1, the scratch row, position 0) so only scratch state and pages are touched: a padding row at
+        position 0 takes every KV resolve's no-lookup path (padding rows share one scratch slot). The step's
+        inputs are put back afterwards; the backends stay bound to the same buffers, so nothing is bound again
+        (a second bind would redo the policy's between-step work)."""
         cuda = self.device.type == "cuda"  # (tests emulate captures on the CPU)
         if cuda:
             torch.cuda.synchronize()  # the step queued before this one is decode time, not capture time
         t0 = time.perf_counter()
-        saved = self.inputs[1:, :bucket].clone()
-        self.pos[:bucket], self.slots[:bucket], self.rows[:bucket] = 0, -1, self.max_slots
+        saved = self.inputs[:, :bucket].clone()
+        self.ids[:bucket], self.pos[:bucket], self.slots[:bucket], self.rows[:bucket] = 0, 0, -1, self.max_slots
         try:
-            return self._record(bucket)
+            return self._record(bucket, forward)
         finally:
-            self.inputs[1:, :bucket] = saved
+            self.inputs[:, :bucket] = saved
             if cuda:
                 torch.cuda.synchronize()
             self.capture_s += time.perf_counter() - t0
 
-    def _record(self, bucket: int):
+    def _record(self, bucket: int, forward):
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._forward(bucket)
+                forward()
         torch.cuda.current_stream().wait_stream(stream)
         # join the warm-ups' host backups now: a later wait on the backup event, last recorded inside the
         # capture, would cross the capture boundary
@@ -179,5 +223,5 @@ class ModelRunner:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = self._forward(bucket)
+            out = forward()
         return graph, out

@@ -51,6 +51,9 @@ class NeuralDrafter:
         self._wbytes: dict[int, int] = {}
         self._linear_weight_bytes = linear_weight_bytes
         self.kv_row_bytes = _ring_row_bytes(model, cfg.context_window)
+        # zero temperatures of the captured step, one per ring slot (a fixed buffer every graph reads)
+        ring = getattr(model, "_ring", None)
+        self._greedy = torch.zeros(ring["pos"].shape[0], device=self.device) if ring else None
 
     @torch.inference_mode()
     def on_prefill(self, reqs, hidden) -> None:
@@ -70,9 +73,27 @@ class NeuralDrafter:
 
     @torch.inference_mode()
     def on_commit(self, batch, hidden, start, accepted) -> None:
-        B, T = hidden.shape[:2]
-        t = torch.arange(T, device=hidden.device)
         slots = torch.tensor([r.slot for r in batch], dtype=torch.long).to(hidden.device, non_blocking=True)
+        self.commit_device(slots, hidden, start, accepted)
+
+    # -- the captured step's halves (ModelRunner.speculate): device tensors in, nothing read back ---------------
+    @property
+    def graph_safe(self) -> bool:
+        """Whether a greedy step of this drafter can run as ModelRunner.speculate's one graph (a drafter that
+        picks per-row draft counts on the host cannot)."""
+        return True
+
+    def draft_device(self, slots, anchors, positions, gamma: int) -> torch.Tensor:
+        """Greedy drafts [B, gamma] from the ring rows of `slots` (the scratch slot for padding rows)."""
+        B = anchors.shape[0]
+        temp = self._greedy[:B] if self._greedy is not None else torch.zeros(B, device=anchors.device)
+        drafts, _ = self.model.propose(slots, anchors, positions, gamma, temp, None)
+        return drafts
+
+    def commit_device(self, slots, hidden, start, accepted) -> None:
+        """The ring takes the first accepted[i] (device) window tokens' features at positions start[i].."""
+        T = hidden.shape[1]
+        t = torch.arange(T, device=hidden.device)
         self.model.append_context(slots, hidden, start[:, None] + t, t[None, :] < accepted[:, None])
 
     def step_bytes(self, batch, lengths) -> dict[str, int]:

@@ -26,7 +26,8 @@ class EagerStateBackend(StateBackend):
         for m in self.layers:
             shape = (m.H, m.P, m.N) if hasattr(m, "P") else (m.HV, m.V, m.K)
             self.state.append(torch.zeros(max_slots * window, *shape, device=device, dtype=dt))
-        self.cur = torch.zeros(max_slots, dtype=torch.long, device=device)  # current buffer per slot
+        # current buffer per slot, + the scratch entry that padding rows commit to
+        self.cur = torch.zeros(max_slots + 1, dtype=torch.long, device=device)
 
     def _physical(self, slot_ids, offset=None):
         safe = slot_ids.clamp(min=0)
@@ -68,9 +69,8 @@ class EagerStateBackend(StateBackend):
         return gdn_decode_window(self.state[i], q, k, v, g, beta, self._src, self._dst, backend=self.kernel)
 
     def _commit_state(self, accepted: torch.Tensor) -> None:
-        valid = self.slot_ids >= 0
-        safe = self.slot_ids.clamp(min=0)
-        self.cur.index_put_((safe[valid],), (accepted.long() - 1)[valid])
+        # rows, not a boolean mask of the real ones: no host sync, so a captured step can commit
+        self.cur.index_copy_(0, self._conv_rows, accepted.long() - 1)
 
     # -- ledger -------------------------------------------------------------------------------
     def step_bytes(self, slots: list[int], T: int = 1, accepted=None) -> dict[str, int]:

@@ -117,15 +117,16 @@ class DraftModel(nn.Module):
     # -- inference: context ring + propose -----------------------------------------------------------------------
     def allocate(self, max_slots: int, context_window: int, device, dtype) -> None:
         """Per slot and layer a ring of `context_window` rotated context K/V rows (+1 scratch row that takes the
-        writes of invalid rows) and the position each row holds (-1 = empty)."""
+        writes of invalid rows) and the position each row holds (-1 = empty). Slot max_slots is the scratch
+        slot of a captured step's padding rows."""
         c = self.config
         W = context_window
-        shape = (max_slots, W + 1, c.num_kv_heads, c.head_dim)
+        shape = (max_slots + 1, W + 1, c.num_kv_heads, c.head_dim)
         self._ring = {
             "window": W,
             "k": [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers],
             "v": [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers],
-            "pos": torch.full((max_slots, W + 1), -1, device=device, dtype=torch.long),
+            "pos": torch.full((max_slots + 1, W + 1), -1, device=device, dtype=torch.long),
         }
 
     def reset(self, slots: torch.Tensor) -> None:
