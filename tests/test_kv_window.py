@@ -166,3 +166,14 @@ def test_adaptive_budget_counts_the_drafter_ring():
     assert "the draft model's context ring" in e.value.lines[0]
     off = build_graph(compose([*MODEL, *PRESSURE["adaptive"], "kv.num_blocks=40", *spec[:-1]]), max_seq_len=64).kv
     assert off.reserved_pages == 0 and len(off.free) == 40
+
+
+@pytest.mark.parametrize("kind", ["hisparse", "adaptive"])
+def test_neural_drafter_step_commits_the_kv_window(kind):
+    """A device drafter's greedy step (ModelRunner.speculate: draft, verify, accept and commit as one forward, a
+    CUDA graph on a GPU) commits the KV policy's window too: plain greedy's tokens under hot-buffer pressure."""
+    neural = ["spec=dflash", "spec.drafter=random", "spec.num_speculative_tokens=3", "spec.context_window=16"]
+    _, plain, _ = serve(PRESSURE[kind], PROMPTS, max_tokens=12)
+    eng, reqs, _ = serve([*PRESSURE[kind], *neural], PROMPTS, max_tokens=12)
+    assert [r.output_ids for r in reqs] == [r.output_ids for r in plain]
+    assert eng.ledger.summary()["bytes_per_step"]["kv_window_per_query_fetch_bytes"] > 0

@@ -185,6 +185,8 @@ class ModelRunner:
         m, tokens = verify(logits, drafts, None, None, None, None)
         if self.ssm is not None:
             self.ssm.commit(m + 1)
+        if getattr(self.kv, "commit", None) is not None:  # window rows kept out of the hot buffer until accepted
+            self.kv.commit(m + 1)
         drafter.commit_device(rows, self.hidden, pos, m + 1)
         return torch.cat([m[:, None], tokens], 1)
 

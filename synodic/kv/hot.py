@@ -9,6 +9,8 @@ Invariant: slot_of[p] = s  ⇔  hot_pos[s] = p, for s < B; free index pages hold
 """
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 
 from synodic.kernels.kv_resolve import kv_resolve
@@ -45,7 +47,7 @@ class HotBufferPolicy(TopKPolicy):
         self.kv = [self._pool[i * self.P1:(i + 1) * self.P1] for i in range(self.NL)]
         self._win_rows = torch.zeros(2, dtype=torch.long, device=device)  # window rows: per-query, fetched
         self._win_seen = [0, 0]
-        self._win_steps = 0
+        self._win_snaps: deque = deque(maxlen=8)  # per queued step: (copy of _win_rows, event or None)
         self.hot_pos = torch.full((self.NL, S1, self.B + 1), -1, dtype=torch.int32, device=device)
         self.lru = torch.arange(self.B, dtype=torch.int32, device=device).repeat(self.NL, S1, 1)
         self.slot_of = torch.full((self.NL, cfg.index_num_blocks + 1, self.bs), -1, dtype=torch.int32, device=device)
@@ -173,20 +175,35 @@ class HotBufferPolicy(TopKPolicy):
                                                  self.shared_retrieval)
         self._fetched[i] += fetched.sum()
         self._win_rows += torch.stack([per_query.sum(), fetched.sum()])
-        if i == 0:
-            self._win_steps += 1
         return ids
+
+    def after_step(self) -> None:
+        """Also snapshot the window counters behind every step (device ops only, so a replayed graph of a
+        speculative step is accounted like an eager one); none for a policy built without windows."""
+        super().after_step()
+        if self.window <= 1:
+            return
+        if self.device.type == "cuda":
+            host = torch.empty(2, dtype=torch.long, pin_memory=True)
+            host.copy_(self._win_rows, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            self._win_snaps.append((host, ev))
+        else:
+            self._win_snaps.append((self._win_rows.clone(), None))
 
     def commit(self, accepted: torch.Tensor) -> None:
         """After a verify: keep accepted[n] (1..T) window rows of batch row n; the rest are dropped by length."""
 
     def window_bytes(self) -> dict[str, int]:
-        """Window retrieval since the ledger last read: fetched bytes and, exactly beside them, what per-query
-        retrieval fetches (a device read; verify steps have synced by the time the ledger reads)."""
-        if self._win_steps == 0:
+        """The oldest accounted step's window retrieval: fetched bytes and, exactly beside them, what per-query
+        retrieval fetches (zero for a step that was no window)."""
+        if not self._win_snaps:
             return {}
-        self._win_steps = 0
-        now = self._win_rows.tolist()
+        snap, ev = self._win_snaps.popleft()
+        if ev is not None:
+            ev.synchronize()
+        now = snap.tolist()
         per_query, fetched = (a - b for a, b in zip(now, self._win_seen))
         self._win_seen = now
         rb = self.row_bytes()
