@@ -111,6 +111,8 @@ def build_graph(cfg, max_seq_len: int, max_slots: int | None = None, window: int
     g.kv = cfg.kv.build(ctx) if model.attention_layers else None
     check_rollback(g, cfg, window)
     g.spec = cfg.spec.build(ctx)
+    from synodic.kv.drafter_ring import count_drafter_ring
+    count_drafter_ring(g)  # kv=adaptive's device budget holds the drafter's context ring too
     check_cuda_graphs(g, cfg.kv, cfg.runtime.cuda_graphs)
     g.overlap = check_overlap(g, cfg.kv, cfg.runtime.overlap)
     emb = model.embed_tokens.weight

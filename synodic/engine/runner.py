@@ -156,6 +156,8 @@ class ModelRunner:
         """Keep accepted[i] (device tensor, 1..T) window tokens of row i of the last verify."""
         if self.ssm is not None:
             self.ssm.commit(accepted)
+        if getattr(self.kv, "commit", None) is not None:  # window rows kept out of the hot buffer until accepted
+            self.kv.commit(accepted)
 
     @torch.inference_mode()
     def speculate(self, drafter, slots: list[int], positions: list[int], anchors: list[int], gamma: int,
@@ -213,6 +215,8 @@ class ModelRunner:
         m, tokens = verify(logits, drafts, None, None, None, None, n_drafts)
         if self.ssm is not None:
             self.ssm.commit(m + 1)
+        if getattr(self.kv, "commit", None) is not None:  # window rows kept out of the hot buffer until accepted
+            self.kv.commit(m + 1)
         if hasattr(drafter, "commit_device") and self.hidden_layers:
             drafter.commit_device(rows, self.hidden, pos, m + 1)
         return torch.cat([m[:, None], tokens], 1)

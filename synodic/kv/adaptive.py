@@ -73,12 +73,12 @@ class AdaptiveBlocks:
         self.p.release(slot)
 
     def used(self) -> int:
-        return self.p.P - len(self.p.free)
+        return self.p.P - len(self.p.free) - self.p.reserved_pages
 
 
 class AdaptivePolicy(HotBufferPolicy):
-    def __init__(self, model, max_slots, device, cfg, max_seq_len):
-        super().__init__(model, max_slots, device, cfg, max_seq_len)
+    def __init__(self, model, max_slots, device, cfg, max_seq_len, window: int = 1):
+        super().__init__(model, max_slots, device, cfg, max_seq_len, window)
         P, S1 = cfg.num_blocks, max_slots + 1
         self.P = P
         self.tail = cfg.tail_pages
@@ -93,13 +93,31 @@ class AdaptivePolicy(HotBufferPolicy):
         self.step = 0
         self.step_t = torch.zeros((), dtype=torch.long, device=device)
         self._sels: list[tuple[int, torch.Tensor]] = []  # (layer, selection) of this step, recorded at its end
+        self._win_sels: list[tuple[int, torch.Tensor]] = []  # (layer, [N, T, K]) of a verify step, until commit
         self.pages: dict[int, list[int]] = {}   # slot → device page per logical page (-1 demoted)
         self.nres: dict[int, int] = {}          # slot → resident logical pages
         self.hot: dict[int, list[int]] = {}     # slot → hot-buffer pages (hot-buffer mode)
         self._moved = {"promoted_pages": 0, "demoted_pages": 0, "install_rows_device": 0, "install_rows_host": 0}
         self.blocks = AdaptiveBlocks(self)
+        self.reserved_pages = 0   # pool pages withheld for other device memory (reserve_device_bytes)
+        self.reserved_bytes = 0
 
     # -- accounting ---------------------------------------------------------------------------
+    def reserve_device_bytes(self, nbytes: int, what: str) -> None:
+        """Withhold the device pages `nbytes` of other device memory fill (the drafter's context ring) from the
+        pool for good: admission, demotion and promotion then plan with what is left. Before any request."""
+        from synodic.config.errors import ConfigError
+        page = self.bs * self.NL * self.row_bytes()
+        n = -(-nbytes // page)
+        if n >= len(self.free) or self.pages:
+            raise ConfigError([f"kv.num_blocks={self.P} with {what} of {nbytes} bytes ({n} pages of {page} bytes): "
+                               f"expected kv.num_blocks > {n + self.P - len(self.free)}"])
+        for _ in range(n):
+            self.free.pop(0)  # the highest page ids (the pool hands out the lowest first)
+        self.reserved_pages += n
+        self.reserved_bytes += nbytes
+        self.blocks.num_blocks -= n
+
     def min_pages(self, n_pages: int) -> int:
         """Fewest device pages a request of n_pages logical pages can live in."""
         return min(n_pages, min(self.tail, n_pages) + self.HPA)
@@ -233,7 +251,7 @@ class AdaptivePolicy(HotBufferPolicy):
     # -- promotion ----------------------------------------------------------------------------
     def _promote(self) -> None:
         budget = self.cfg.promote_pages_per_step
-        floor = math.ceil(self.cfg.promote_free_fraction * self.P)
+        floor = math.ceil(self.cfg.promote_free_fraction * (self.P - self.reserved_pages))
         self._flush_stamps()
         while budget > 0 and self.hot:
             slot = min(self.hot, key=lambda s: (len(self.pages[s]) - self.nres[s], s))
@@ -305,11 +323,59 @@ class AdaptivePolicy(HotBufferPolicy):
             self._flush_stamps()
         return ids
 
+    # -- verify windows: the window's queries stamp pages only once their tokens are accepted ----------------
+    def window_table(self):
+        return self.res_table
+
+    def place_window(self, i, kv, t):
+        self.place_newest(i, kv, self._pos(t), t)  # a resident tail page (check_window), and the host
+
+    def window_ids(self, i, sel):
+        if not self.hot:  # every page resident: the page lookup, as a plain step (see resolve)
+            ids = [self._paged_ids(self.res_table, sel[:, t]) for t in range(sel.shape[1])]
+        else:
+            ids = super().window_ids(i, sel)
+        self._win_sels.append((i, sel))
+        return ids
+
+    def commit(self, accepted):
+        """The queries of accepted tokens (t < accepted[n]) are the ones plain decoding would have run: only they
+        stamp pages, and the last of them is the row's current selection (what a demotion installs)."""
+        self._flush_window(accepted.to(self.device))
+
+    def _flush_window(self, accepted) -> None:
+        if not self._win_sels:
+            return
+        sels, self._win_sels = dict(self._win_sels), []
+        sel = torch.stack([sels[i] for i in range(self.NL)]) if len(sels) == self.NL else None
+        if sel is None:  # an aborted forward: nothing of it is committed
+            return
+        T = sel.shape[2]
+        t = torch.arange(T, device=self.device)
+        acc = accepted.clamp(1, T)
+        kept = torch.where((t[None, :] < acc[:, None])[None, :, :, None], sel, -1)          # [NL, N, T, K]
+        last = sel.gather(2, (acc - 1).view(1, -1, 1, 1).expand(self.NL, -1, 1, sel.shape[3])).squeeze(2)
+        # a window may leave some of its misses in staging only (more than the hot buffer's free slots), and a
+        # demotion installs the current selection from the device: keep the positions that are on the device
+        pc = last.long().clamp_min(0)
+        r = self.rows.long()[None, :, None]
+        lp, off = pc // self.bs, pc % self.bs
+        irow = self.idx_blocks.table[r, lp].long() * self.bs + off
+        hot = self.slot_of.view(self.NL, -1).gather(1, irow.view(self.NL, -1)).view_as(irow) >= 0
+        on_dev = (self.res_table[r, lp] >= 0) | hot
+        self.last_sel[:, self.rows] = torch.where(on_dev, last, -1)
+        col = torch.where(kept >= 0, kept.long() // self.bs, self.max_pages)
+        col = col.permute(1, 0, 2, 3).reshape(col.shape[1], -1)
+        self.page_stamp[self.rows[:, None], col] = self.step_t
+
     def _flush_stamps(self) -> None:
         """Record this step's selections: each layer's last one in last_sel, and the step in the stamp of
-        every page any of them (every layer, every window query) touched — a few scatters per step instead of
-        some per layer. Called after the last layer and before anything reads or rewrites stamps or last_sel
-        (demotion, promotion, admission, release, the next bind)."""
+        every page any of them (every layer) touched — a few scatters per step instead of some per layer.
+        Called after the last layer and before anything reads or rewrites stamps or last_sel (demotion,
+        promotion, admission, release, the next bind). A verify step's selections wait for `commit`; one never
+        committed counts its first query (the anchor's, always kept)."""
+        if self._win_sels:
+            self._flush_window(torch.ones(self.rows.shape[0], dtype=torch.long, device=self.device))
         if not self._sels:
             return
         sels, self._sels = self._sels, []
@@ -335,7 +401,10 @@ class AdaptivePolicy(HotBufferPolicy):
 
     # -- ledger -------------------------------------------------------------------------------
     def device_bytes_held(self) -> int:
-        return ((self.P - len(self.free)) * self.bs * self.NL * self.row_bytes()
+        """Pages in use, hot buffers and index pages, the window staging rows, and the withheld pages' owner (the
+        drafter's ring, counted at its own size, not its pages')."""
+        return ((self.P - len(self.free) - self.reserved_pages) * self.bs * self.NL * self.row_bytes()
+                + self.reserved_bytes + self.stage_pages * self.bs * self.row_bytes()
                 + self.idx_blocks.used() * self.bs * self.NL * self.indexer.row_bytes())
 
     def running_requests(self) -> int:

@@ -23,3 +23,7 @@ class KVPolicy:
 
     def quiesce_host(self) -> None:
         """Join any host-side copy still in flight (before a CUDA-graph capture)."""
+
+    def commit(self, accepted) -> None:
+        """After a verify window: accepted[n] (a device tensor, 1..T) of row n's window tokens are kept. A policy
+        that keeps window rows in reserved rows until acceptance moves the accepted ones here (on the device)."""

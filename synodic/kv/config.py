@@ -63,6 +63,9 @@ class _HostTiered(Component):
                                    "null = 2 * top_k")
     indexer: IndexerKind = Field("auto", description=_INDEXER)
     learned_key_dtype: Literal["fp8", "bf16"] = Field("fp8", description=_LEARNED_KEYS)
+    shared_retrieval: bool = Field(True, description="speculative verify windows: the window's queries share one "
+                                   "host fetch of their missed rows per (request, layer) (false: every query fetches "
+                                   "its own misses; the ledger reports both counts either way)")
 
     @model_validator(mode="after")
     def _buffer(self):
@@ -101,7 +104,7 @@ class HiSparseKV(_HostTiered):
                                f"kv.block_size={self.block_size}: expected kv.draft_pages >= {need} (kv=hisparse "
                                "keeps a window's rows in draft pages outside the hot buffer)"])
         from synodic.kv.hisparse import HiSparsePolicy
-        return HiSparsePolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len)
+        return HiSparsePolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len, window)
 
 
 @register("kv")
@@ -116,14 +119,18 @@ class AdaptiveKV(_HostTiered):
                                          "while at least this fraction of device pages stays free afterwards")
     promote_pages_per_step: int = Field(8, ge=0, description="most pages promoted back (host → device) per "
                                         "decode step; 0 = never promote")
+    drafter_ring_in_budget: bool = Field(False, description="a neural drafter's context K/V ring (spec.context_window "
+                                         "rows per slot, on the device) is taken out of the device pool: the pages "
+                                         "its bytes fill are withheld from admission, demotion and promotion")
 
     def build(self, ctx):
         index_kind(self, ctx.model)
-        need = self.window_pages(getattr(ctx, "window", 1))
+        window = getattr(ctx, "window", 1)
+        need = self.window_pages(window)
         if need > self.tail_pages:
             from synodic.config.errors import ConfigError
             raise ConfigError([f"kv.tail_pages={self.tail_pages} with a verify window of {ctx.window} tokens and "
                                f"kv.block_size={self.block_size}: expected kv.tail_pages >= {need} (the window's rows "
                                "must stay in resident tail pages)"])
         from synodic.kv.adaptive import AdaptivePolicy
-        return AdaptivePolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len)
+        return AdaptivePolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len, window)

@@ -14,15 +14,14 @@ hold little) plus its indexer key pages; the host pool holds every row. Admissio
 Speculative verify windows (`kv.draft_pages` > 0): each request slot owns draft pages after the pool
 (fixed device memory, counted in `device_bytes_held`, outside what admission spends). A
 window step maps the window's tail pages (the page of its first position and the next ones) to them in a
-per-step page table, copies that first page's committed rows from the host, and writes every window row
-there as well as where a plain step would put it. Each query's resolve takes the draft table as resident
-pages: window rows and the rest of their pages are found there, outside the LRU, the reverse map and the
-host (their backups land at the end of the step); everything else resolves as in a plain step. The fast
-path is chosen by the window's first position: a row that starts its window below B finds every earlier
-position in slot = position and every window position in the draft pages, so it needs no lookups and
-evicts nothing, even for queries past B. Queries resolve and attend one after another (`attend_window`):
-a row missed by one query is a hit for the next, and a later query's victims never hold a row an earlier
-query still reads.
+per-step page table, copies that first page's committed rows from the host, and writes the window rows there
+only (and to the host, as every row): never into the hot buffer, its LRU or the reverse map. The window's
+queries take the draft table as resident pages and resolve together (synodic/kv/window.py: shared retrieval).
+The fast path is chosen by the window's first position: a row that starts its window below B finds every
+earlier position in slot = position and every window position in the draft pages, so it needs no lookups and
+evicts nothing, even for queries past B. `commit` then puts the accepted rows below B into slot = position (where
+a plain step keeps them); rejected rows are dropped with the draft pages (the host copies past the committed
+length are rewritten before any query can select them).
 """
 from __future__ import annotations
 
@@ -76,14 +75,15 @@ class HiSparseBlocks:
 
 
 class HiSparsePolicy(HotBufferPolicy):
-    def __init__(self, model, max_slots, device, cfg, max_seq_len):
-        super().__init__(model, max_slots, device, cfg, max_seq_len)
+    def __init__(self, model, max_slots, device, cfg, max_seq_len, window: int = 1):
+        super().__init__(model, max_slots, device, cfg, max_seq_len, window)
         self.dev_blocks = BlockManager(cfg.num_blocks, self.bs, max_slots, self.HP, device)
         self.hot_table = self.dev_blocks.table
         self.blocks = HiSparseBlocks(self)
         self.DP = cfg.draft_pages
         self.draft_base = cfg.num_blocks + 1   # slot r's draft pages: draft_base + r * DP + 0..DP-1
         self._win = 1                           # tokens per row of the current step's window
+        self._committable = None                # (rows, first positions, draft table, T) of the last window step
         self._draft_rows = 0                    # host rows copied into draft pages since the ledger last read
 
     def _extra_pages(self, cfg, S1: int) -> int:
@@ -139,18 +139,51 @@ class HiSparsePolicy(HotBufferPolicy):
         self.kv[i].view(-1, self.W)[dst] = kv
         self.hot_pos[i].view(-1)[hot] = p32
         self.slot_of[i].view(-1)[irow] = slot
-        if self._win > 1:  # and in the draft page, where the window's queries find it
-            self.kv[i].view(-1, self.W)[self._per_step(("draft_row", t), lambda: self._rows_of(
-                self._draft()[0], self.rows, pos))] = kv
         self._backup(i, kv, t)
 
     def resolve(self, i, sel, pos):
-        if self._win > 1:  # window pages resident (draft table); fast path by the window's first position
-            ids, n_miss = self._resolve(i, sel, self.rows, self._pos(), self._draft()[0], True)
-        else:
-            ids, n_miss = self._resolve(i, sel, self.rows, pos, None, True)
+        ids, n_miss = self._resolve(i, sel, self.rows, pos, None, True)
         self._count_misses(i, n_miss)
         return ids
+
+    # -- verify windows -------------------------------------------------------------------------
+    def window_table(self):
+        return self._draft()[0]
+
+    def window_fast(self):
+        return self._per_step("win_fast", lambda: self._pos() < self.B)
+
+    def place_window(self, i, kv, t):
+        """Window row t: its draft page and the host only."""
+        self.kv[i].view(-1, self.W)[self._per_step(("draft_row", t), lambda: self._rows_of(
+            self._draft()[0], self.rows, self._pos(t)))] = kv
+        self._backup(i, kv, t)
+        if i == 0 and t == 0:
+            self._committable = (self.rows, self._pos(), self._draft()[0], self._win)
+
+    def commit(self, accepted):
+        """Accepted window rows below B: draft page -> hot slot = position (the short-row layout every later fast
+        path reads), with hot_pos and the reverse map; rows at or past B stay on the host only, as after a plain
+        step. Every layer; fixed shapes, no host sync."""
+        if self._committable is None:
+            return
+        rows, p0, table, T = self._committable
+        self._committable = None
+        t = torch.arange(T, device=self.device)
+        pos = p0[:, None] + t                                              # [N, T]
+        ok = (t[None] < accepted.to(self.device)[:, None]) & (pos < self.B) & (rows != self.S)[:, None]
+        r = rows.long()[:, None].expand_as(pos)
+        pc = torch.where(ok, pos, 0)
+        src = self._rows_of(table, r, torch.where(ok, pos, p0[:, None]))
+        dst = torch.where(ok, self._rows_of(self.hot_table, r, pc), self.scratch_row())
+        hp = torch.where(ok, r * (self.B + 1) + pc, self.hot_pos[0].numel() - 1)
+        irow = torch.where(ok, self._rows_of(self.idx_blocks.table, r, pc), self.slot_of[0].numel() - 1)
+        val = torch.where(ok, pos, -1).int()
+        for i in range(self.NL):
+            flat = self.kv[i].view(-1, self.W)
+            copy_rows(flat, dst.flatten(), flat, src.flatten())
+            self.hot_pos[i].view(-1)[hp.flatten()] = val.flatten()
+            self.slot_of[i].view(-1)[irow.flatten()] = val.flatten()
 
     def place_prefill(self, i, slot, kv, sel_last):
         pos, rs = self.prefill_to_host(i, slot, kv)
@@ -163,9 +196,10 @@ class HiSparsePolicy(HotBufferPolicy):
             self.preload(i, slot, kv, pos, sel_last)
 
     def device_bytes_held(self) -> int:
-        """Hot-buffer and index pages in use, plus the draft pages (allocated for every slot up front)."""
+        """Hot-buffer and index pages in use, plus the draft pages (allocated for every slot up front) and the window
+        staging rows (one buffer for every layer)."""
         pages = self.dev_blocks.used() + (self.S + 1) * self.DP
-        return (pages * self.bs * self.NL * self.row_bytes()
+        return (pages * self.bs * self.NL * self.row_bytes() + self.stage_pages * self.bs * self.row_bytes()
                 + self.idx_blocks.used() * self.bs * self.NL * self.indexer.row_bytes())
 
     def running_requests(self) -> int:

@@ -9,18 +9,22 @@ Invariant: slot_of[p] = s  ⇔  hot_pos[s] = p, for s < B; free index pages hold
 """
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 
 from synodic.kernels.kv_resolve import kv_resolve
 
 from .host_pool import HostKVPool
+from .indexer import KeyIndexer
 from .topk import TopKPolicy
+from .window import resolve_window, staging_rows
 
 
 class HotBufferPolicy(TopKPolicy):
     uses_host = True
 
-    def __init__(self, model, max_slots, device, cfg, max_seq_len):
+    def __init__(self, model, max_slots, device, cfg, max_seq_len, window: int = 1):
         super().__init__(model, max_slots, device, cfg, max_seq_len, cfg.index_num_blocks)
         from .blocks import BlockManager
         self.B = cfg.B
@@ -31,8 +35,19 @@ class HotBufferPolicy(TopKPolicy):
         self.idx_blocks = BlockManager(cfg.index_num_blocks, self.bs, max_slots, self.max_pages, device)
         self.host = HostKVPool(self.NL, cfg.host_num_blocks, self.bs, self.W, self.dtype, max_slots,
                                self.max_pages, device)
-        self.kv = [torch.zeros(cfg.num_blocks + 1 + self._extra_pages(cfg, S1), self.bs, self.W, dtype=self.dtype,
-                               device=device) for _ in range(self.NL)]
+        # every layer's pages, then a verify window's staging rows (synodic/kv/window.py), in one tensor: layer i's
+        # window attention reads its pages and the staging rows through one view, and the staging rows are one
+        # fixed buffer for every layer and every verify step
+        self.window = window
+        self.shared_retrieval = cfg.shared_retrieval
+        self.P1 = cfg.num_blocks + 1 + self._extra_pages(cfg, S1)
+        self.stage_pages = -(-staging_rows(max_slots, window, self.top_k) // self.bs)
+        self._pool = torch.zeros(self.NL * self.P1 + self.stage_pages, self.bs, self.W, dtype=self.dtype,
+                                 device=device)
+        self.kv = [self._pool[i * self.P1:(i + 1) * self.P1] for i in range(self.NL)]
+        self._win_rows = torch.zeros(2, dtype=torch.long, device=device)  # window rows: per-query, fetched
+        self._win_seen = [0, 0]
+        self._win_snaps: deque = deque(maxlen=8)  # per queued step: (copy of _win_rows, event or None)
         self.hot_pos = torch.full((self.NL, S1, self.B + 1), -1, dtype=torch.int32, device=device)
         self.lru = torch.arange(self.B, dtype=torch.int32, device=device).repeat(self.NL, S1, 1)
         self.slot_of = torch.full((self.NL, cfg.index_num_blocks + 1, self.bs), -1, dtype=torch.int32, device=device)
@@ -102,7 +117,101 @@ class HotBufferPolicy(TopKPolicy):
                                                     lambda: torch.arange(rows.shape[0], device=self.device)))
 
     def dev_kv(self, i):
-        return self.kv[i]
+        return self._pool[i * self.P1:] if self._queries > 1 else self.kv[i]
+
+    # -- verify windows (synodic/kv/window.py) ------------------------------------------------------------
+    def stage_flat(self) -> torch.Tensor:
+        """[staging rows, W]: the window staging rows every layer shares."""
+        return self._pool[self.NL * self.P1:].view(-1, self.W)
+
+    def stage_base(self, i: int) -> int:
+        """Row of the first staging row in layer i's window view (dev_kv(i) during a window)."""
+        return (self.NL - i) * self.P1 * self.bs
+
+    def scratch_row(self) -> int:
+        """A row of the scratch page (padding rows' page): writes nobody reads."""
+        return self.cfg.num_blocks * self.bs
+
+    def window_table(self) -> torch.Tensor:
+        """[S1, max_pages] pages a window's queries find resident (the policy's)."""
+        raise NotImplementedError
+
+    def window_fast(self) -> torch.Tensor | None:
+        """[N] rows whose non-resident positions sit at slot = position (hisparse short rows), or None."""
+        return None
+
+    def place_window(self, i: int, kv: torch.Tensor, t: int) -> None:
+        """Window row t of layer i: in reserved rows only (never the hot buffer, its LRU or the reverse map)."""
+        raise NotImplementedError
+
+    def attend_window(self, i, q, k_new, v_new, index=None):
+        """A verify window (see synodic/kv/window.py): the T queries' selections resolved together, their misses
+        fetched once per window (shared retrieval) or once per query; window rows kept out of the hot buffer."""
+        B, T = q.shape[:2]
+        if T == 1:
+            return super().attend_window(i, q, k_new, v_new, index)
+        if T > self.window:
+            raise ValueError(f"kv={self.cfg.kind}: a verify window of {T} tokens; the policy was built for windows "
+                             f"of at most {self.window} (BuildContext.window)")
+        self.check_window(T)
+        self._begin(i)
+        self._queries = T
+        self.begin_window(i, T)
+        iqk = [self._index_qk(q[:, t], k_new[:, t], None if index is None else index.at(slice(None), t))
+               for t in range(T)]
+        for t in range(T):
+            self.place_window(i, self._kv_row(k_new[:, t], v_new[:, t]), t)
+            self._index_write(i, iqk[t][1], t)
+        if i == self.NL - 1:  # every layer has placed its rows: one backup copy for the step
+            self._flush_backup()
+        pages = self._per_step("pages", lambda: self.index_table()[self.rows, : self.view_blocks].long())
+        sel = torch.stack([KeyIndexer.select(self.indexer.decode_scores(i, iqk[t][0], pages), self._pos(t),
+                                             self.top_k) for t in range(T)], 1)
+        ids = self.window_ids(i, sel)
+        return torch.stack([self._attend_rows(i, q[:, t], ids[t]) for t in range(T)], 1)
+
+    def window_ids(self, i: int, sel: torch.Tensor) -> list[torch.Tensor]:
+        ids, fetched, per_query = resolve_window(self, i, sel, self.window_table(), self.window_fast(),
+                                                 self.shared_retrieval)
+        self._fetched[i] += fetched.sum()
+        self._win_rows += torch.stack([per_query.sum(), fetched.sum()])
+        return ids
+
+    def after_step(self) -> None:
+        """Also snapshot the window counters behind every step (device ops only, so a replayed graph of a
+        speculative step is accounted like an eager one); none for a policy built without windows."""
+        super().after_step()
+        if self.window <= 1:
+            return
+        if self.device.type == "cuda":
+            host = torch.empty(2, dtype=torch.long, pin_memory=True)
+            host.copy_(self._win_rows, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            self._win_snaps.append((host, ev))
+        else:
+            self._win_snaps.append((self._win_rows.clone(), None))
+
+    def commit(self, accepted: torch.Tensor) -> None:
+        """After a verify: keep accepted[n] (1..T) window rows of batch row n; the rest are dropped by length."""
+
+    def window_bytes(self) -> dict[str, int]:
+        """The oldest accounted step's window retrieval: fetched bytes and, exactly beside them, what per-query
+        retrieval fetches (zero for a step that was no window)."""
+        if not self._win_snaps:
+            return {}
+        snap, ev = self._win_snaps.popleft()
+        if ev is not None:
+            ev.synchronize()
+        now = snap.tolist()
+        per_query, fetched = (a - b for a, b in zip(now, self._win_seen))
+        self._win_seen = now
+        rb = self.row_bytes()
+        self.stats["window_fetched_rows"] += fetched
+        self.stats["window_per_query_rows"] += per_query
+        return {"kv_window_fetch_bytes": fetched * rb, "kv_window_per_query_fetch_bytes": per_query * rb,
+                "kv_window_shared_saved_bytes": (per_query - fetched) * rb,
+                "kv_window_shared_retrieval": int(self.shared_retrieval)}
 
     def _resolve(self, i, sel, rows, pos, res_table, fast_path, src_table=None, src=None):
         ids, n_miss = kv_resolve(

@@ -375,6 +375,7 @@ class TopKPolicy(KVPolicy):
         extra = self.extra_bytes(lengths)
         out["kv_h2d_bytes"] += extra.pop("_h2d_extra", 0)
         out.update(extra)
+        out.update(self.window_bytes())
         self.stats["steps"] += 1
         self.stats["selected_rows"] += sel * self.NL
         self.stats["fetched_rows"] += sum(fetched)
@@ -383,6 +384,10 @@ class TopKPolicy(KVPolicy):
 
     def running_requests(self) -> int:
         return 1
+
+    def window_bytes(self) -> dict[str, int]:
+        """A verify window's retrieval counters (the hot-buffer policies'); none for a resident pool."""
+        return {}
 
 
 class ResidentTopKPolicy(TopKPolicy):

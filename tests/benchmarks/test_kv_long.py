@@ -78,9 +78,10 @@ def _device_bytes(pol) -> int:
     def walk(o):
         nonlocal total
         if isinstance(o, torch.Tensor):
-            if id(o) not in skip and o.data_ptr() not in seen and o.numel():
-                seen.add(o.data_ptr())
-                total += o.numel() * o.element_size()
+            st = o.untyped_storage()  # views (a policy's per-layer pages in one pool tensor) count once
+            if id(o) not in skip and st.data_ptr() not in seen and o.numel():
+                seen.add(st.data_ptr())
+                total += st.nbytes()
         elif isinstance(o, (list, tuple)):
             for x in o:
                 walk(x)
