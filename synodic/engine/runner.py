@@ -194,11 +194,11 @@ class ModelRunner:
             buf[:b, 0].copy_(nd)
             buf[:b, 1:1 + g].copy_(drafts)
         else:
-            host = torch.zeros(b, 1 + gamma, dtype=torch.long)
-            for i, (n, d) in enumerate(zip(n_drafts, drafts)):
-                host[i, 0] = n
-                host[i, 1:1 + len(d[:gamma])] = torch.tensor(d[:gamma], dtype=torch.long)
-            buf[:b].copy_(pinned(host, self.device), non_blocking=True)
+            rows = np.zeros((b, 1 + gamma), dtype=np.int64)  # numpy: per-row torch.tensor costs ~10 µs a row
+            rows[:, 0] = n_drafts
+            for i, d in enumerate(drafts):
+                rows[i, 1:1 + min(len(d), gamma)] = d[:gamma]
+            buf[:b].copy_(pinned(torch.from_numpy(rows), self.device), non_blocking=True)
         buf[b:, 0] = 0
 
     def _spec_forward(self, bucket: int, drafter, gamma: int, staged: bool) -> torch.Tensor:
