@@ -8,9 +8,8 @@ dst the device staging rows; fixed shapes and no host sync, so the fetch is capt
 """
 from __future__ import annotations
 
-import os
-
 import torch
+from synodic.kernels.row_copy import resolve_row_copy
 
 
 def fetch_rows_ref(dst: torch.Tensor, dst_rows: torch.Tensor, src: torch.Tensor, src_rows: torch.Tensor) -> None:
@@ -23,24 +22,9 @@ def fetch_rows(dst: torch.Tensor, dst_rows: torch.Tensor, src: torch.Tensor, src
                backend: str = "auto") -> None:
     """dst, src: [rows, W] contiguous views of one dtype; dst_rows, src_rows: [M] int. backend: auto (Triton
     when either side is on CUDA, else the reference) | triton | ref."""
-    if dst.dim() != 2 or src.dim() != 2 or dst.shape[1] != src.shape[1] or dst.dtype != src.dtype:
-        raise ValueError(f"dst/src: expected [rows, W] of one W and dtype, got {tuple(dst.shape)} {dst.dtype} / "
-                         f"{tuple(src.shape)} {src.dtype}")
-    if dst_rows.shape != src_rows.shape or dst_rows.dim() != 1:
-        raise ValueError(f"dst_rows/src_rows: expected two [M] tensors, got {tuple(dst_rows.shape)} / "
-                         f"{tuple(src_rows.shape)}")
-    if not (dst.is_contiguous() and src.is_contiguous()):
-        raise ValueError("dst/src: expected contiguous [rows, W] views")
-    cuda = dst.is_cuda or src.is_cuda
-    if backend == "auto":
-        backend = "triton" if cuda else "ref"
-    if backend == "ref":
+    if resolve_row_copy(dst, dst_rows, src, src_rows, backend) == "ref":
         return fetch_rows_ref(dst, dst_rows, src, src_rows)
-    if backend == "triton":
-        if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("backend: 'triton' needs a CUDA run (or TRITON_INTERPRET=1); use 'ref' or 'auto'")
-        return _fetch_triton(dst, dst_rows, src, src_rows)
-    raise ValueError(f"backend: expected 'auto', 'triton' or 'ref', got {backend!r}")
+    return _fetch_triton(dst, dst_rows, src, src_rows)
 
 
 def _fetch_triton(dst, dst_rows, src, src_rows, block_m: int = 8, num_warps: int = 4) -> None:
