@@ -1,5 +1,9 @@
-"""spec=ngram: prompt-lookup drafting on the host's token lists (no weights, no device work: a numpy scan
-of each row's context per step, cheap beside a verify forward at the lengths the engine serves)."""
+"""spec=ngram: prompt-lookup drafting on the host's token lists (no weights, no device work).
+
+`lookup` is the rule as a numpy scan of the whole context; the drafter keeps an incremental index per request
+instead (`NgramIndex`: for each n, the latest start of every n-gram seen), updated by the tokens appended since
+the last step, so a step costs a few dictionary lookups per row rather than a scan of its context — the scan
+was ~0.25 ms a row, the whole host side of a captured speculative step at batch 32."""
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -18,19 +22,54 @@ def lookup(context: list[int], gamma: int, max_ngram: int, min_ngram: int) -> li
     return []
 
 
+class NgramIndex:
+    """One request's n-grams (min_ngram..max_ngram): for each n, n-gram → latest start among those that end
+    before the context's last token (the suffix itself is never its own match). Equal to `lookup` for any
+    context that only grows."""
+
+    def __init__(self, max_ngram: int, min_ngram: int):
+        self.ns = range(min_ngram, max_ngram + 1)
+        self.seen: dict[int, dict[tuple, int]] = {n: {} for n in self.ns}
+        self.ends = 0  # n-grams ending at indices < ends are indexed
+
+    def drafts(self, context: list[int], gamma: int) -> list[int]:
+        L = len(context)
+        for e in range(self.ends, L - 1):  # index the n-grams ending at e (every e <= L - 2)
+            for n in self.ns:
+                if e + 1 >= n:
+                    self.seen[n][tuple(context[e + 1 - n: e + 1])] = e + 1 - n
+        self.ends = max(self.ends, L - 1)
+        for n in reversed(self.ns):
+            if n > L - 1:
+                continue
+            start = self.seen[n].get(tuple(context[L - n:]))
+            if start is not None:
+                return context[start + n: start + n + gamma]
+        return []
+
+
 class NgramDrafter:
     """Drafter runtime for spec=ngram (the Engine's interface: see synodic/spec/runtime.py)."""
     hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, gamma: int, max_ngram: int, min_ngram: int):
         self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
+        self._index: dict[int, NgramIndex] = {}  # request id → its n-gram index
 
     def on_prefill(self, reqs, hidden) -> None:
         pass
 
     def propose(self, batch, gamma: int, temperature, generator):
         """(drafts [B, gamma] long on the device, q None (one-hot), real drafts per row [B] or None)."""
-        rows = [lookup(r.context, gamma, self.max_ngram, self.min_ngram) for r in batch]
+        if len(self._index) > 2 * len(batch) + 64:  # finished requests' indexes go
+            live = {r.id for r in batch}
+            self._index = {k: v for k, v in self._index.items() if k in live}
+        rows = []
+        for r in batch:
+            ix = self._index.get(r.id)
+            if ix is None:
+                ix = self._index[r.id] = NgramIndex(self.max_ngram, self.min_ngram)
+            rows.append(ix.drafts(r.context, gamma))
         n = [len(d) for d in rows]
         flat = [(d + [0] * gamma)[:gamma] for d in rows]
         return flat, None, n
