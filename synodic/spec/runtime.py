@@ -48,6 +48,7 @@ class NeuralDrafter:
         self.model, self.cfg, self.device = model, cfg, torch.device(device)
         self.hidden_layers = tuple(model.target_layers)
         self.gamma = cfg.num_speculative_tokens
+        self.lookup_hint = getattr(getattr(model, "config", None), "lookup_hint", 0)
         self._wbytes: dict[int, int] = {}
         self._linear_weight_bytes = linear_weight_bytes
         self.kv_row_bytes = _ring_row_bytes(model, cfg.context_window)
@@ -65,7 +66,12 @@ class NeuralDrafter:
         host = torch.tensor([[r.slot for r in batch], [r.output_ids[-1] for r in batch],
                              [r.length - 1 for r in batch]], dtype=torch.long)
         slots, anchors, pos = host.to(self.device, non_blocking=True)
-        drafts, q = self.model.propose(slots, anchors, pos, gamma, temperature, generator)
+        extra = {}
+        if self.lookup_hint:  # prompt lookup over the host's token lists, as spec=ngram does
+            from synodic.spec.models.lookup import host_hints
+            extra["hints"] = host_hints([r.context for r in batch], gamma, self.lookup_hint).to(
+                self.device, non_blocking=True)
+        drafts, q = self.model.propose(slots, anchors, pos, gamma, temperature, generator, **extra)
         return drafts, q, None
 
     @torch.inference_mode()
