@@ -100,8 +100,8 @@ def _progress(total: int, start: int):
     if not console.is_terminal:
         return (lambda h: print(f"step {h['step']}/{total} loss {h['loss']:.4f}", flush=True)
                 if h["step"] % 50 == 0 else None), lambda: None
-    bar = Progress(TextColumn("train_drafter"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
-                   TimeElapsedColumn(), console=console)
+    bar = Progress(TextColumn("train_drafter"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=console)
     task = bar.add_task("train", total=total, completed=start, loss="-")
     bar.start()
     return (lambda h: bar.update(task, completed=h["step"], loss=f"{h['loss']:.4f}")), bar.stop

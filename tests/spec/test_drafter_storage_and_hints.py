@@ -88,8 +88,8 @@ def test_hinted_ring_propose_equals_training_path():
         m.reset(slots)
         m.append_context(slots, hidden, torch.arange(T)[None], torch.ones(1, T, dtype=torch.bool))
         for i, a in enumerate(anchors[0].tolist()):
-            captured = {}
-            m.decode = lambda h, *args: captured.setdefault("h", h)
+            captured: dict = {}
+            m.decode = lambda h, *args, c=captured: c.setdefault("h", h)
             hints = host_hints([tokens[0, :a + 1].tolist()], 4, 3)
             m.propose(slots, tokens[0, a:a + 1], torch.tensor([a]), 4, torch.zeros(1), None, hints=hints)
             del m.decode
