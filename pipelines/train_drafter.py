@@ -29,7 +29,8 @@ class TrainDrafterPipeline(Component):
                                     "T = 1 (the rest greedily)")
     eval_prompts: int = Field(64, ge=1, description="held-out prompts for the acceptance report")
     num_layers: int = Field(2, ge=1, description="drafter decoder layers")
-    intermediate_size: int = Field(512, ge=1, description="drafter MLP width")
+    intermediate_size: int = Field(384, ge=1, description="drafter MLP width (384: the six shipped fp8 drafters "
+                                   "stay under 16 MiB together)")
     head_rank: int = Field(64, ge=1, description="rank of DSpark's Markov head / DFlash2's path selector")
     lookup_hint: int = Field(4, ge=0, description="prompt-lookup hints at the mask slots (longest suffix matched); "
                              "0 = none")
