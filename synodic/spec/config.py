@@ -128,8 +128,17 @@ class DFlashSpec(_NeuralSpec):
 class DSparkSpec(_NeuralSpec):
     """DSpark: the DFlash backbone + a Markov head (exact left-to-right q) + a calibrated confidence head."""
     kind: Literal["dspark"] = "dspark"
-    verify: Literal["fixed"] = Field("fixed", description="fixed: verify all num_speculative_tokens drafts "
-                                     "every step")
+    verify: Literal["fixed", "load_aware"] = Field("fixed", description="fixed: verify all num_speculative_tokens "
+                                                   "drafts every step; load_aware: per row, as many as the "
+                                                   "calibrated confidences and the SPS profile pay for "
+                                                   "(synodic/spec/load_aware.py)")
+
+    def build(self, ctx):
+        drafter = super().build(ctx)
+        if self.verify == "load_aware":
+            from .load_aware import find_profile
+            drafter.sps = find_profile(ctx.model_kind, ctx.device)
+        return drafter
 
 
 @register("spec")

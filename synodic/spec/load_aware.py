@@ -13,6 +13,36 @@ from pathlib import Path
 
 import numpy as np
 
+SPS_DIR = Path(__file__).resolve().parents[1] / "assets" / "sps"
+
+
+def device_name(device) -> str:
+    """The profile's device key: 'cpu', or the CUDA device's name in lower case with '-' for spaces."""
+    import torch
+    d = torch.device(device)
+    if d.type != "cuda":
+        return d.type
+    return torch.cuda.get_device_name(d).lower().replace(" ", "-")
+
+
+def profile_path(model: str, device) -> Path:
+    return SPS_DIR / f"{model}-{device_name(device)}.json"
+
+
+def find_profile(model: str, device) -> "SpsProfile":
+    """The shipped SPS profile of this model on this device; a one-line ConfigError naming the command that
+    writes it when there is none."""
+    from synodic.config.errors import ConfigError
+    path = profile_path(model, device)
+    if not path.is_file():
+        raise ConfigError([f"spec.verify=load_aware: no SPS profile for model={model} on {device_name(device)} "
+                           f"({path.name}); expected one: python -m benchmarks.sps_profile model={model}"])
+    try:
+        return SpsProfile.load(path)
+    except (ValueError, KeyError, json.JSONDecodeError) as e:
+        raise ConfigError([f"spec.verify=load_aware: {path} is not an SPS profile ({str(e).splitlines()[0]})"]) \
+            from None
+
 
 @dataclass
 class SpsProfile:

@@ -48,6 +48,8 @@ class NeuralDrafter:
         self.model, self.cfg, self.device = model, cfg, torch.device(device)
         self.hidden_layers = tuple(model.target_layers)
         self.gamma = cfg.num_speculative_tokens
+        self.lookup_hint = getattr(getattr(model, "config", None), "lookup_hint", 0)
+        self.sps = None  # an SpsProfile: DSpark's load-aware verify lengths (set by spec=dspark verify=load_aware)
         self._wbytes: dict[int, int] = {}
         self._linear_weight_bytes = linear_weight_bytes
         self.kv_row_bytes = _ring_row_bytes(model, cfg.context_window)
@@ -68,8 +70,18 @@ class NeuralDrafter:
         host = torch.tensor([[r.slot for r in batch], [r.output_ids[-1] for r in batch],
                              [r.length - 1 for r in batch]], dtype=torch.long)
         slots, anchors, pos = host.to(self.device, non_blocking=True)
-        drafts, q = self.model.propose(slots, anchors, pos, gamma, temperature, generator)
-        return drafts, q, None
+        extra = {}
+        if self.lookup_hint:  # prompt lookup over the host's token lists, as spec=ngram does
+            from synodic.spec.models.lookup import host_hints
+            extra["hints"] = host_hints([r.context for r in batch], gamma, self.lookup_hint).to(
+                self.device, non_blocking=True)
+        drafts, q = self.model.propose(slots, anchors, pos, gamma, temperature, generator, **extra)
+        if self.sps is None:
+            return drafts, q, None
+        # DSpark load-aware verify: per-row lengths from the calibrated confidences (one host read of [B, γ])
+        from synodic.spec.load_aware import choose_lengths
+        n, _ = choose_lengths(self.model.last_confidence.float().cpu().numpy(), self.sps)
+        return drafts, q, n.tolist()
 
     @torch.inference_mode()
     def on_commit(self, batch, hidden, start, accepted) -> None:
@@ -108,7 +120,8 @@ class NeuralDrafter:
         return {"draft_weights_read": self._wbytes[rows], "draft_kv": ctx * self.kv_row_bytes}
 
     def summary(self) -> dict:
-        return {"scheme": self.model.scheme, "drafter": self.cfg.drafter, "target_layers": list(self.hidden_layers),
+        return {"scheme": self.model.scheme, "drafter": self.cfg.drafter,
+                "verify": "load_aware" if self.sps is not None else "fixed", "target_layers": list(self.hidden_layers),
                 "trained_gamma": self.model.gamma, "context_window": self.cfg.context_window,
                 "parameters": sum(p.numel() for p in self.model.parameters())}
 

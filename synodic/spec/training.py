@@ -85,16 +85,83 @@ def greedy_acceptance(draft, target, tokens, anchors, gamma: int) -> dict:
             "rate_by_position": (run.sum(0).float() / reach.float()).tolist()}
 
 
+@torch.no_grad()
+def calibrate_confidence(draft, target, tokens, gamma: int, seed: int = 0, anchors_per_seq: int = 16) -> list[float]:
+    """DSpark: per-position temperature scaling of the confidence head, fit after training: T_k minimises the
+    BCE of sigmoid(z_k / T_k) against the soft acceptance label 1 - TV(p_draft, p_target) on teacher-forced
+    blocks (a grid over T in [0.05, 20], log-spaced: one parameter per position, no optimiser needed). Sets
+    and returns confidence.temperature."""
+    g = torch.Generator().manual_seed(seed + 7)
+    anchors = random_anchors(tokens.shape[0], tokens.shape[1], anchors_per_seq, gamma, g, tokens.device)
+    h, idx, labels, prev, logits_t = _blocks(draft, target, tokens, anchors, gamma)
+    out = draft.train_logits(h, prev)
+    y = 1 - 0.5 * (torch.softmax(out["draft"], -1) - torch.softmax(logits_t, -1)).abs().sum(-1)
+    z = out["conf"].float()
+    grid = torch.logspace(math.log10(0.05), math.log10(20.0), 121, device=z.device)
+    temps = []
+    for k in range(gamma):
+        zk, yk = z[..., k].flatten(), y[..., k].flatten()
+        bce = torch.stack([F.binary_cross_entropy_with_logits(zk / t, yk) for t in grid])
+        temps.append(float(grid[bce.argmin()]))
+    draft.confidence.temperature.copy_(torch.tensor(temps, device=draft.confidence.temperature.device))
+    return temps
+
+
+@torch.no_grad()
+def sampled_acceptance(draft, target, tokens, anchors, gamma: int, temperature: float = 1.0) -> dict:
+    """Teacher-forced expected acceptance under speculative sampling at `temperature` (drafts drawn from q, kept
+    with probability min(1, p/q)): at block position k the acceptance probability is
+    alpha_k = sum_v min(p_k(v), q_k(v)) = 1 - TV(p_k, q_k), with p the target's and q the drafter's distribution
+    given the true prefix (the Markov head / path selector conditioned on the true previous token, DFlash2's q
+    over its top-K candidates as at decode). Expected length = 1 + sum_k prod_{i<=k} alpha_i."""
+    h, idx, labels, prev, logits_t = _blocks(draft, target, tokens, anchors, gamma)
+    out = draft.train_logits(h, prev)
+    d = out["draft"]
+    if draft.scheme == "dflash2":  # decode samples only among the backbone's top-K
+        k = min(draft.selector.k, d.shape[-1])
+        keep = torch.zeros_like(d, dtype=torch.bool).scatter_(-1, out["base"].topk(k, dim=-1).indices, True)
+        d = d.masked_fill(~keep, float("-inf"))
+    q = torch.softmax(d / temperature, -1)
+    p = torch.softmax(logits_t / temperature, -1)
+    alpha = torch.minimum(p, q).sum(-1).flatten(0, 1)                     # [B*A, gamma]
+    surv = alpha.cumprod(-1)
+    return {"acceptance_length": (1 + surv.sum(-1)).mean().item(),
+            "rate_by_position": alpha.mean(0).tolist()}
+
+
 def train_steps(draft, target, data: torch.Tensor, steps: int, batch: int, anchors_per_seq: int, gamma: int,
-                decay: float = 4.0, lr: float = 6e-4, seed: int = 0, log=None) -> list[dict]:
-    """AdamW with warm-up (4 %) and cosine decay, grad-norm 1.0; returns the per-step stats."""
+                decay: float = 4.0, lr: float = 6e-4, seed: int = 0, log=None, ckpt_dir=None, ckpt_every: int = 0,
+                halt_at: int | None = None) -> list[dict]:
+    """AdamW with warm-up (4 %) and cosine decay, grad-norm 1.0; returns the per-step stats.
+
+    With `ckpt_dir`, the drafter, the optimiser, the batch sampler's RNG and the history are saved there every
+    `ckpt_every` steps and at the end (synodic/train/state.py: safetensors + JSON, no pickle), and a run that
+    finds a checkpoint there continues from it: the resumed run draws the same batches and reaches the same
+    weights as an uninterrupted one. `halt_at` stops after that step (a checkpoint is written), as a crash would."""
+    from synodic.train.state import has_state, load_state, save_state
     for p in target.parameters():
         p.requires_grad_(False)
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
     warm = max(1, int(0.04 * steps))
-    history = []
-    for step in range(steps):
+    history: list[dict] = []
+    done = 0
+    if ckpt_dir is not None and has_state(ckpt_dir):
+        st = load_state(ckpt_dir)
+        if st["steps"] != steps:
+            raise ValueError(f"{ckpt_dir}: checkpoint of a {st['steps']}-step schedule, this run has {steps}")
+        draft.load_state_dict({k: v.to(p.device, p.dtype) for (k, v), p in
+                               zip(st["draft"].items(), draft.state_dict().values())})
+        opt.load_state_dict(st["opt"])
+        g.set_state(st["rng"])
+        history, done = st["history"], st["step"]
+
+    def save(step):
+        if ckpt_dir is not None:
+            save_state({"draft": draft.state_dict(), "opt": opt.state_dict(), "rng": g.get_state(), "step": step,
+                        "steps": steps, "history": history}, ckpt_dir)
+
+    for step in range(done, steps):
         f = (step + 1) / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
         for group in opt.param_groups:
             group["lr"] = lr * f
@@ -109,4 +176,10 @@ def train_steps(draft, target, data: torch.Tensor, steps: int, batch: int, ancho
         history.append({"step": step + 1, **stats})
         if log is not None:
             log(history[-1])
+        if ckpt_every and (step + 1) % ckpt_every == 0 and step + 1 < steps:
+            save(step + 1)
+        if halt_at is not None and step + 1 >= halt_at:
+            save(step + 1)
+            return history
+    save(steps)
     return history

@@ -287,7 +287,7 @@ def test_sampled_drafts_follow_q():
 def test_save_load_roundtrip_and_errors(tmp_path, scheme):
     tgt = random_model(PRESETS["tiny_gdn"], seed=1)
     m = build_draft_model(scheme, tgt.config, target=tgt, num_layers=1, gamma=3)
-    save_draft_model(m, tmp_path / "d", matrix_dtype=torch.float32)
+    save_draft_model(m, tmp_path / "d", storage="float32")
     m2 = load_draft_model(tmp_path / "d", tgt.config, target=tgt)
     for (k, a), (k2, b) in zip(m.state_dict().items(), m2.state_dict().items()):
         assert k == k2 and torch.equal(a, b)

@@ -22,3 +22,23 @@ def test_loss_falls_and_acceptance_is_reported(scheme):
     assert last < first * 0.9, (first, last)
     acc = greedy_acceptance(draft, target, data[:3], random_anchors(3, 24, 5, 3, g, "cpu"), 3)
     assert 1.0 <= acc["acceptance_length"] <= 4.0 and len(acc["rate_by_position"]) == 3
+
+
+def test_resume_equals_uninterrupted_run(tmp_path):
+    target = random_model(PRESETS["tiny_gdn"], seed=0).eval()
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 4096, (4, 16), generator=g)
+
+    def fresh():
+        return build_draft_model("dflash", target.config, target=target, num_layers=1, gamma=3,
+                                 intermediate_size=64, lookup_hint=2)
+    kw = dict(steps=6, batch=2, anchors_per_seq=3, gamma=3, lr=3e-3)
+    whole = fresh()
+    h_whole = train_steps(whole, target, data, **kw)
+    part = fresh()
+    train_steps(part, target, data, **kw, ckpt_dir=tmp_path / "ck", ckpt_every=2, halt_at=4)  # "crashes" at 4
+    resumed = fresh()  # a new process: fresh init, then the checkpoint
+    h_res = train_steps(resumed, target, data, **kw, ckpt_dir=tmp_path / "ck", ckpt_every=2)
+    assert [h["loss"] for h in h_res] == [h["loss"] for h in h_whole]
+    for (k, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), k

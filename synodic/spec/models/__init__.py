@@ -13,7 +13,8 @@ from .config import SCHEMES, DraftConfig, default_target_layers
 from .draft import DraftModel
 
 __all__ = ["SCHEMES", "DraftConfig", "DraftModel", "build_draft_model", "save_draft_model", "load_draft_model",
-           "shipped_drafter_dir", "shipped_drafters", "default_target_layers", "num_target_blocks"]
+           "shipped_drafter_dir", "shipped_drafters", "default_target_layers", "num_target_blocks",
+           "quantize_rows", "dequantize_rows"]
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "drafters"
 WEIGHTS = "model.safetensors"
@@ -51,15 +52,61 @@ def _init(model: DraftModel, seed: int, std: float = 0.02) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * s)
 
 
-def save_draft_model(model: DraftModel, directory, matrix_dtype=torch.bfloat16) -> Path:
-    """config.json + model.safetensors; matrices stored in `matrix_dtype` (bf16 keeps a file under 16 MiB),
-    vectors (norms, conv base kernels, calibration temperatures) in fp32."""
+SCALE = ".row_scale"     # suffix of an fp8 matrix's per-output-row scales in the safetensors file
+FP8_MAX = 448.0           # largest finite float8_e4m3fn
+STORAGE = ("fp8", "bfloat16", "float32")
+
+
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [rows, ...] → (float8_e4m3fn codes, fp32 scale per row) with w ≈ codes * scale (row amax → 448)."""
+    w = w.detach().float()
+    scale = (w.abs().flatten(1).amax(1) / FP8_MAX).clamp(min=1e-12)
+    codes = (w / scale.view(-1, *[1] * (w.dim() - 1))).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return codes, scale
+
+
+def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return codes.float() * scale.float().view(-1, *[1] * (codes.dim() - 1))
+
+
+def _stored(v: torch.Tensor, storage: str) -> dict[str, torch.Tensor]:
+    """One state entry as stored: matrices of at least 4096 elements in `storage` (fp8: codes + row scales),
+    vectors and small matrices (norms, conv base kernels, calibration temperatures) in fp32."""
+    v = v.detach().cpu()
+    if not v.is_floating_point():
+        return {"": v.contiguous()}
+    if v.dim() < 2 or v.numel() < 4096 or storage == "float32":
+        return {"": v.float().contiguous()}
+    if storage == "bfloat16":
+        return {"": v.to(torch.bfloat16).contiguous()}
+    codes, scale = quantize_rows(v)
+    return {"": codes.contiguous(), SCALE: scale.contiguous()}
+
+
+def save_draft_model(model: DraftModel, directory, storage: str = "fp8") -> Path:
+    """config.json + model.safetensors. storage fp8 (default): matrices as float8 e4m3 with one fp32 scale per
+    output row (key + '.row_scale'), dequantized at load into the run's dtype, which keeps every shipped
+    drafter a few MB; bfloat16 / float32 store the matrices as such. The bound target's embedding and LM head
+    are not parameters of the drafter, so they are never in the file."""
+    if storage not in STORAGE:
+        raise ValueError(f"save_draft_model: storage={storage!r}; expected one of {', '.join(STORAGE)}")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(model.config.model_dump_json(indent=2) + "\n")
-    state = {k: (v.detach().to(matrix_dtype) if v.dim() >= 2 and v.is_floating_point() else v.detach().float()
-                 if v.is_floating_point() else v.detach()).contiguous().cpu() for k, v in model.state_dict().items()}
+    state = {}
+    for k, v in model.state_dict().items():
+        state.update({k + suffix: t for suffix, t in _stored(v, storage).items()})
     save_file(state, str(out / WEIGHTS))
+    return out
+
+
+def _dequantized(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Stored entries → the model's state dict (fp8 codes times their row scales; everything else as is)."""
+    out = {}
+    for k, v in state.items():
+        if k.endswith(SCALE):
+            continue
+        out[k] = dequantize_rows(v, state[k + SCALE]) if k + SCALE in state else v
     return out
 
 
@@ -88,7 +135,11 @@ def load_draft_model(directory, target_cfg, device="cpu", dtype=torch.float32, t
                            f"has {blocks} blocks"])
     with torch.device("meta"):
         model = DraftModel(cfg)
-    state = load_file(str(d / WEIGHTS), device=str(device))
+    try:
+        state = _dequantized(load_file(str(d / WEIGHTS), device=str(device)))
+    except Exception as e:  # a truncated / foreign file: one line naming it
+        raise ConfigError([f"spec.drafter={str(d)!r}: {WEIGHTS} is not a drafter's weights "
+                           f"({str(e).splitlines()[0]})"]) from None
     model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()},
                           assign=True, strict=True)
     model = model.to(device=device, dtype=dtype)

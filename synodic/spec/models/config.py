@@ -35,4 +35,6 @@ class DraftConfig(BaseModel):
     selector_rank: int = Field(default=256, ge=1, description="DFlash2: rank r of the path selector's codebooks.")
     conv_group: int = Field(default=16, ge=1, description="DFlash2: channels sharing one dynamic kernel scalar.")
     conv_taps: int = Field(default=2, ge=1, description="DFlash2: taps of the dynamic causal convolution.")
+    lookup_hint: int = Field(default=0, ge=0, description="Prompt-lookup hints at the mask slots: the longest "
+                             "context suffix matched (tokens; synodic/spec/models/lookup.py); 0 = none.")
     seed: int = Field(default=0, description="Seed of the random init.")

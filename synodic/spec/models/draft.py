@@ -26,6 +26,8 @@ class DraftModel(nn.Module):
         self.fc = nn.Linear(len(self.target_layers) * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.mask_embedding = nn.Parameter(torch.zeros(H))
+        if cfg.lookup_hint:  # added to a mask slot's input with the hint token's (target) embedding
+            self.hint_embedding = nn.Parameter(torch.zeros(H))
         self.layers = nn.ModuleList(DraftLayer(cfg, conv=cfg.scheme == "dflash2") for _ in range(cfg.num_layers))
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         if cfg.scheme == "dspark":
@@ -74,10 +76,24 @@ class DraftModel(nn.Module):
         cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta, ctx.dtype)
         return [layer.attn.kv(ctx, cos, sin) for layer in self.layers]
 
-    def block_inputs(self, anchors: torch.Tensor, gamma: int) -> torch.Tensor:
-        """[..., gamma + 1, H]: the anchor's embedding then gamma mask embeddings."""
+    def block_inputs(self, anchors: torch.Tensor, gamma: int, hints: torch.Tensor | None = None) -> torch.Tensor:
+        """[..., gamma + 1, H]: the anchor's embedding then gamma mask embeddings; with lookup hints [..., gamma]
+        (-1 = none) a hinted slot adds the hint token's embedding and hint_embedding."""
         e = self.embed(anchors)[..., None, :]
-        return torch.cat([e, self.mask_embedding.to(e.dtype).expand(*anchors.shape, gamma, e.shape[-1])], dim=-2)
+        m = self.mask_embedding.to(e.dtype).expand(*anchors.shape, gamma, e.shape[-1])
+        if self.config.lookup_hint:
+            if hints is None:
+                raise ValueError("block_inputs: this drafter takes lookup hints (config.lookup_hint > 0)")
+            have = (hints >= 0)[..., None]
+            m = m + torch.where(have, self.embed(hints.clamp(min=0)) + self.hint_embedding.to(e.dtype), 0.0)
+        return torch.cat([e, m], dim=-2)
+
+    def hints_for(self, tokens: torch.Tensor, anchor_pos: torch.Tensor, gamma: int) -> torch.Tensor | None:
+        """Lookup hints of blocks at anchor_pos [B, A] over tokens [B, T] (None when the drafter takes none)."""
+        if not self.config.lookup_hint:
+            return None
+        from .lookup import lookup_hints
+        return lookup_hints(tokens, anchor_pos, gamma, self.config.lookup_hint)
 
     def train_blocks(self, hidden: torch.Tensor, tokens: torch.Tensor, anchor_pos: torch.Tensor,
                      gamma: int | None = None, window: int | None = None) -> torch.Tensor:
@@ -91,7 +107,8 @@ class DraftModel(nn.Module):
         dev = hidden.device
         cpos = torch.arange(T, device=dev).expand(B, T)
         ctx_kv = self.context_kv(self.fuse(hidden), cpos)
-        x = self.block_inputs(tokens.gather(1, anchor_pos), g).reshape(B, A * (g + 1), -1)
+        x = self.block_inputs(tokens.gather(1, anchor_pos), g, self.hints_for(tokens, anchor_pos, g))
+        x = x.reshape(B, A * (g + 1), -1)
         off = torch.arange(g + 1, device=dev)
         pos = (anchor_pos[:, :, None] + off).reshape(B, -1)
         first = (off == 0).expand(B, A, g + 1).reshape(B, -1)
@@ -148,15 +165,16 @@ class DraftModel(nn.Module):
         r["pos"][s, idx] = torch.where(valid, positions, -1)
 
     @torch.no_grad()
-    def propose(self, slots, anchors, positions, gamma: int, temperature, generator=None):
+    def propose(self, slots, anchors, positions, gamma: int, temperature, generator=None, hints=None):
         """anchors [B] at positions [B] → drafts [B, gamma] long, q [B, gamma, V] fp32 (the distribution each
-        draft was drawn from; one-hot for temperature-0 rows). DSpark also sets last_confidence [B, gamma]."""
+        draft was drawn from; one-hot for temperature-0 rows). DSpark also sets last_confidence [B, gamma].
+        hints [B, gamma] (device, -1 = none): the lookup hints when config.lookup_hint > 0."""
         if gamma > self.gamma:
             raise ValueError(f"propose: gamma={gamma} exceeds the {self.gamma} drafts this drafter was trained for")
         r = self._ring
         W = r["window"]
         B = anchors.shape[0]
-        x = self.block_inputs(anchors, gamma).to(r["k"][0].dtype)
+        x = self.block_inputs(anchors, gamma, hints).to(r["k"][0].dtype)
         off = torch.arange(gamma + 1, device=anchors.device)
         pos = positions[:, None] + off
         first = (off == 0).expand(B, gamma + 1)

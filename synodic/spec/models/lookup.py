@@ -1,0 +1,44 @@
+"""Prompt-lookup hints for the neural drafters: for a block anchored at position p, the tokens that followed the
+latest earlier occurrence of the context's longest suffix (max_ngram down to min_ngram tokens) — exactly what
+spec=ngram would propose (synodic/spec/ngram.py: lookup) — fed to the block's mask slots as extra input.
+
+Why: the embedded targets' continuations repeat themselves (prompt lookup alone accepts ~3.5-4 tokens per verify
+on them), and a two-layer drafter whose context rows are the target's features cannot learn an induction copy
+(match the anchor, then read k positions later) from a few thousand steps; with the lookup's tokens at its
+inputs it only has to learn when to trust them and what to draft where the lookup has nothing or is wrong."""
+import torch
+
+from synodic.spec.ngram import lookup
+
+
+def lookup_hints(tokens: torch.Tensor, anchor_pos: torch.Tensor, gamma: int, max_ngram: int,
+                 min_ngram: int = 1) -> torch.Tensor:
+    """tokens [B, T], anchor_pos [B, A] → hints [B, A, gamma] long, -1 where the lookup proposes nothing. Row
+    (b, a) equals lookup(tokens[b, :p + 1], gamma, max_ngram, min_ngram) padded with -1 (p = anchor_pos[b, a]):
+    only tokens at positions <= p (committed when the block is drafted) can be hints."""
+    B, T = tokens.shape
+    dev = tokens.device
+    p = anchor_pos[:, :, None]                                               # [B, A, 1]
+    j = torch.arange(T, device=dev)                                          # candidate end of an earlier n-gram
+    tok_p = lambda i: tokens.gather(1, (anchor_pos - i).clamp(min=0))[:, :, None]  # noqa: E731  token at p - i
+    match = (j < p) & (tokens[:, None, :] == tok_p(0))                       # 1-gram hits ending at j < p
+    best_j = torch.full_like(anchor_pos, -1)
+    for n in range(1, max_ngram + 1):
+        if n > 1:
+            prev = torch.cat([torch.zeros_like(tokens[:, :n - 1]), tokens[:, :T - n + 1]], dim=1)  # token at j-n+1
+            match = match & (j >= n - 1) & (prev[:, None, :] == tok_p(n - 1))
+        if n < min_ngram:
+            continue
+        last = torch.where(match, j, -1).amax(-1)                            # latest hit of this length
+        ok = (n <= anchor_pos) & (last >= 0)                                 # (lookup needs n <= len(context) - 1)
+        best_j = torch.where(ok, last, best_j)                               # longer n overrides shorter
+    src = best_j[:, :, None] + 1 + torch.arange(gamma, device=dev)           # [B, A, gamma]
+    valid = (best_j[:, :, None] >= 0) & (src <= p)
+    got = tokens.gather(1, src.clamp(max=T - 1).flatten(1)).view_as(src)
+    return torch.where(valid, got, -1)
+
+
+def host_hints(contexts: list[list[int]], gamma: int, max_ngram: int, min_ngram: int = 1) -> torch.Tensor:
+    """[B, gamma] long hints of host token lists (the context up to and including the anchor), -1 padded."""
+    rows = [lookup(c, gamma, max_ngram, min_ngram) for c in contexts]
+    return torch.tensor([(r + [-1] * gamma)[:gamma] for r in rows], dtype=torch.long)

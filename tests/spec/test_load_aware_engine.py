@@ -1,0 +1,59 @@
+"""spec=dspark spec.verify=load_aware through the Engine: greedy output still equals plain greedy decoding, each
+step's per-row draft counts are exactly choose_lengths of the drafter's calibrated confidences under the SPS
+profile, and a missing profile is one line naming the command that writes it."""
+import numpy as np
+import pytest
+
+from synodic.config.compose import compose
+from synodic.config.errors import ConfigError
+from synodic.engine.engine import Engine
+from synodic.engine.request import Request, SamplingParams
+from synodic.graph import build_graph
+from synodic.spec.load_aware import SpsProfile, choose_lengths
+
+MODEL = ["model.weights=random", "runtime.device=cpu", "+model.overrides.num_hidden_layers=6",
+         "+model.overrides.hybrid_override_pattern=M*-*M*", "ssm=replay", "ssm.ring_len=8"]
+LOAD_AWARE = ["spec=dspark", "spec.drafter=random", "spec.num_speculative_tokens=3", "spec.verify=load_aware"]
+PROMPTS = [[5, 9, 200, 31, 7, 5, 9], [100, 3], [42] * 9, [1, 2, 3, 1, 2, 3, 1, 2]]
+
+
+def _run(overrides, sps=None):
+    eng = Engine(build_graph(compose(overrides), max_seq_len=64))
+    seen = []
+    if sps is not None:
+        d = eng.drafter
+        d.sps = sps
+        inner = d.propose
+
+        def propose(batch, gamma, temperature, generator):
+            drafts, q, n = inner(batch, gamma, temperature, generator)
+            seen.append((d.model.last_confidence.float().numpy().copy(), n))
+            return drafts, q, n
+        d.propose = propose
+    reqs = [Request(i, p, SamplingParams(max_tokens=10)) for i, p in enumerate(PROMPTS)]
+    eng.generate(reqs)
+    return [r.output_ids for r in reqs], seen
+
+
+def test_load_aware_is_lossless_and_follows_choose_lengths():
+    plain, _ = _run(MODEL)
+    # verify cost flat up to 6 tokens, then steeper: some rows verify drafts, others none
+    sps = SpsProfile([1, 6, 12, 40], [100.0, 100.0, 70.0, 20.0])
+    out, seen = _run([*MODEL, *LOAD_AWARE], sps)
+    assert out == plain
+    assert seen and all(n == choose_lengths(c, sps)[0].tolist() for c, n in seen)
+    assert len({x for _, n in seen for x in n}) > 1  # the lengths actually vary
+
+
+def test_missing_profile_is_one_line(tmp_path, monkeypatch):
+    import synodic.spec.load_aware as la
+    monkeypatch.setattr(la, "SPS_DIR", tmp_path)
+    with pytest.raises(ConfigError, match=r"python -m benchmarks.sps_profile model=tiny_mamba2") as e:
+        Engine(build_graph(compose([*MODEL, *LOAD_AWARE]), max_seq_len=64))
+    assert "\n" not in str(e.value).strip()
+
+
+def test_shipped_cpu_profiles_load():
+    for m in ("tiny_mamba2", "tiny_gdn"):
+        p = __import__("synodic.spec.load_aware", fromlist=["find_profile"]).find_profile(m, "cpu")
+        assert p.tokens == sorted(p.tokens) and np.all(np.asarray(p.steps_per_s) > 0)
