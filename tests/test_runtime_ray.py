@@ -113,3 +113,16 @@ def test_bad_runtime_fields_exit_2_in_one_line(over, needle):
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=120)
     assert p.returncode == 2, p.stderr
     assert needle in p.stderr and "Traceback" not in p.stderr
+
+
+def test_decode_pipeline_on_ray_with_speculation(tmp_path):
+    """pipeline=decode end to end on replicas: results.json's spec section is the replicas' counters summed, and
+    the outputs are the local run's."""
+    from synodic.pipelines.decode import run
+    local = _cfg("model=tiny_mamba2", "spec=ngram", "workload.max_tokens=12")
+    ray_cfg = _cfg("model=tiny_mamba2", "spec=ngram", "workload.max_tokens=12", "runtime=ray", "runtime.replicas=2")
+    want, got = run(local, tmp_path / "local"), run(ray_cfg, tmp_path / "ray")
+    assert [r["output_ids"] for r in got["requests"]] == [r["output_ids"] for r in want["requests"]]
+    assert got["spec"]["emitted_tokens"] == want["spec"]["emitted_tokens"] > 0
+    assert got["spec"]["drafter"] == want["spec"]["drafter"] and got["spec"]["accepted_tokens"] > 0
+    assert len(got["replicas"]) == 2

@@ -22,6 +22,7 @@ from synodic.config.errors import ConfigError
 from synodic.engine.executor import Served
 from synodic.engine.ledger import ByteLedger
 from synodic.engine.request import Request, Status
+from synodic.spec.stats import SpecStats
 
 PLACE_TIMEOUT_S = 60.0  # a cluster that cannot place the replicas by then will not (no autoscaler here)
 IN_FLIGHT_PER_REPLICA = 2  # chunks queued on one replica: the next one is there when the current one ends
@@ -58,6 +59,7 @@ class Replica:
     def _reset_counters(self) -> None:
         e = self.engine
         e.ledger, e.decode_s, e.prefill_s, e.prefill_forwards = ByteLedger(), 0.0, 0.0, 0
+        e.spec_stats = SpecStats()  # the warm-up's speculative steps are not the run's
         e.scheduler.finished.clear()
 
     def pid(self) -> int:
@@ -84,7 +86,9 @@ class Replica:
                 "cuda_graphs": g.cuda_graphs, "notes": g.notes,
                 "quant": g.quant.summary() if g.quant is not None else None,
                 "ledger_totals": {"steps": e.ledger.steps, "tokens": e.ledger.tokens, **e.ledger.totals},
-                "ledger": e.ledger.summary()}
+                "ledger": e.ledger.summary(),
+                "spec": None if e.drafter is None else {"counters": dict(vars(e.spec_stats)), "gamma": e.gamma,
+                                                        "drafter": e.drafter.summary()}}
 
 
 def _params(**kw):
@@ -103,6 +107,34 @@ class _Slot:
 
     def outstanding(self) -> int:
         return sum(len(r.prompt_ids) + r.params.max_tokens for c in self.in_flight.values() for r in c)
+
+
+class _DrafterSummary:
+    """The replicas' drafter as the pipelines read it (its summary)."""
+
+    def __init__(self, summary: dict):
+        self._summary = summary
+
+    def summary(self) -> dict:
+        return self._summary
+
+
+def _merged_spec(specs: list[dict | None]):
+    """(drafter stand-in or None, γ, SpecStats summed over the replicas): counters add, per-position lists add
+    position by position."""
+    stats = SpecStats()
+    live = [s for s in specs if s is not None]
+    if not live:
+        return None, 0, stats
+    for s in live:
+        for k, v in s["counters"].items():
+            if isinstance(v, list):
+                cur = getattr(stats, k)
+                cur.extend([0] * (len(v) - len(cur)))
+                setattr(stats, k, [a + b for a, b in zip(cur, v + [0] * (len(cur) - len(v)))])
+            else:
+                setattr(stats, k, getattr(stats, k) + v)
+    return _DrafterSummary(live[0]["drafter"]), live[0]["gamma"], stats
 
 
 class _Merged:
@@ -138,6 +170,7 @@ class _Merged:
         self.device = f"ray: {n_replicas} replicas ({', '.join(sorted({s['device'] for s in summaries}))})"
         self.cuda_graphs = any(s["cuda_graphs"] for s in summaries)
         self.notes = sorted({n for s in summaries for n in s["notes"]})
+        self.drafter, self.gamma, self.spec_stats = _merged_spec([s.get("spec") for s in summaries])
         q = next((s["quant"] for s in summaries if s["quant"] is not None), None)
         self.quant = self._Quant(q) if q is not None else None
 

@@ -13,7 +13,10 @@
 
 NgramDrafter (ngram.py) works on host token lists; NeuralDrafter feeds a DraftModel the target's hidden
 states, on the device, from the prefill and verify forwards that already run (no extra pass, no host copy)."""
+import numpy as np
 import torch
+
+from synodic.transfer import pinned
 
 
 class SyntheticDrafter:
@@ -56,6 +59,12 @@ class NeuralDrafter:
         # zero temperatures of the captured step, one per ring slot (a fixed buffer every graph reads)
         ring = getattr(model, "_ring", None)
         self._greedy = torch.zeros(ring["pos"].shape[0], device=self.device) if ring else None
+        self._lookup = None  # per-request n-gram indexes of the lookup hints, and the captured step's hint buffer
+        if self.lookup_hint:
+            from .ngram import NgramDrafter
+            self._lookup = NgramDrafter(self.gamma, self.lookup_hint, 1)
+            self._hints = torch.full((ring["pos"].shape[0] if ring else 1, self.gamma), -1, dtype=torch.long,
+                                     device=self.device)
 
     @torch.inference_mode()
     def on_prefill(self, reqs, hidden) -> None:
@@ -72,9 +81,7 @@ class NeuralDrafter:
         slots, anchors, pos = host.to(self.device, non_blocking=True)
         extra = {}
         if self.lookup_hint:  # prompt lookup over the host's token lists, as spec=ngram does
-            from synodic.spec.models.lookup import host_hints
-            extra["hints"] = host_hints([r.context for r in batch], gamma, self.lookup_hint).to(
-                self.device, non_blocking=True)
+            extra["hints"] = pinned(self._host_hints(batch, gamma), self.device).to(self.device, non_blocking=True)
         drafts, q = self.model.propose(slots, anchors, pos, gamma, temperature, generator, **extra)
         if self.sps is None:
             return drafts, q, None
@@ -89,17 +96,33 @@ class NeuralDrafter:
         self.commit_device(slots, hidden, start, accepted)
 
     # -- the captured step's halves (ModelRunner.speculate): device tensors in, nothing read back ---------------
+    def _host_hints(self, batch, gamma: int) -> torch.Tensor:
+        """[B, gamma] long lookup hints (-1: none) from each request's incremental n-gram index."""
+        rows, _, n = self._lookup.propose(batch, gamma, None, None)
+        h = np.full((len(batch), gamma), -1, dtype=np.int64)
+        for i, (d, k) in enumerate(zip(rows, n)):
+            h[i, :k] = d[:k]
+        return torch.from_numpy(h)
+
     @property
     def graph_safe(self) -> bool:
         """Whether a greedy step of this drafter can run as ModelRunner.speculate's one graph (a drafter that
-        picks per-row draft counts on the host cannot)."""
-        return True
+        picks per-row draft counts on the host — load-aware verify — cannot)."""
+        return self.sps is None
+
+    def stage_host(self, batch, gamma: int) -> None:
+        """Before a captured step: the host-side inputs draft_device reads (lookup hints) into their fixed buffer."""
+        if self.lookup_hint:
+            self._hints.fill_(-1)
+            self._hints[:len(batch), :gamma].copy_(pinned(self._host_hints(batch, gamma), self.device),
+                                                   non_blocking=True)
 
     def draft_device(self, slots, anchors, positions, gamma: int) -> torch.Tensor:
         """Greedy drafts [B, gamma] from the ring rows of `slots` (the scratch slot for padding rows)."""
         B = anchors.shape[0]
         temp = self._greedy[:B] if self._greedy is not None else torch.zeros(B, device=anchors.device)
-        drafts, _ = self.model.propose(slots, anchors, positions, gamma, temp, None)
+        extra = {"hints": self._hints[:B, :gamma]} if self.lookup_hint else {}
+        drafts, _ = self.model.propose(slots, anchors, positions, gamma, temp, None, **extra)
         return drafts
 
     def commit_device(self, slots, hidden, start, accepted) -> None:
