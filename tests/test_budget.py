@@ -64,3 +64,12 @@ def test_unreachable_ray_address_is_found_in_seconds():
     assert "nothing accepts connections" in unreachable("127.0.0.1:1", timeout_s=2)
     assert time.perf_counter() - t < 5
     assert unreachable("auto") is None
+
+
+def test_train_drafter_batch_that_cannot_fit_is_refused_and_the_default_fits():
+    base = ["pipeline=train_drafter", "spec=dflash", "pipeline.device=cpu"]
+    budget.check_fits(compose(base), torch.device("cpu"))
+    with pytest.raises(ConfigError) as e:
+        budget.check_fits(compose([*base, "pipeline.batch=20000"]), torch.device("cpu"))
+    line = e.value.lines[0]
+    assert len(e.value.lines) == 1 and line.startswith("pipeline.batch=20000") and "drafter logits" in line

@@ -115,6 +115,16 @@ def estimate(cfg, limit: int | None = None) -> dict[str, tuple[str, int]]:
         out["activations"] = ("pipeline.batch_size",
                               train_activation_bytes(a, p.seq_len, batch, p.scan_chunk, bf16))
         return out
+    if p.kind == "train_drafter":
+        # the frozen target's weights and one no-grad forward's residual streams; the drafter's fp32 logits over
+        # every trained block position dominate what it saves (logits, softmax, the target's, the gradient)
+        gamma = getattr(cfg.spec, "num_speculative_tokens", 7)
+        seq = p.prompt_len + p.new_tokens
+        out["target forward"] = ("pipeline.batch", p.batch * seq * a.hidden_size * 4 * (a.num_hidden_layers + 1)
+                                 + p.batch * seq * a.vocab_size * 4)
+        out["drafter logits and gradients"] = ("pipeline.batch",
+                                               4 * p.batch * p.anchors_per_seq * gamma * a.vocab_size * 4)
+        return out
     slots = cfg.runtime.max_slots
     mamba = a.count("mamba2") * (a.mamba_num_heads * a.mamba_head_dim * a.ssm_state_size * 4 +
                                  (a.mamba_num_heads * a.mamba_head_dim + 2 * a.n_groups * a.ssm_state_size) *
@@ -139,7 +149,7 @@ def estimate(cfg, limit: int | None = None) -> dict[str, tuple[str, int]]:
 
 def check_fits(cfg, device, fraction: float = 0.9) -> None:
     from .errors import ConfigError
-    if cfg.pipeline.kind == "train":
+    if cfg.pipeline.kind in ("train", "train_drafter"):
         device = _train_device(cfg)  # what the trainer will use, not the runtime group's device
     have = available_bytes(device)
     est = estimate(cfg, limit=int(fraction * have))
@@ -156,7 +166,8 @@ def check_fits(cfg, device, fraction: float = 0.9) -> None:
 
 
 def _hint(name: str) -> str:
-    return " or pipeline.seq_len" if name == "pipeline.batch_size" else ""
+    return {"pipeline.batch_size": " or pipeline.seq_len",
+            "pipeline.batch": " or pipeline.anchors_per_seq"}.get(name, "")
 
 
 def _value(cfg, key: str):
