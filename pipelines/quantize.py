@@ -207,7 +207,9 @@ def run(cfg, run_dir: Path) -> dict:
         res["export_hf"] = export_hf(res["artifact"], ckpt, p.export_hf, overwrite=p.overwrite)
         ex = res["export_hf"]
         line = (f"export_hf: {ex['format']} folder {ex['out']}: {len(ex['quantized'])} modules packed"
-                + (f", {len(ex['dense'])} written dense (exact; see the log)" if ex["dense"] else ""))
+                + (f", {len(ex['dense'])} written dense (exact; see the log)" if ex["dense"] else "")
+                + (f"; {len(ex['vllm_fused_scale_mismatch'])} fused groups with differing global scales (vLLM "
+                   "needs them shared; see the log)" if ex["vllm_fused_scale_mismatch"] else ""))
         con.print(line)
         log.info(line)
     metrics = {k: res[k] for k in ("rel_mse_mean", "rel_mse_max", "quantize_s", "computed_groups", "resumed_groups")}

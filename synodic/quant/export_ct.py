@@ -217,7 +217,7 @@ def export_hf(artifact: str | Path, src: str | Path, out: str | Path, overwrite:
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    quantized, dense, weight_map = [], [], {}
+    quantized, dense, weight_map, globals_ = [], [], {}, {}
     try:
         for shard in shards(src):
             tensors = {}
@@ -228,6 +228,9 @@ def export_hf(artifact: str | Path, src: str | Path, out: str | Path, overwrite:
                         got, q = _hf_tensors(k, t, rows[k], layers, fmt, shapes)
                         if q:
                             quantized.append(k[: -len(".weight")])
+                            gs = got.get(k[: -len(".weight")] + ".weight_global_scale")
+                            if gs is not None:
+                                globals_[k[: -len(".weight")]] = float(gs[0])
                         elif any(n[: -len(".weight")] in layers for n, _, _ in rows[k]):
                             dense.append(k[: -len(".weight")])
                         tensors.update(got)
@@ -249,5 +252,24 @@ def export_hf(artifact: str | Path, src: str | Path, out: str | Path, overwrite:
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    split = fused_scale_mismatch(globals_)
+    if split:
+        log.warning("export_hf: %d fused groups (e.g. %s) have different NVFP4 global scales per projection; "
+                    "compressed-tensors decodes them exactly, but vLLM keeps one global scale (the max) per fused "
+                    "layer, so serve this folder in vLLM only once synodic shares p across them", len(split), split[0])
     return {"out": str(out), "format": CT_FORMATS[fmt], "quantized": sorted(quantized), "dense": sorted(dense),
-            "ignore": cfg["quantization_config"]["ignore"]}
+            "ignore": cfg["quantization_config"]["ignore"], "vllm_fused_scale_mismatch": split}
+
+
+# projections vLLM fuses into one layer (QKVParallelLinear / MergedColumnParallelLinear), keyed by leaf name
+_FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+
+
+def fused_scale_mismatch(global_scales: dict[str, float]) -> list[str]:
+    """Fused groups ('<parent>.qkv', '<parent>.gate_up') whose members' weight_global_scale differ."""
+    groups: dict[str, set[float]] = {}
+    for mod, g in global_scales.items():
+        parent, _, leaf = mod.rpartition(".")
+        if leaf in _FUSED:
+            groups.setdefault(f"{parent}.{_FUSED[leaf]}", set()).add(g)
+    return sorted(k for k, v in groups.items() if len(v) > 1)
