@@ -158,3 +158,19 @@ def test_transformers_loads_export(tmp_path, family, fmt):
                 seen.add(name[: -len(".weight")])
     assert seen == set(res["layers"])
     assert torch.isfinite(lm(torch.tensor([[1, 2, 3, 4, 5]])).logits).all()
+
+
+def test_pipeline_run_writes_export(tmp_path):
+    from synodic.config.compose import compose
+    from synodic.pipelines.quantize import run
+    src = _folder("nemotron_h", tmp_path / "src")
+    cfg = compose(["pipeline=quantize", "quant=mxfp4", "quant.method=rtn", "pipeline.executor=inline",
+                   "runtime.device=cpu", "model.dtype=bfloat16", f"model.weights={src}",
+                   f"pipeline.store={tmp_path / 'store'}", f"pipeline.export_hf={tmp_path / 'out'}"])
+    out = run(cfg, tmp_path)
+    ex = out["quant"]["export_hf"]
+    assert ex["format"] == "mxfp4-pack-quantized" and len(ex["quantized"]) == out["metrics"]["layers"]
+    cfg_json = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg_json["quantization_config"]["quant_method"] == "compressed-tensors"
+    with pytest.raises(ConfigError, match="not an empty directory"):  # a second run does not overwrite silently
+        run(cfg, tmp_path)
