@@ -48,7 +48,7 @@ def _decompress(d):
 
 
 @pytest.mark.parametrize("family,fmt", [("nemotron_h", "nvfp4"), ("nemotron_h", "mxfp4"),
-                                        ("qwen3_next", "nvfp4"), ("qwen3_5", "mxfp4")])
+                                        ("qwen3_next", "nvfp4"), ("qwen3_5", "mxfp4"), ("qwen3_next_moe", "nvfp4")])
 def test_export_decodes_to_synodic_weights(tmp_path, family, fmt):
     from synodic.pipelines.quantize import quantize_to_store
 
@@ -82,8 +82,11 @@ def test_export_decodes_to_synodic_weights(tmp_path, family, fmt):
     for k, v in _tensors(tmp_path / "out").items():
         if k in srct and k not in {m + ".weight" for m in ex["dense"]}:
             assert torch.equal(v, srct[k]), k
-    if family == "qwen3_next" and fmt == "nvfp4":  # q_proj = q + output gate: two per-tensor scales -> dense
+    if family.startswith("qwen3_next") and fmt == "nvfp4":  # q_proj = q + output gate: two per-tensor scales
         assert any(m.endswith("self_attn.q_proj") for m in ex["dense"])
+    if family == "qwen3_next_moe":  # routers stay dense (transformers / vLLM build them unquantized)
+        assert any(m.endswith("mlp.gate") for m in ex["dense"]) and not any(m.endswith("mlp.gate")
+                                                                              for m in ex["quantized"])
     assert set(ex["dense"]) <= set(qc.ignore)
     # vLLM keeps one global scale per fused layer: synodic's per-linear p make q/k/v differ (reported, not hidden)
     assert bool(ex["vllm_fused_scale_mismatch"]) == (fmt == "nvfp4")
@@ -161,8 +164,9 @@ def test_transformers_loads_export(tmp_path, family, fmt):
 
 
 def test_pipeline_run_writes_export(tmp_path):
-    from synodic.config.compose import compose
     from synodic.pipelines.quantize import run
+
+    from synodic.config.compose import compose
     src = _folder("nemotron_h", tmp_path / "src")
     cfg = compose(["pipeline=quantize", "quant=mxfp4", "quant.method=rtn", "pipeline.executor=inline",
                    "runtime.device=cpu", "model.dtype=bfloat16", f"model.weights={src}",

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 CT_FORMATS = {"nvfp4": "nvfp4-pack-quantized", "mxfp4": "mxfp4-pack-quantized"}
 _E2M1 = torch.tensor([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # positive nonzero magnitudes (sign and 0 are exact)
 _SEARCH_ULPS = 16
+_ROUTERS = {"gate", "shared_expert_gate"}  # Qwen3-Next MoE: mlp.gate, mlp.shared_expert_gate (not quantized there)
 
 
 def export_problems(qcfg, weights: str, out: str, overwrite: bool = False) -> list[str]:
@@ -142,7 +143,9 @@ def _hf_tensors(hf: str, src_t: torch.Tensor, pieces, layers: dict, fmt: str, sh
     placed = [(n, torch.arange(shapes[pname][0])[rows if rows is not None else slice(None)], hf_rows)
               for (pname, rows, hf_rows), n in zip(pieces, names)]
     g, why = None, None
-    if not all(quant):
+    if hf.rsplit(".", 2)[-2] in _ROUTERS:
+        why = "an MoE router / shared-expert gate, which transformers and vLLM build unquantized"
+    elif not all(quant):
         why = "quantized and unquantized synodic linears share it"
     elif fmt == "nvfp4":
         ps = {None if layers[n]["qtensor_scale"] is None else float(layers[n]["qtensor_scale"].reshape(-1)[0])
