@@ -108,8 +108,8 @@ def global_scale(fmt: str, scale_codes: torch.Tensor, p: torch.Tensor | None) ->
 
 
 # ---------------------------------------------------------------- the inverse tensor mapping
-def _row_sources(mapping) -> dict[str, list[tuple[str, torch.Tensor]]]:
-    """On-disk 2-D tensor name -> [(synodic parameter, on-disk row index of each of its rows it fills)],
+def _row_sources(mapping) -> dict[str, list[tuple]]:
+    """On-disk 2-D tensor name -> [(synodic parameter, its rows filled (slice or None), their on-disk rows)],
     found by running the import mapping on a column of row numbers (no layout written twice)."""
     out = {}
     for hf, src in mapping.sources.items():
