@@ -37,6 +37,10 @@ class QuantizePipeline(Component):
                                                    "present, else cpu")
     threads: int = Field(1, ge=1, description="torch threads per Ray task (inline: this process's, if above 1)")
     overwrite: bool = Field(False, description="discard what the store holds for this hash and start over")
+    export_hf: str | None = Field(None, description="also write the quantized model as a Hugging Face folder in "
+                                  "the compressed-tensors layout here (vLLM / llm-compressor read it): quant=nvfp4 "
+                                  "or mxfp4, quant.method=rtn, weight-only, model.weights=<HF folder>; "
+                                  "docs/checkpoints.md")
 
 
 def quantize_to_store(model, qcfg, store_root: Path | str | None = None, *, executor: str = "inline",
@@ -176,6 +180,11 @@ def run(cfg, run_dir: Path) -> dict:
     if p.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(["pipeline.device='cuda': no CUDA device on this machine; expected cpu or auto"])
     device = p.device if p.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if p.export_hf is not None:  # everything the export needs is checked before any solving
+        from synodic.quant.export_ct import export_problems
+        bad = export_problems(qcfg, str(cfg.model.weights), p.export_hf, p.overwrite)
+        if bad:
+            raise ConfigError(bad)
     torch.manual_seed(cfg.runtime.seed)
     model_dev = resolve_device(cfg.runtime)
     model, ckpt = load_model(cfg.model, model_dev, DTYPES[cfg.model.dtype])
@@ -193,6 +202,16 @@ def run(cfg, run_dir: Path) -> dict:
            f"mean rel. MSE {res['rel_mse_mean']:.3e} (max {res['rel_mse_max']:.3e}); artifact {res['artifact']}")
     con.print(msg)
     log.info(msg)
+    if p.export_hf is not None:
+        from synodic.quant.export_ct import export_hf
+        res["export_hf"] = export_hf(res["artifact"], ckpt, p.export_hf, overwrite=p.overwrite)
+        ex = res["export_hf"]
+        line = (f"export_hf: {ex['format']} folder {ex['out']}: {len(ex['quantized'])} modules packed"
+                + (f", {len(ex['dense'])} written dense (exact; see the log)" if ex["dense"] else "")
+                + (f"; {len(ex['vllm_fused_scale_mismatch'])} fused groups with differing global scales (vLLM "
+                   "needs them shared; see the log)" if ex["vllm_fused_scale_mismatch"] else ""))
+        con.print(line)
+        log.info(line)
     metrics = {k: res[k] for k in ("rel_mse_mean", "rel_mse_max", "quantize_s", "computed_groups", "resumed_groups")}
     metrics["layers"] = len(errs)
     return {"quant": res, "artifact": res["artifact"], "metrics": metrics}
