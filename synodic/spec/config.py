@@ -113,7 +113,9 @@ class _NeuralSpec(Component):
                                f"{model.gamma}"])
         model.bind_target(ctx.model)
         model.eval()
-        model.allocate(ctx.max_slots, self.context_window, ctx.device, dtype)
+        # a ring longer than any sequence the graph serves holds nothing more: size it to the shorter, since a step's
+        # ring attention reads every row of it (the rows past a request's context are masked, not skipped)
+        model.allocate(ctx.max_slots, min(self.context_window, ctx.max_seq_len), ctx.device, dtype)
         return NeuralDrafter(model, self, ctx.device)
 
 
