@@ -95,7 +95,9 @@ def test_the_shipped_default_rates_cover_the_shipped_drafters():
 
 def test_the_captured_step_path_draws_the_same_acceptances_as_the_host_path(monkeypatch):
     """A device drafter (dflash2) runs the engine's ModelRunner.speculate with the wrapper's draft_device inside;
-    forcing the op-by-op path (propose on the host) gives the same per-position acceptances and outputs."""
+    its host drafts staged into the same step, and the op-by-op path (propose on the host), give the same
+    per-position acceptances and outputs."""
+    from synodic.engine.engine import Engine
     from synodic.engine.runner import ModelRunner
     from synodic.spec.controlled import ControlledDrafter
     p = BenchPipeline(batch_sizes=[8], prompt_len=6, steps=12, warmup=1, stagger=2, repeats=1,
@@ -109,8 +111,13 @@ def test_the_captured_step_path_draws_the_same_acceptances_as_the_host_path(monk
     assert dev_eng.spec_stats.pos_accepted[0] > 0
     used.clear()
     monkeypatch.setattr(ControlledDrafter, "graph_safe", property(lambda self: False))
-    host_row, host_eng, _, _ = _run(p, spec)
+    staged_row, staged_eng, _, _ = _run(p, spec)  # host drafts staged into the same captured step
+    assert used and staged_row["outputs_match_reference"]
+    used.clear()
+    monkeypatch.setattr(Engine, "_spec_fixed", lambda self, batch: None)
+    host_row, host_eng, _, _ = _run(p, spec)      # op by op
     assert not used and host_row["outputs_match_reference"]
-    assert dev_eng.spec_stats.pos_accepted == host_eng.spec_stats.pos_accepted
-    assert {r.id: r.output_ids for r in dev_eng.scheduler.finished} == \
-        {r.id: r.output_ids for r in host_eng.scheduler.finished}
+    for eng in (staged_eng, host_eng):
+        assert dev_eng.spec_stats.pos_accepted == eng.spec_stats.pos_accepted
+        assert {r.id: r.output_ids for r in dev_eng.scheduler.finished} == \
+            {r.id: r.output_ids for r in eng.scheduler.finished}
