@@ -16,11 +16,10 @@ class DecodePipeline(Component):
 
 def serve(cfg, requests=None, progress=True, on_token=None):
     """Serves the workload on the runtime's executor; returns (graph, engine, requests)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from synodic.engine.text import load_codec
     from synodic.engine.workload import build_requests, max_seq_len
     from synodic.graph import checkpoint_dir
+    from synodic.results.progress import progress as job_progress
     wl = cfg.workload
     vocab = cfg.model.architecture().vocab_size
     requests = requests or build_requests(wl, load_codec(checkpoint_dir(cfg.model)), vocab)
@@ -30,19 +29,20 @@ def serve(cfg, requests=None, progress=True, on_token=None):
     if not progress:
         s = executor.serve(requests, seq_len, wl.concurrency, on_token=on_token)
         return s.graph, s.engine, s.requests
-    with Progress(TextColumn("decode"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
-                  TimeElapsedColumn(), transient=True) as bar:
-        task = bar.add_task("decode", total=total)
-        made = [0]
+    made, shown = [0], [0]
 
-        def tick(r, t):  # per token: a count only (the bar's own update costs ~3 µs, x batch per step)
-            made[0] += 1
-            if len(r.output_ids) == 1:  # a prefill's token: long prompts move the bar per prompt, not per step
-                bar.update(task, completed=made[0])
-            if on_token is not None:
-                on_token(r, t)
-        s = executor.serve(requests, seq_len, wl.concurrency, on_token=tick,
-                           progress=lambda _: bar.update(task, completed=made[0]))
+    def show():
+        advance(made[0] - shown[0])
+        shown[0] = made[0]
+
+    def tick(r, t):  # per token: a count only (a bar update costs ~3 µs, x batch per step)
+        made[0] += 1
+        if len(r.output_ids) == 1:  # a prefill's token: long prompts move the bar per prompt, not per step
+            show()
+        if on_token is not None:
+            on_token(r, t)
+    with job_progress("decode", total, "tokens") as advance:  # a bar on a terminal, run.log lines otherwise
+        s = executor.serve(requests, seq_len, wl.concurrency, on_token=tick, progress=lambda _: show())
     return s.graph, s.engine, s.requests
 
 
