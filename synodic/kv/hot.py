@@ -153,12 +153,7 @@ class HotBufferPolicy(TopKPolicy):
         if T > self.window:
             raise ValueError(f"kv={self.cfg.kind}: a verify window of {T} tokens; the policy was built for windows "
                              f"of at most {self.window} (BuildContext.window)")
-        self.check_window(T)
-        self._begin(i)
-        self._queries = T
-        self.begin_window(i, T)
-        iqk = [self._index_qk(q[:, t], k_new[:, t], None if index is None else index.at(slice(None), t))
-               for t in range(T)]
+        iqk = self._open_window(i, q, k_new, index, T)
         for t in range(T):
             self.place_window(i, self._kv_row(k_new[:, t], v_new[:, t]), t)
             self._index_write(i, iqk[t][1], t)

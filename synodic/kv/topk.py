@@ -231,6 +231,16 @@ class TopKPolicy(KVPolicy):
         self._index_write(i, ik)
         return self._step(i, q, iq, pos)
 
+    def _open_window(self, i: int, q, k_new, index, T: int) -> list:
+        """A verify window's start in layer i (shared by every top-k policy's attend_window): checks, the step's
+        per-layer setup, and each query's indexer scores / key (synodic.kv.indexer)."""
+        self.check_window(T)
+        self._begin(i)
+        self._queries = T
+        self.begin_window(i, T)
+        return [self._index_qk(q[:, t], k_new[:, t], None if index is None else index.at(slice(None), t))
+                for t in range(T)]
+
     def attend_window(self, i: int, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                       index=None) -> torch.Tensor:
         """Verify window: q [B, T, nq, hd], k/v [B, T, nkv, hd] at positions + 0..T-1 → o [B, T, nq, hd];
@@ -240,12 +250,7 @@ class TopKPolicy(KVPolicy):
         if T == 1:
             return self.attend(i, q[:, 0], k_new[:, 0], v_new[:, 0],
                                index=None if index is None else index.at(slice(None), 0))[:, None]
-        self.check_window(T)
-        self._begin(i)
-        self._queries = T
-        self.begin_window(i, T)
-        iqk = [self._index_qk(q[:, t], k_new[:, t], None if index is None else index.at(slice(None), t))
-               for t in range(T)]
+        iqk = self._open_window(i, q, k_new, index, T)
         for t in range(T):
             self.place_newest(i, self._kv_row(k_new[:, t], v_new[:, t]), self._pos(t), t)
             self._index_write(i, iqk[t][1], t)
