@@ -131,8 +131,7 @@ def test_padding_rows_touch_only_the_scratch_ring_slot():
     untouched = [s for s in range(slots) if s not in used]
     assert all(bool((ring["pos"][s] == -1).all()) for s in untouched)
     assert all(float(k[untouched].abs().sum()) == 0 for k in ring["k"])
-    assert bool((ring["pos"][slots] >= -1).all())
-    assert torch.equal(run.slots[len(reqs):], torch.full_like(run.slots[len(reqs):], -1))
+    assert bool((ring["pos"][slots] >= 0).any())                  # the padding rows' writes landed in the scratch slot
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -213,8 +213,9 @@ class Engine:
         KV commit by cursor / length, and the drafter's context takes the committed tokens' hidden states — all
         on the device; the accepted counts and tokens come back in the step's one host sync. Rows get pages
         for the whole window first; when some row cannot grow that far, the step verifies no drafts (a plain
-        step) and the scheduler preempts as usual next time. Greedy batches of a device drafter run as
-        ModelRunner.speculate (one CUDA graph per bucket with graphs on); the rest step by step below."""
+        step) and the scheduler preempts as usual next time. Greedy batches run as ModelRunner.speculate (one CUDA
+        graph per bucket with graphs on) when the drafter drafts on the device (`graph_safe`) or its host drafts
+        may fill the fixed window (`stages_drafts`); the rest step by step (_spec_eager)."""
         b = len(batch)
         ts, cap = time.perf_counter(), self.runner.capture_s
         greedy = all(r.params.temperature == 0 for r in batch)
@@ -251,7 +252,10 @@ class Engine:
         b, G = len(batch), self.gamma
         ts = time.perf_counter()
         drafts = n_drafts = None
-        if not getattr(self.drafter, "graph_safe", False):
+        device = getattr(self.drafter, "graph_safe", False)
+        if not device and not getattr(self.drafter, "stages_drafts", False):
+            return None  # e.g. load-aware DSpark: its per-row lengths are verify work a full window would spend
+        if not device:
             drafts, _, n_drafts = self.drafter.propose(batch, G, torch.zeros(b, device=self.runner.device),
                                                        self._draft_gen)
             width = drafts.shape[1] if isinstance(drafts, torch.Tensor) else max(map(len, drafts), default=0)

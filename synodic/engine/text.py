@@ -34,6 +34,5 @@ def load_codec(ckpt_dir: Path | None):
         from synodic.models.hf import hf_codec, is_hf_folder
         if is_hf_folder(ckpt_dir):  # EOS from generation_config.json / tokenizer_config.json
             return hf_codec(ckpt_dir)
-    if ckpt_dir is not None and (Path(ckpt_dir) / "tokenizer.json").is_file():
         return TokenizerCodec(Path(ckpt_dir) / "tokenizer.json")
     return ByteCodec()

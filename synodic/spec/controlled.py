@@ -56,6 +56,15 @@ class ControlledDrafter:
     def graph_safe(self) -> bool:
         return bool(getattr(self.inner, "graph_safe", False))
 
+    @property
+    def stages_drafts(self) -> bool:
+        return bool(getattr(self.inner, "stages_drafts", False))
+
+    def stage_host(self, batch, gamma: int) -> None:
+        """The inner drafter's host inputs (lookup hints): it runs in full, its drafts replaced after."""
+        if hasattr(self.inner, "stage_host"):
+            self.inner.stage_host(batch, gamma)
+
     def on_prefill(self, reqs, hidden) -> None:
         self.inner.on_prefill(reqs, hidden)
         if self._dev is None:

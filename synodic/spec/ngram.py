@@ -51,6 +51,7 @@ class NgramIndex:
 class NgramDrafter:
     """Drafter runtime for spec=ngram (the Engine's interface: see synodic/spec/runtime.py)."""
     hidden_layers: tuple[int, ...] = ()
+    stages_drafts = True  # its host drafts fill the captured step's fixed window (rows short of γ are padding)
 
     def __init__(self, gamma: int, max_ngram: int, min_ngram: int):
         self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram

@@ -110,6 +110,12 @@ class NeuralDrafter:
         picks per-row draft counts on the host — load-aware verify — cannot)."""
         return self.sps is None
 
+    @property
+    def stages_drafts(self) -> bool:
+        """Whether drafts from propose() may be staged into the fixed 1 + γ window; not for load-aware verify,
+        whose shorter per-row lengths are the verify work it exists to save."""
+        return self.sps is None
+
     def stage_host(self, batch, gamma: int) -> None:
         """Before a captured step: the host-side inputs draft_device reads (lookup hints) into their fixed buffer."""
         if self.lookup_hint:

@@ -57,3 +57,16 @@ def test_shipped_cpu_profiles_load():
     for m in ("tiny_mamba2", "tiny_gdn"):
         p = __import__("synodic.spec.load_aware", fromlist=["find_profile"]).find_profile(m, "cpu")
         assert p.tokens == sorted(p.tokens) and np.all(np.asarray(p.steps_per_s) > 0)
+
+
+def test_load_aware_windows_are_cut_to_the_chosen_drafts(monkeypatch):
+    """Load-aware verify spends only the window its lengths chose (1 + the longest row's), never the fixed 1 + γ
+    window of the captured step: that would verify the drafts it decided not to pay for."""
+    from synodic.engine.runner import ModelRunner
+    widths, verify = [], ModelRunner.verify
+    monkeypatch.setattr(ModelRunner, "verify", lambda self, slots, pos, win, *a: widths.append(
+        win.shape[1] if hasattr(win, "shape") else len(win[0])) or verify(self, slots, pos, win, *a))
+    monkeypatch.setattr(ModelRunner, "speculate", lambda self, *a, **k: pytest.fail("load-aware used speculate"))
+    sps = SpsProfile([1, 6, 12, 40], [100.0, 100.0, 70.0, 20.0])
+    _, seen = _run([*MODEL, *LOAD_AWARE], sps)
+    assert widths == [1 + max(n) for _, n in seen] and min(widths) < 4
