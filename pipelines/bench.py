@@ -237,7 +237,8 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
     moved = sum(v for k, v in bytes_.items() if not k.startswith("kv_") or k in ("kv_device_read",))
     moved -= bytes_.get("kv_selected_rows", 0) + bytes_.get("kv_host_fetched_rows", 0)
     row = {"batch": b, "step_ms": 1e3 * step_s, "tokens_per_s": tokens / p.steps / step_s, "bytes_per_step": moved,
-           "GB_per_s": moved / step_s / 1e9, **{f"bytes_{k}": v for k, v in bytes_.items()}}
+           "GB_per_s": moved / step_s / 1e9, **{f"bytes_{k}": v for k, v in bytes_.items()},
+           "outputs_sha1": outputs_digest(reqs)}
     if G:
         row["tokens_per_row_step"] = tokens / p.steps / b
         row["acceptance"] = "controlled" if controlled else "real"
@@ -251,6 +252,14 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
         profile_path.write_text(f"batch {b}, {p.steps} uncaptured decode steps\n" + prof.key_averages().table(
             sort_by=key, row_limit=40, max_name_column_width=80))
     return row
+
+
+def outputs_digest(reqs) -> str:
+    """sha1 of a point's tokens (every request's outputs, by id): two greedy runs of a point (repeats, replicas,
+    runtimes) that decoded the same tokens have the same digest."""
+    import hashlib
+    import json
+    return hashlib.sha1(json.dumps([r.output_ids for r in sorted(reqs, key=lambda r: r.id)]).encode()).hexdigest()
 
 
 def combine_repeats(reps: list[dict]) -> dict:
@@ -331,14 +340,111 @@ def budget_graph(vcfg, pool_pages: int | None, admitted: int, max_len: int):
     return build_graph(cfg, max_len, max_slots=admitted)
 
 
-def run(cfg, run_dir: Path) -> dict:
-    import csv
+# Replica-side steps of the bench: each runs on every replica of the runtime's executor (LocalWorkers: this
+# process; RayWorkers: one Ray actor per replica), `state` holding that replica's graph between calls.
 
+def _w_build(state: dict, raw: dict, max_len: int, max_slots: int) -> dict:
+    """The variant's graph on this replica (the previous variant's freed first); its device and weights."""
+    from synodic.config.schema import validate
+    from synodic.graph import build_graph
+    state.clear()
+    state["graph"] = graph = build_graph(validate(raw), max_len, max_slots=max_slots)
+    # what the weights occupy (parameters + buffers: a quantized model's packed codes, and its dense copies when
+    # quant.dense_copy keeps them)
+    tensors = {id(t): t for t in [*graph.model.parameters(), *graph.model.buffers()]}.values()
+    return {"device": str(graph.device),
+            "model_GiB": round(sum(t.numel() * t.element_size() for t in tensors) / 2**30, 3)}
+
+
+def _w_reference(state: dict, b: int, p: BenchPipeline) -> None:
+    graph = state["graph"]
+    state["reference"] = reference_outputs(graph, b, p) if graph.spec is not None else None
+
+
+def _w_time(state: dict, b: int, p: BenchPipeline) -> dict:
+    return time_point(state["graph"], b, p, reference=state.get("reference"))
+
+
+def _w_admission(state: dict, p: BenchPipeline) -> tuple[dict, int | None]:
+    graph = state["graph"]
+    adm = admission(graph, p)
+    pool = _kv_pages(graph.kv, adm["context_tokens"])[0] if graph.kv is not None else None
+    return adm, pool
+
+
+def _w_budget(state: dict, raw: dict, pool: int | None, admitted: int, max_len: int) -> None:
+    from synodic.config.schema import validate
+    state.clear()
+    state["graph"] = budget_graph(validate(raw), pool, admitted, max_len)
+
+
+def _w_profile(state: dict, raw: dict, max_len: int, b: int, quick: BenchPipeline) -> str:
+    import tempfile
+
+    from synodic.config.schema import validate
+    from synodic.graph import build_graph
+    state.clear()
+    graph = build_graph(validate(raw), max_len, max_slots=b)
+    with tempfile.TemporaryDirectory() as d:  # written where the replica runs, returned as text
+        path = Path(d) / "profile.txt"
+        time_point(graph, b, quick, path)
+        return path.read_text()
+
+
+def _w_drop(state: dict) -> None:
+    state.clear()
+
+
+def _mean(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def combine_replicas(rows: list[dict]) -> dict:
+    """One point's row over data-parallel replicas, each of which served the point's `batch` requests at once (the
+    calls start together, so their timed windows overlap): tokens/s, bytes per step (every ledger column) and GB/s
+    are the sums of the replicas' (the combined ledger is the sum of theirs); step_ms and its repeats' figures are
+    the slowest replica's; acceptance is the replicas' mean. One replica: its row as it is."""
+    if len(rows) == 1:
+        return dict(rows[0])
+    out = dict(max(rows, key=lambda r: r["step_ms"]))
+    for k in rows[0]:
+        if k in ("tokens_per_s", "GB_per_s", "uncontrolled_drafts") or k.startswith("bytes_"):
+            out[k] = sum(r[k] for r in rows)
+    if "tokens_per_row_step" in out:
+        out["tokens_per_row_step"] = _mean([r["tokens_per_row_step"] for r in rows])
+        out["acceptance_by_position"] = [_mean(list(xs)) for xs in zip(*(r["acceptance_by_position"] for r in rows))]
+    if "outputs_match_reference" in out:
+        out["outputs_match_reference"] = all(r["outputs_match_reference"] for r in rows)
+    shas = {r["outputs_sha1"] for r in rows}
+    out["outputs_sha1"] = shas.pop() if len(shas) == 1 else None  # None: the replicas decoded different tokens
+    out.update(replicas=len(rows), batch_total=rows[0]["batch"] * len(rows))
+    out.pop("warning", None)
+    return out
+
+
+PLACEMENT = ("kind", "replicas", "gpus_per_replica", "cpus_per_replica", "address", "router", "max_restarts")
+
+
+def _check_variants(cfg, vcfgs) -> None:
+    """The replicas are started once for every variant: a variant may change what each replica builds (model,
+    ssm, kv, spec, quant, runtime.device, max_slots, ...), not where or how many replicas run."""
+    from synodic.config.errors import ConfigError
+    bad = []
+    for i, (v, vcfg) in enumerate(zip(cfg.pipeline.variants, vcfgs)):
+        diff = [k for k in PLACEMENT if getattr(vcfg.runtime, k, None) != getattr(cfg.runtime, k, None)]
+        if diff:
+            bad.append(f"pipeline.variants[{i}]={v!r}: changes runtime.{', runtime.'.join(diff)}; expected variants "
+                       f"that keep runtime={cfg.runtime.kind}'s placement (one set of replicas serves every variant)")
+    if bad:
+        raise ConfigError(bad)
+
+
+def run(cfg, run_dir: Path) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from synodic.config.compose import compose
-    from synodic.graph import build_graph
     from synodic.results.writer import markdown_table
 
     p = cfg.pipeline
@@ -349,90 +455,105 @@ def run(cfg, run_dir: Path) -> dict:
         from synodic.config.errors import ConfigError
         raise ConfigError(["pipeline.acceptance='controlled': no variant speculates (every spec=none); expected "
                            "a variant with spec=<scheme> or pipeline.acceptance=real"])
+    _check_variants(cfg, vcfgs)  # before any replica starts
     rows, warnings, admissions = [], [], []
     points = len(p.variants) * (len(p.batch_sizes) + (p.memory_budget is not None)) * p.repeats
     bar = Progress(TextColumn("bench {task.description:>40}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=con)
 
-    def point(graph, name: str, b: int, task, extra: dict) -> dict:
-        reference = None
-        if p.acceptance == "controlled" and graph.spec is not None:  # one reference run serves every repeat
-            bar.update(task, description=f"{name} b={b} reference")
-            reference = reference_outputs(graph, b, p)
-        reps = []
-        for i in range(p.repeats):
-            bar.update(task, description=f"{name} b={b} #{i + 1}")
-            reps.append(time_point(graph, b, p, reference=reference))
-            bar.advance(task)
-        r = {"variant": name, **combine_repeats(reps), **extra}
-        msg = (f"{name:>30} batch {b:>4}: {r['step_ms']:.3f} ms/step (min {r['step_ms_min']:.3f}), "
-               f"{r['tokens_per_s']:.0f} tok/s, {r['GB_per_s']:.1f} GB/s")
-        if "acceptance" in r:
-            msg += f", {r['tokens_per_row_step']:.2f} tokens/row/step ({r['acceptance']} acceptance)"
-        con.print(msg)
-        log.info(msg)
-        if "warning" in r:
-            w = f"{name}, {r.pop('warning')}"
-            r["warning"] = w
-            warnings.append(w)
-            con.print(f"[yellow]warning: {w}[/yellow]")
-            log.warning(w)
-        return r
-
-    with bar:
+    with cfg.runtime.executor(cfg).workers() as w, bar:
         task = bar.add_task("", total=points)
+        per_replica = [{"replica": k, "pid": w.pids[k], "device": None, "requests": 0, "bench": []}
+                       for k in range(w.n)]
+
+        def point(name: str, b: int, extra: dict) -> dict:
+            if p.acceptance == "controlled":  # one reference run (per replica) serves every repeat
+                bar.update(task, description=f"{name} b={b} reference")
+                w.call(_w_reference, b, p)
+            reps = []
+            for i in range(p.repeats):
+                bar.update(task, description=f"{name} b={b} #{i + 1}")
+                reps.append(w.call(_w_time, b, p))  # [replica 0's row, replica 1's, ...]
+                bar.advance(task)
+            mine = [combine_repeats([rep[k] for rep in reps]) for k in range(w.n)]
+            ws = []
+            for k, m in enumerate(mine):
+                per_replica[k]["requests"] += b * p.repeats
+                per_replica[k]["bench"].append({"variant": name, **m, **extra})
+                if "warning" in m:
+                    ws.append(m["warning"] if w.n == 1 else f"replica {k}, {m['warning']}")
+            r = {"variant": name, **combine_replicas(mine), **extra}
+            if ws:
+                r["warning"] = "; ".join(ws)
+            msg = (f"{name:>30} batch {b:>4}{f' x {w.n} replicas' if w.distributed else ''}: {r['step_ms']:.3f} "
+                   f"ms/step (min {r['step_ms_min']:.3f}), {r['tokens_per_s']:.0f} tok/s, {r['GB_per_s']:.1f} GB/s")
+            if "acceptance" in r:
+                msg += f", {r['tokens_per_row_step']:.2f} tokens/row/step ({r['acceptance']} acceptance)"
+            con.print(msg)
+            log.info(msg)
+            if "warning" in r:
+                wn = f"{name}, {r.pop('warning')}"
+                r["warning"] = wn
+                warnings.append(wn)
+                con.print(f"[yellow]warning: {wn}[/yellow]")
+                log.warning(wn)
+            return r
+
         for v, vcfg in zip(p.variants, vcfgs):
             name = v or "base"
-            T = vcfg.spec.window
-            max_len = row_tokens(p, T) + 1
-            graph = build_graph(vcfg, max_len, max_slots=max(p.batch_sizes))
-            # what the weights occupy (parameters + buffers: a quantized model's packed codes, and its dense
-            # copies when quant.dense_copy keeps them)
-            tensors = {id(t): t for t in [*graph.model.parameters(), *graph.model.buffers()]}.values()
-            model_gib = round(sum(t.numel() * t.element_size() for t in tensors) / 2**30, 3)
+            raw = vcfg.model_dump(mode="json")
+            max_len = row_tokens(p, vcfg.spec.window) + 1
+            built = w.call(_w_build, raw, max_len, max(p.batch_sizes))
+            for k, info in enumerate(built):
+                per_replica[k]["device"] = info["device"]
+            model_gib = built[0]["model_GiB"]
             for b in p.batch_sizes:
-                rows.append(point(graph, name, b, task, {"model_GiB": model_gib}))
+                rows.append(point(name, b, {"model_GiB": model_gib}))
             if p.memory_budget is not None:
-                adm = {"variant": name, **admission(graph, p)}
+                # admission is worked out from the graph's layouts, the same on every replica: replica 0's
+                adm, pool = w.call(_w_admission, p)[0]
+                adm = {"variant": name, **adm}
                 admissions.append(adm)
                 n = adm["admitted"]
                 con.print(f"{name:>30} budget {p.memory_budget / 2**30:.3f} GiB: weights "
                           f"{adm['weights_bytes'] / 2**30:.3f} GiB, {adm['request_bytes_total']} B a request "
                           f"({', '.join(f'{k} {x}' for k, x in adm['request_bytes'].items())}) -> {n} admitted")
                 if n:
-                    pool = _kv_pages(graph.kv, adm["context_tokens"])[0] if graph.kv is not None else None
-                    del graph
                     nb = min(n, p.max_admitted)
-                    graph = budget_graph(vcfg, pool, nb, max_len)
-                    r = point(graph, name, nb, task, {"model_GiB": model_gib, "memory_budget": p.memory_budget,
-                                                      "admitted": n})
+                    w.call(_w_budget, raw, pool, nb, max_len)
+                    r = point(name, nb, {"model_GiB": model_gib, "memory_budget": p.memory_budget, "admitted": n})
                     adm.update(batch_timed=nb, tokens_per_s=r["tokens_per_s"], step_ms=r["step_ms"])
                     rows.append(r)
                 else:
                     bar.advance(task, p.repeats)
-            del graph
-    if p.profile:  # a separate pass: a profiler session can slow the CUDA-graph timings that follow it
-        quick = p.model_copy(update={"steps": 3, "warmup": 1, "repeats": 1})
-        for i, vcfg in enumerate(vcfgs):
-            graph = build_graph(vcfg, row_tokens(quick, vcfg.spec.window) + 1, max_slots=max(p.batch_sizes))
-            time_point(graph, max(p.batch_sizes), quick, run_dir / f"profile_{i}.txt")
-            del graph
+        if p.profile:  # a separate pass: a profiler session can slow the CUDA-graph timings that follow it
+            quick = p.model_copy(update={"steps": 3, "warmup": 1, "repeats": 1})
+            for i, vcfg in enumerate(vcfgs):
+                texts = w.call(_w_profile, vcfg.model_dump(mode="json"), row_tokens(quick, vcfg.spec.window) + 1,
+                               max(p.batch_sizes), quick)
+                for k, text in enumerate(texts):
+                    (run_dir / (f"profile_{i}.txt" if w.n == 1 else f"profile_{i}_replica{k}.txt")).write_text(text)
+        w.call(_w_drop)
     cols = ["variant", "batch", "step_ms", "step_ms_min", "tokens_per_s", "bytes_per_step", "GB_per_s", "model_GiB"]
+    if w.distributed:
+        cols[2:2] = ["replicas", "batch_total"]
     if any("acceptance" in r for r in rows):
         cols += ["tokens_per_row_step", "acceptance"]
     if admissions:
         cols += ["admitted"]
     md = markdown_table(rows, cols)
-    (run_dir / "bench.md").write_text(md + "\n" + "".join(f"\nwarning: {w}" for w in warnings) + "\n")
-    with open(run_dir / "bench.csv", "w", newline="") as f:
-        # variants with different KV policies add different ledger columns: the union, first-seen order
-        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
-        w.writeheader()
-        w.writerows(rows)
+    (run_dir / "bench.md").write_text(md + "\n" + "".join(f"\nwarning: {x}" for x in warnings) + "\n")
+    _write_csv(rows, run_dir / "bench.csv")
     _plot(rows, run_dir / "bench.png")
     con.print(md)
     out = {"bench": rows, "metrics": {"decode_tokens_per_s": max(r["tokens_per_s"] for r in rows)},
            "warnings": warnings, "acceptance": p.acceptance}
+    if w.distributed:  # runtime=ray: each replica's device, requests served, its rows (tokens/s, bytes per step)
+        for rep in per_replica:
+            rep["tokens_per_s"] = max(r["tokens_per_s"] for r in rep["bench"])
+        out["replicas"] = per_replica
+        _write_csv([{"replica": rep["replica"], "device": rep["device"], **r} for rep in per_replica
+                    for r in rep["bench"]], run_dir / "bench_replicas.csv")
     if p.acceptance == "controlled":
         con.print("[bold]acceptance: controlled[/bold] (speculative rows draft the target's greedy continuation "
                   "rejected at pipeline.acceptance_rates; not the drafter's own acceptance)")
@@ -443,9 +564,18 @@ def run(cfg, run_dir: Path) -> dict:
         (run_dir / "admission.md").write_text(amd + "\n")
         con.print(amd)
         out["admission"] = admissions
-    for w in warnings:
-        con.print(f"[yellow]warning: {w}[/yellow]")
+    for x in warnings:
+        con.print(f"[yellow]warning: {x}[/yellow]")
     return out
+
+
+def _write_csv(rows: list[dict], path: Path) -> None:
+    import csv
+    with open(path, "w", newline="") as f:
+        # variants with different KV policies add different ledger columns: the union, first-seen order
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), restval="")
+        w.writeheader()
+        w.writerows(rows)
 
 
 def _plot(rows, path: Path) -> None:

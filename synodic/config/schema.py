@@ -34,8 +34,8 @@ def cross_rules(cfg) -> list[str]:
     if getattr(p, "batch_sizes", None) and max(p.batch_sizes) > rt.max_slots:
         out.append(f"pipeline.batch_sizes={list(p.batch_sizes)} with runtime.max_slots={rt.max_slots}: "
                    f"expected every batch size <= runtime.max_slots")
-    if rt.kind == "ray" and p.kind != "decode":
-        out.append(f"runtime=ray with pipeline={p.kind}: expected pipeline=decode (the pipeline served by "
+    if rt.kind == "ray" and p.kind not in ("decode", "bench"):
+        out.append(f"runtime=ray with pipeline={p.kind}: expected pipeline=decode or bench (the pipelines served by "
                    f"replicas), or runtime=local")
     import os
     if getattr(cfg.ssm, "kernel", None) == "triton" and not os.environ.get("TRITON_INTERPRET"):

@@ -16,6 +16,7 @@ import math
 import os
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from synodic.config.errors import ConfigError
@@ -89,6 +90,50 @@ class Replica:
                 "ledger": e.ledger.summary(),
                 "spec": None if e.drafter is None else {"counters": dict(vars(e.spec_stats)), "gamma": e.gamma,
                                                         "drafter": e.drafter.summary()}}
+
+
+class Worker:
+    """A replica that runs a pipeline's own functions on its device: `call(fn, *args)` runs `fn(state, *args)`,
+    `state` a dict this actor keeps between calls (what fn builds there, e.g. a graph, stays on the device)."""
+
+    def __init__(self, threads: int):
+        import torch
+        torch.set_num_threads(threads)
+        self.state: dict = {}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def call(self, fn, *args):
+        return fn(self.state, *args)
+
+
+class RayWorkers:
+    """The driver's handle on the Worker replicas: each `call` runs on every replica at once and returns when all
+    have finished (their results in replica order), so what the replicas time in one call overlaps."""
+    distributed = True
+
+    def __init__(self, ray, slots: list[_Slot], pids: list[int]):
+        self.ray, self.slots, self.pids = ray, slots, pids
+
+    @property
+    def n(self) -> int:
+        return len(self.slots)
+
+    def call(self, fn, *args) -> list:
+        ray = self.ray
+        refs = [s.actor.call.remote(fn, *args) for s in self.slots]
+        out = []
+        for s, ref in zip(self.slots, refs):
+            try:
+                out.append(ray.get(ref))
+            except ray.exceptions.RayTaskError as e:  # fn raised there: the same error here (a ConfigError is exit 2)
+                raise e.cause from None
+            except ray.exceptions.RayActorError:
+                raise RuntimeError(f"runtime=ray: replica {s.index} (pid {self.pids[s.index]}) died during "
+                                   f"{getattr(fn, '__name__', fn)}; every replica's part of the call is needed, "
+                                   "so it is not served again elsewhere") from None
+        return out
 
 
 def _params(**kw):
@@ -201,8 +246,11 @@ class RayExecutor:
                                f"replica; expected runtime.replicas <= {gpus // rt.gpus_per_replica}"])
         return n, float(rt.gpus_per_replica) if use_gpu else 0.0
 
-    def serve(self, requests: list[Request], max_seq_len: int, max_running: int | None = None,
-              on_token=None, progress=None) -> Served:
+    @contextmanager
+    def _replicas(self, cls, *args):
+        """(ray, slots): `runtime.replicas` actors of `cls(*args, threads)`, each in its bundle of one placement
+        group, built before the block runs; the cluster is checked first (_plan) and every actor and the group
+        go when the block ends."""
         from synodic.distributed.cluster import ray_session
         rt = self.cfg.runtime
         n_cpu = (rt.replicas or 1) * rt.cpus_per_replica
@@ -211,25 +259,38 @@ class RayExecutor:
             pg = self._place(ray, n, gpus)
             slots = []
             try:
-                slots = self._start(ray, pg, n, gpus, max_seq_len, max_running)
-                self._route(ray, slots, requests, max_running or rt.max_slots, on_token, progress)
-                summaries = []
-                for s in slots:
-                    if s.alive:
-                        try:
-                            summaries.append({"replica": s.index, **ray.get(s.actor.summary.remote())})
-                        except ray.exceptions.RayActorError:
-                            s.alive = False
+                slots = self._start(ray, pg, n, gpus, cls, args)
+                yield ray, slots
             finally:  # the run's actors and reserved resources go; a joined cluster keeps running
                 for s in slots:
                     ray.kill(s.actor, no_restart=True)
                 from ray.util.placement_group import remove_placement_group
                 remove_placement_group(pg)
+
+    def serve(self, requests: list[Request], max_seq_len: int, max_running: int | None = None,
+              on_token=None, progress=None) -> Served:
+        rt = self.cfg.runtime
+        raw = self.cfg.model_dump(mode="json")
+        with self._replicas(Replica, raw, max_seq_len, max_running) as (ray, slots):
+            self._route(ray, slots, requests, max_running or rt.max_slots, on_token, progress)
+            summaries = []
+            for s in slots:
+                if s.alive:
+                    try:
+                        summaries.append({"replica": s.index, **ray.get(s.actor.summary.remote())})
+                    except ray.exceptions.RayActorError:
+                        s.alive = False
         from synodic.engine.text import load_codec
         from synodic.graph import checkpoint_dir
         ckpt = checkpoint_dir(self.cfg.model)
-        merged = _Merged(summaries, load_codec(ckpt), ckpt, n)
+        merged = _Merged(summaries, load_codec(ckpt), ckpt, len(slots))
         return Served(requests, merged, merged)
+
+    @contextmanager
+    def workers(self):
+        """Replicas that run a pipeline's own functions (Workers, below), for the block."""
+        with self._replicas(Worker) as (ray, slots):
+            yield RayWorkers(ray, slots, self.pids)
 
     def _place(self, ray, n: int, gpus: float):
         """One bundle per replica, packed; refused in one line when the cluster cannot hold them."""
@@ -245,19 +306,18 @@ class RayExecutor:
                                f"runtime.cpus_per_replica / gpus_per_replica that fit"])
         return pg
 
-    def _start(self, ray, pg, n: int, gpus: float, max_seq_len: int, max_running: int | None) -> list[_Slot]:
+    def _start(self, ray, pg, n: int, gpus: float, cls, args: tuple) -> list[_Slot]:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         rt = self.cfg.runtime
-        remote = ray.remote(Replica)
-        raw = self.cfg.model_dump(mode="json")
+        remote = ray.remote(cls)
         slots = []
         for i in range(n):
             actor = remote.options(
                 num_cpus=rt.cpus_per_replica, num_gpus=gpus, max_restarts=rt.max_restarts, max_task_retries=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-            ).remote(raw, max_seq_len, max_running, rt.cpus_per_replica)
+            ).remote(*args, rt.cpus_per_replica)
             slots.append(_Slot(actor, i))
-        self.pids = ray.get([s.actor.pid.remote() for s in slots])  # every replica built and warmed up
+        self.pids = ray.get([s.actor.pid.remote() for s in slots])  # every replica built (and warmed up)
         return slots
 
     def _pick(self, slots: list[_Slot], turn: int) -> _Slot | None:
