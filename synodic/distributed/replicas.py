@@ -3,8 +3,10 @@
 Each replica is an actor in its own bundle of one placement group (PACK across bundles), builds the run's
 validated graph on its device, warms up (one short request, so a GPU replica has captured its first graph),
 and serves the chunks of requests the driver sends it with the same Engine as `runtime=local`. The driver
-keeps the queue: a router picks the replica for the next chunk (least outstanding tokens, or round robin),
-at most two chunks wait on a replica at a time. A replica that dies (its process killed, a CUDA error, its
+keeps the queue: a router picks the replica for the next chunk (least outstanding tokens in the time that
+replica needs for them, or round robin), at most two chunks are on a replica at a time (one until its first
+chunk has shown its speed), and a chunk is sized to the replica's share of the replicas' measured speed, so
+a slow replica is not left with a long queue while the others are idle. A replica that dies (its process killed, a CUDA error, its
 node gone) fails its chunks; those requests go back to the front of the queue and are served again from
 their prompt by whichever replica is alive (greedy outputs are the same), while Ray restarts the actor up to
 `runtime.max_restarts` times. When no replica is left, the requests not finished end as
@@ -149,9 +151,27 @@ class _Slot:
     alive: bool = True
     failures: int = 0
     in_flight: dict = field(default_factory=dict)  # ObjectRef -> chunk (list of the driver's Requests)
+    work: int = 0        # prompt + max_tokens of the chunks it finished ...
+    busy_s: float = 0.0  # ... and the seconds it spent serving them (its own clock)
 
     def outstanding(self) -> int:
-        return sum(len(r.prompt_ids) + r.params.max_tokens for c in self.in_flight.values() for r in c)
+        return sum(_work(c) for c in self.in_flight.values())
+
+    def speed(self) -> float | None:
+        """Work a second this replica has shown (None before its first chunk)."""
+        return self.work / self.busy_s if self.busy_s > 0 else None
+
+
+def _work(chunk: list[Request]) -> int:
+    return sum(len(r.prompt_ids) + r.params.max_tokens for r in chunk)
+
+
+def _speeds(slots: list[_Slot]) -> dict[int, float]:
+    """Each live replica's speed; one not measured yet counts as the mean of those measured (all equal at first)."""
+    live = [s for s in slots if s.alive]
+    known = [v for v in (s.speed() for s in live) if v is not None]
+    guess = sum(known) / len(known) if known else 1.0
+    return {s.index: s.speed() or guess for s in live}
 
 
 class _DrafterSummary:
@@ -320,13 +340,15 @@ class RayExecutor:
         self.pids = ray.get([s.actor.pid.remote() for s in slots])  # every replica built (and warmed up)
         return slots
 
-    def _pick(self, slots: list[_Slot], turn: int) -> _Slot | None:
-        free = [s for s in slots if s.alive and len(s.in_flight) < IN_FLIGHT_PER_REPLICA]
+    def _pick(self, slots: list[_Slot], turn: int, speeds: dict[int, float]) -> _Slot | None:
+        # one chunk on a replica until it has shown its speed: a slow one does not start with two full chunks
+        free = [s for s in slots if s.alive and len(s.in_flight) < (IN_FLIGHT_PER_REPLICA if s.busy_s else 1)]
         if not free:
             return None
         if self.cfg.runtime.router == "round_robin":
             return min(free, key=lambda s: ((s.index - turn) % len(slots), s.index))
-        return min(free, key=lambda s: (s.outstanding(), len(s.in_flight), s.index))
+        # the fewest outstanding tokens, in the time this replica needs for them (replicas differ in speed)
+        return min(free, key=lambda s: (s.outstanding() / speeds[s.index], len(s.in_flight), s.index))
 
     def _route(self, ray, slots: list[_Slot], requests: list[Request], chunk_max: int, on_token, progress):
         queue = deque(requests)
@@ -337,11 +359,14 @@ class RayExecutor:
         turn = 0
         while True:
             while queue:
-                s = self._pick(slots, turn)
+                speeds = _speeds(slots)
+                s = self._pick(slots, turn, speeds)
                 if s is None:
                     break
-                alive = sum(x.alive for x in slots)
-                size = max(1, min(chunk_max, math.ceil(len(queue) / (alive * IN_FLIGHT_PER_REPLICA))))
+                # a chunk sized to the replica's share of the speed: near the end of the queue a slow replica
+                # gets a few requests, not a full chunk that keeps the run going after the others are idle
+                share = speeds[s.index] / sum(speeds.values())
+                size = max(1, min(chunk_max, math.ceil(len(queue) * share / IN_FLIGHT_PER_REPLICA)))
                 chunk = [queue.popleft() for _ in range(min(size, len(queue)))]
                 s.in_flight[s.actor.serve.remote(chunk)] = chunk
                 turn = s.index + 1
@@ -369,6 +394,10 @@ class RayExecutor:
                         r.status, r.finish_reason = Status.FINISHED, LOST
                     break
                 continue
+            ends = [r.finish_s for r in served if r.finish_s is not None]
+            if ends:  # the replica's serve time of the chunk, on its own clock (wall time, as returned)
+                s.work += _work(served)
+                s.busy_s += max(ends) - min(r.arrival_s for r in served)
             for mine, theirs in zip(chunk, served):
                 self._adopt(mine, theirs, t0, wall0, on_token)
             if progress is not None:

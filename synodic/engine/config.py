@@ -45,7 +45,8 @@ class RayRuntime(LocalRuntime):
                                 "null: start a local Ray instance for the run")
     router: Literal["least_loaded", "round_robin"] = Field(
         "least_loaded", description="which replica takes the next requests: least_loaded = the fewest outstanding "
-        "tokens (prompt + max_tokens of its unfinished requests); round_robin = in turn")
+        "tokens (prompt + max_tokens of its unfinished requests) over the speed it has shown; round_robin = in "
+        "turn; either way a chunk is sized to the replica's share of the measured speed")
     max_restarts: int = Field(1, ge=0, description="times Ray restarts a replica that died (its unfinished requests "
                               "are served again by the replicas alive); past that the replica is dropped")
 
