@@ -4,7 +4,14 @@ process (same inputs), as a markdown + CSV table and a plot in the run dir.
 Every point is served by the engine itself (synodic.engine.engine.Engine.generate: overlapped steps, CUDA
 graphs, speculative steps, the KV policy's hooks, the byte ledger), so what bench times is what
 pipeline=decode serves; the bench only chooses the requests, when they join, and which steps it times
-(docs/measuring.md, "End to end")."""
+(docs/measuring.md, "End to end").
+
+The points run on the runtime's replicas (`cfg.runtime.executor(cfg).workers()`): runtime=local is this
+process, runtime=ray N Ray actors that each time every point at once. Under data parallelism `batch` is per
+replica: each replica serves `batch` concurrent requests (the same seeded prompts as a local run), and the
+combined row sums the replicas' tokens/s, GB/s and ledger bytes, with step_ms the slowest replica's; results
+gain `replicas` (each one's device, requests, tokens/s and rows) and bench_replicas.csv (docs/measuring.md,
+"Data-parallel replicas")."""
 import logging
 import statistics
 import time

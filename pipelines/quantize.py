@@ -30,8 +30,9 @@ class QuantizePipeline(Component):
     executor: Literal["ray", "inline"] = Field("ray", description="ray: one Ray task per layer group; inline: "
                                                "groups solved one after another in this process")
     workers: int = Field(2, ge=1, description="layer groups solved at once (Ray tasks; CPUs of a local Ray instance)")
-    ray_address: str | None = Field(None, description="address of a running Ray cluster for ray.init; null: start "
-                                    "a local instance (lives here because runtime has no Ray field yet)")
+    ray_address: str | None = Field(None, description="Ray cluster to join ('auto', 'host:port', 'ray://...'), "
+                                    "checked and joined as runtime.address is (synodic/distributed/cluster.py); "
+                                    "null: start a local instance")
     store: str | None = Field(None, description="store root; null: outputs/quant_store, or $SYNODIC_QUANT_STORE")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where layers are solved; auto: cuda if "
                                                    "present, else cpu")

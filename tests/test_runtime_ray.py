@@ -126,3 +126,53 @@ def test_decode_pipeline_on_ray_with_speculation(tmp_path):
     assert got["spec"]["emitted_tokens"] == want["spec"]["emitted_tokens"] > 0
     assert got["spec"]["drafter"] == want["spec"]["drafter"] and got["spec"]["accepted_tokens"] > 0
     assert len(got["replicas"]) == 2
+
+
+BENCH = ["pipeline=bench", "model=tiny_mamba2", "pipeline.batch_sizes=[1,3]", "pipeline.prompt_len=4",
+         "pipeline.steps=3", "pipeline.warmup=1", "pipeline.stagger=2", "pipeline.repeats=2"]
+
+
+def test_bench_on_ray_reports_each_replica_and_their_sum(tmp_path):
+    """pipeline=bench on 2 replicas: each replica times every point on the local bench's requests (the same greedy
+    tokens, the same bytes per step), the combined row is the sum of the replicas', and the per-replica section
+    (results and bench_replicas.csv) says what each served."""
+    import csv
+
+    from synodic.pipelines.bench import run
+    for d in ("local", "ray"):
+        (tmp_path / d).mkdir()
+    local = run(_cfg(*BENCH), tmp_path / "local")
+    got = run(_cfg(*BENCH, "runtime=ray", "runtime.replicas=2"), tmp_path / "ray")
+    assert "replicas" not in local and len(got["replicas"]) == 2
+    for rep in got["replicas"]:
+        assert rep["device"] == "cpu" and rep["requests"] == (1 + 3) * 2  # batch sizes x repeats
+        assert [r["batch"] for r in rep["bench"]] == [1, 3]
+        assert rep["tokens_per_s"] == max(r["tokens_per_s"] for r in rep["bench"]) > 0
+        for mine, ref in zip(rep["bench"], local["bench"]):
+            assert mine["outputs_sha1"] == ref["outputs_sha1"]  # the local run's greedy tokens
+            assert {k: v for k, v in mine.items() if k.startswith("bytes_")} == \
+                {k: v for k, v in ref.items() if k.startswith("bytes_")}
+    for i, row in enumerate(got["bench"]):
+        mine = [rep["bench"][i] for rep in got["replicas"]]
+        assert (row["replicas"], row["batch_total"]) == (2, 2 * row["batch"])
+        assert row["tokens_per_s"] == pytest.approx(sum(m["tokens_per_s"] for m in mine))
+        assert row["GB_per_s"] == pytest.approx(sum(m["GB_per_s"] for m in mine))
+        for k in (k for k in row if k.startswith("bytes_")):  # the combined ledger: the replicas' summed
+            assert row[k] == sum(m[k] for m in mine) == 2 * local["bench"][i][k]
+        assert row["step_ms"] == max(m["step_ms"] for m in mine)
+        assert row["outputs_sha1"] == local["bench"][i]["outputs_sha1"]
+    assert got["metrics"]["decode_tokens_per_s"] == max(r["tokens_per_s"] for r in got["bench"])
+    per = list(csv.DictReader(open(tmp_path / "ray" / "bench_replicas.csv")))
+    assert [(r["replica"], r["batch"]) for r in per] == [("0", "1"), ("0", "3"), ("1", "1"), ("1", "3")]
+    assert "batch_total" in (tmp_path / "ray" / "bench.md").read_text()
+
+
+def test_bench_variant_moving_the_replicas_exits_2_before_ray_starts():
+    over = ["pipeline=bench", "runtime=ray", "runtime.replicas=2", "runtime.device=cpu",
+            "pipeline.variants=['','runtime.replicas=3']"]
+    p = subprocess.run([sys.executable, "run.py", *over], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=120)
+    assert p.returncode == 2, p.stderr
+    err = [x for x in p.stderr.splitlines() if x.startswith("error:")]
+    assert len(err) == 1 and "pipeline.variants[1]='runtime.replicas=3'" in err[0] and "runtime.replicas" in err[0]
+    assert "Started a local Ray instance" not in p.stderr and "Traceback" not in p.stderr

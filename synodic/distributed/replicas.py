@@ -6,10 +6,10 @@ and serves the chunks of requests the driver sends it with the same Engine as `r
 keeps the queue: a router picks the replica for the next chunk (least outstanding tokens in the time that
 replica needs for them, or round robin), at most two chunks are on a replica at a time (one until its first
 chunk has shown its speed), and a chunk is sized to the replica's share of the replicas' measured speed, so
-a slow replica is not left with a long queue while the others are idle. A replica that dies (its process killed, a CUDA error, its
-node gone) fails its chunks; those requests go back to the front of the queue and are served again from
-their prompt by whichever replica is alive (greedy outputs are the same), while Ray restarts the actor up to
-`runtime.max_restarts` times. When no replica is left, the requests not finished end as
+a slow replica is not left with a long queue while the others are idle. A replica that dies (its process
+killed, a CUDA error, its node gone) fails its chunks; those requests go back to the front of the queue and
+are served again from their prompt by whichever replica is alive (greedy outputs are the same), while Ray
+restarts the actor up to `runtime.max_restarts` times. When no replica is left, the requests not finished end as
 `failed_replica_lost`: the run never hangs and never drops a request silently.
 """
 from __future__ import annotations
