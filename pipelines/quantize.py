@@ -209,6 +209,8 @@ def run(cfg, run_dir: Path) -> dict:
         ex = res["export_hf"]
         line = (f"export_hf: {ex['format']} folder {ex['out']}: {len(ex['quantized'])} modules packed"
                 + (f", {len(ex['dense'])} written dense (exact; see the log)" if ex["dense"] else "")
+                + (f", {sum(len(g['requantized']) for g in ex['shared_scale'].values())} re-quantized to share one "
+                   f"NVFP4 global scale per vLLM fused group" if ex["shared_scale"] else "")
                 + (f"; {len(ex['vllm_fused_scale_mismatch'])} fused groups with differing global scales (vLLM "
                    "needs them shared; see the log)" if ex["vllm_fused_scale_mismatch"] else ""))
         con.print(line)

@@ -17,6 +17,10 @@ QWEN3_NEXT = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidd
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, partial_rotary_factor=0.5,
                   linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=12,
                   num_experts=0, tie_word_embeddings=True)
+NEMOTRON_H_MOE = dict(NEMOTRON_H, layers_block_type=["mamba", "moe", "attention", "mamba", "mlp", "moe", "mamba"],
+                      n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=24,
+                      moe_shared_expert_intermediate_size=40, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                      norm_topk_prob=True)
 QWEN3_5 = {k: v for k, v in QWEN3_NEXT.items() if k != "num_experts"}  # Qwen3.5 text: dense, split projections
 QWEN3_NEXT_MOE = dict(QWEN3_NEXT, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=24,
                       shared_expert_intermediate_size=40, decoder_sparse_step=1, mlp_only_layers=[1])
@@ -25,8 +29,9 @@ QWEN3_NEXT_MOE = dict(QWEN3_NEXT, num_experts=6, num_experts_per_tok=2, moe_inte
 def hf_model(family: str, seed: int = 0, **over):
     from transformers import NemotronHConfig, NemotronHForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM
     torch.manual_seed(seed)
-    if family == "nemotron_h":
-        model = NemotronHForCausalLM(NemotronHConfig(**{**NEMOTRON_H, **over}))
+    if family in ("nemotron_h", "nemotron_h_moe"):
+        base = NEMOTRON_H_MOE if family == "nemotron_h_moe" else NEMOTRON_H
+        model = NemotronHForCausalLM(NemotronHConfig(**{**base, **over}))
     elif family == "qwen3_5":
         from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
         model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{**QWEN3_5, **over}))
@@ -43,8 +48,11 @@ def hf_model(family: str, seed: int = 0, **over):
                 p.copy_(torch.rand(p.shape, generator=g) + 0.5)
             elif "norm" in name:
                 # Qwen3-Next's RMSNorms are zero-centred (x * (1 + w)) except the GDN output norm
-                plain = family == "nemotron_h" or name.endswith("linear_attn.norm.weight")
+                plain = family.startswith("nemotron_h") or name.endswith("linear_attn.norm.weight")
                 p.copy_(torch.randn(p.shape, generator=g) * 0.2 + (1.0 if plain else 0.0))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # NemotronH router: the bias changes which experts win
+                b.copy_(torch.randn(b.shape, generator=g) * 0.3)
     return model.eval()
 
 
@@ -73,11 +81,11 @@ def write_tokenizer(out: Path, vocab: int) -> None:
 
 
 def main(argv=None):
-    """python -m tests.hf_folders {nemotron_h,qwen3_next,qwen3_next_moe,qwen3_5} OUT: a tiny random folder with a
-    tokenizer, the README's `model.weights=` example (needs transformers: pip install -e '.[dev]')."""
+    """python -m tests.hf_folders {nemotron_h,nemotron_h_moe,qwen3_next,qwen3_next_moe,qwen3_5} OUT: a tiny random
+    folder with a tokenizer, the README's `model.weights=` example (needs transformers: pip install -e '.[dev]')."""
     import argparse
     ap = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
-    ap.add_argument("family", choices=["nemotron_h", "qwen3_next", "qwen3_next_moe", "qwen3_5"])
+    ap.add_argument("family", choices=["nemotron_h", "nemotron_h_moe", "qwen3_next", "qwen3_next_moe", "qwen3_5"])
     ap.add_argument("out")
     a = ap.parse_args(argv)
     write_folder(a.family, Path(a.out), tokenizer=True)

@@ -1,6 +1,8 @@
 """pipeline=quantize pipeline.export_hf: the compressed-tensors folder decodes, through compressed-tensors' own
-compressor classes, to exactly the weights synodic runs (bf16, bit for bit), for both HF families and both
-formats; what the format cannot hold is refused in one line before any solving."""
+compressor classes, to exactly synodic's weights (bf16, bit for bit), for both HF families and both formats —
+NVFP4 vLLM-fused groups (q/k/v, gate/up) with one shared global scale, their members re-quantized by synodic's
+RTN with the group's max per-tensor scale; what the format cannot hold is refused in one line before any
+solving."""
 from __future__ import annotations
 
 import json
@@ -21,8 +23,8 @@ from synodic.quant.config import BlockQuant  # noqa: E402
 from tests.hf_folders import hf_model  # noqa: E402
 
 
-def _folder(family, d):
-    hf_model(family, seed=3).to(torch.bfloat16).save_pretrained(d, max_shard_size="40KB")
+def _folder(family, d, seed=3):
+    hf_model(family, seed=seed).to(torch.bfloat16).save_pretrained(d, max_shard_size="40KB")
     return d
 
 
@@ -48,7 +50,8 @@ def _decompress(d):
 
 
 @pytest.mark.parametrize("family,fmt", [("nemotron_h", "nvfp4"), ("nemotron_h", "mxfp4"),
-                                        ("qwen3_next", "nvfp4"), ("qwen3_5", "mxfp4"), ("qwen3_next_moe", "nvfp4")])
+                                        ("qwen3_next", "nvfp4"), ("qwen3_5", "mxfp4"), ("qwen3_5", "nvfp4"),
+                                        ("qwen3_next_moe", "nvfp4"), ("nemotron_h_moe", "nvfp4")])
 def test_export_decodes_to_synodic_weights(tmp_path, family, fmt):
     from synodic.pipelines.quantize import quantize_to_store
 
@@ -57,6 +60,7 @@ def test_export_decodes_to_synodic_weights(tmp_path, family, fmt):
     from synodic.quant.linear import QuantLinear
     src = _folder(family, tmp_path / "src")
     model = load_hf(src, "cpu", torch.bfloat16, progress=False)
+    orig = {k: v.clone() for k, v in model.state_dict().items()}
     qcfg = BlockQuant(kind=fmt, method="rtn")
     res = quantize_to_store(model, qcfg, tmp_path / "store", progress=False)
     ex = export_hf(res["artifact"], src, tmp_path / "out")
@@ -65,7 +69,8 @@ def test_export_decodes_to_synodic_weights(tmp_path, family, fmt):
     assert qc.format == CT_FORMATS[fmt] and qc.config_groups["group_0"].input_activations is None
     apply_quant(model, qcfg.model_copy(update={"artifact": res["artifact"]}))
     mods = dict(model.named_modules())
-    checked = 0
+    shared_p = {m: g["p"] for g in ex["shared_scale"].values() for m in g["requantized"]}
+    checked = requantized = 0
     # the import mapping (independent of the exporter's inverse) takes the decoded tensors to synodic's layout
     for hf, src_t in hf_plan(src).mapping.sources.items():
         if len(src_t.shape) != 2 or hf not in dec:
@@ -73,23 +78,73 @@ def test_export_decodes_to_synodic_weights(tmp_path, family, fmt):
         for name, t, rows in src_t.convert(dec[hf]):
             mod = mods.get(name[: -len(".weight")])
             if isinstance(mod, QuantLinear):
-                want = mod.weight_q if rows is None else mod.weight_q[rows]
+                full = _expected(mod, name, hf, orig, ex)
+                P = shared_p.get(hf[: -len(".weight")])
+                if P is not None:  # re-quantized: differs from the artifact exactly where the linear's own p < P
+                    own = float(mod.qtensor_scale)
+                    assert own <= P and (own == P) == torch.equal(full, mod.weight_q), name
+                    requantized += 1
+                want = full if rows is None else full[rows]
                 assert t.dtype == torch.bfloat16 and torch.equal(t.view(torch.int16), want.view(torch.int16)), hf
                 checked += 1
     assert checked >= len(res["layers"])
+    # vLLM's fused groups: one weight_global_scale each, bit for bit; random weights give q / k / v different p
+    assert ex["vllm_fused_scale_mismatch"] == []
+    out_t = _tensors(tmp_path / "out")
+    if fmt == "nvfp4":
+        assert ex["shared_scale"] and requantized == sum(
+            len([1 for n in res["layers"] for m in g["requantized"] if _holds(src, m, n)])
+            for g in ex["shared_scale"].values())
+        has_qkv = any(k.endswith(".qkv") for k in ex["shared_scale"])
+        assert has_qkv and requantized > 0
+        for g in ex["shared_scale"].values():
+            gs = [out_t[m + ".weight_global_scale"] for m in g["members"]]
+            assert all(torch.equal(x, gs[0]) for x in gs) and set(g["members"]) <= set(ex["quantized"])
+    else:
+        assert ex["shared_scale"] == {}
     # everything not quantized is the source's bytes; tokenizer-free folder still loads in synodic
     srct = _tensors(src)
     for k, v in _tensors(tmp_path / "out").items():
         if k in srct and k not in {m + ".weight" for m in ex["dense"]}:
             assert torch.equal(v, srct[k]), k
-    if family.startswith("qwen3_next") and fmt == "nvfp4":  # q_proj = q + output gate: two per-tensor scales
-        assert any(m.endswith("self_attn.q_proj") for m in ex["dense"])
+    if family.startswith("qwen3_next") and fmt == "nvfp4":  # q_proj = q + output gate: packed with one shared scale
+        assert any(m.endswith("self_attn.q_proj") for m in ex["quantized"]) and not any(
+            m.endswith("self_attn.q_proj") for m in ex["dense"])
     if family == "qwen3_next_moe":  # routers stay dense (transformers / vLLM build them unquantized)
         assert any(m.endswith("mlp.gate") for m in ex["dense"]) and not any(m.endswith("mlp.gate")
                                                                               for m in ex["quantized"])
     assert set(ex["dense"]) <= set(qc.ignore)
-    # vLLM keeps one global scale per fused layer: synodic's per-linear p make q/k/v differ (reported, not hidden)
-    assert bool(ex["vllm_fused_scale_mismatch"]) == (fmt == "nvfp4")
+
+
+def _expected(mod, name: str, hf: str, orig: dict, ex: dict) -> torch.Tensor:
+    """synodic's bf16 weight for linear `name` read from on-disk `hf`: its own artifact as it runs, or, in a
+    re-quantized member of a shared-scale group, synodic's RTN of the same weight with the group's P."""
+    from synodic.quant.qtensor import dequantize, quantize
+    P = next((g["p"] for g in ex["shared_scale"].values() if hf[: -len(".weight")] in g["requantized"]), None)
+    if P is None:
+        return mod.weight_q
+    return dequantize(quantize(orig[name].float(), "nvfp4", tensor_scale=torch.tensor(P))).to(torch.bfloat16)
+
+
+def _holds(src, hf_mod, linear):
+    """Whether on-disk module `hf_mod` holds rows of synodic linear `linear`."""
+    s = hf_plan(src).mapping.sources[hf_mod + ".weight"]
+    return any(n == linear + ".weight" for n, _, _ in s.convert(torch.empty(s.shape, device="meta")))
+
+
+def test_requantize_refuses_an_artifact_of_other_weights(tmp_path):
+    """Re-quantizing reads the folder's weights (in the manifest's model.dtype, else the folder's): each
+    group's max-scale member must come out as the artifact holds it, else nothing is written."""
+    from synodic.pipelines.quantize import quantize_to_store
+
+    from synodic.quant.export_ct import export_hf
+    src = _folder("nemotron_h", tmp_path / "src")
+    other = load_hf(_folder("nemotron_h", tmp_path / "other", seed=4), "cpu", torch.bfloat16, progress=False)
+    qcfg = BlockQuant(kind="nvfp4", method="rtn")
+    res = quantize_to_store(other, qcfg, tmp_path / "s1", progress=False, model_info={"dtype": "bfloat16"})
+    with pytest.raises(ConfigError, match="does not reproduce the artifact"):
+        export_hf(res["artifact"], src, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_fused_scale_mismatch():
@@ -139,9 +194,10 @@ def test_transformers_loads_export(tmp_path, family, fmt):
     from synodic.quant.linear import QuantLinear
     src = _folder(family, tmp_path / "src")
     model = load_hf(src, "cpu", torch.bfloat16, progress=False)
+    orig = {k: v.clone() for k, v in model.state_dict().items()}
     qcfg = BlockQuant(kind=fmt, method="rtn")
     res = quantize_to_store(model, qcfg, tmp_path / "store", progress=False)
-    export_hf(res["artifact"], src, tmp_path / "out")
+    ex = export_hf(res["artifact"], src, tmp_path / "out")
     lm = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.bfloat16,
                                               quantization_config=CompressedTensorsConfig(dequantize=True))
     sd = lm.state_dict()
@@ -156,7 +212,8 @@ def test_transformers_loads_export(tmp_path, family, fmt):
         for name, t, rows in s.convert(sd[key]):
             mod = mods.get(name[: -len(".weight")])
             if isinstance(mod, QuantLinear):
-                want = mod.weight_q if rows is None else mod.weight_q[rows]
+                full = _expected(mod, name, hf, orig, ex)
+                want = full if rows is None else full[rows]
                 assert torch.equal(t.view(torch.int16), want.view(torch.int16)), hf
                 seen.add(name[: -len(".weight")])
     assert seen == set(res["layers"])

@@ -60,10 +60,14 @@ CASES = {
     "shape_vs_config": (lambda d: _edit_config(d, intermediate_size=100), "from config.json"),
     "truncated_shard": (lambda d: _cut(_shard_of(d, "backbone.layers.0.mixer.in_proj.weight")), "before its last"),
     "tokenizer_vocab": (lambda d: _word_tokenizer(d, 400), "has 400 tokens; expected at most vocab_size=320"),
+    # a dense folder whose config turns layer 1 into a moe layer: its MLP tensors are not the MoE layout
     "moe_layer": (lambda d: _edit_config(d, layers_block_type=["mamba", "moe", "attention", "mamba", "mlp", "mamba"]),
-                  "layers_block_type makes layer 1 a moe (E) layer"),
-    "hub_pattern_moe": (lambda d: (_edit_config(d, hybrid_override_pattern="M-*ME-"), _drop(d, "layers_block_type")),
-                        "hybrid_override_pattern makes layer 4 a moe (E) layer"),
+                  "is not part of the nemotron_h layout"),
+    "hub_pattern_moe_no_experts": (lambda d: (_edit_config(d, hybrid_override_pattern="M-*ME-"),
+                                              _drop(d, "layers_block_type"), _drop(d, "n_routed_experts")),
+                                   "has no n_routed_experts / num_local_experts"),
+    "moe_groups": (lambda d: _edit_config(d, layers_block_type=["mamba", "moe", "attention", "mamba", "mlp", "mamba"],
+                                          n_group=3), "n_group=3"),
     "tensor_missing": (lambda d: _edit_config(d, layers_block_type=["mamba", "mlp", "attention", "mamba", "mlp",
                                                                     "mamba", "mlp"]), "backbone.layers.6."),
 }

@@ -1,7 +1,8 @@
-"""Hugging Face folders written by transformers' own NemotronH / Qwen3-Next / Qwen3.5 (text) classes load into synodic
-and compute the same thing: whole-sequence logits (fp32, relative max error <= 1e-4), each decode
-step against transformers' cached forward, and 32 greedy tokens token for token, with ssm=eager and
-ssm=replay. Runs on the CPU; transformers takes its torch fallbacks (no mamba_ssm / fla kernels)."""
+"""Hugging Face folders written by transformers' own NemotronH (dense, and with MoE layers) / Qwen3-Next /
+Qwen3.5 (text) classes load into synodic and compute the same thing: whole-sequence logits (fp32, relative
+max error <= 1e-4), each decode step against transformers' cached forward, and 32 greedy tokens token for
+token, with ssm=eager and ssm=replay. Runs on the CPU; transformers takes its torch fallbacks (no mamba_ssm /
+fla kernels)."""
 import pytest
 import torch
 
@@ -15,7 +16,7 @@ from synodic.engine.request import Request, SamplingParams  # noqa: E402
 from synodic.graph import build_graph  # noqa: E402
 from synodic.models.weights import load_checkpoint  # noqa: E402
 
-FAMILIES = ["nemotron_h", "qwen3_next", "qwen3_5"]
+FAMILIES = ["nemotron_h", "nemotron_h_moe", "qwen3_next", "qwen3_5"]
 PROMPT = [5, 9, 200, 31, 7, 250, 3, 18, 101, 64, 12]
 
 

@@ -27,8 +27,8 @@ class HybridConfig(BaseModel):
     rms_norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon.")
     mlp_hidden_act: Literal["relu2", "silu"] = Field(
         "silu", description="relu2: squared-ReLU MLP (NemotronH); silu: SwiGLU (gate*up).")
-    # nemotron_h layout: 'M' Mamba-2, '*' attention, '-' MLP; one char per layer.
-    hybrid_override_pattern: str | None = Field(None, description="NemotronH layer pattern (M, *, -).")
+    # nemotron_h layout: 'M' Mamba-2, '*' attention, '-' MLP, 'E' MoE MLP; one char per layer.
+    hybrid_override_pattern: str | None = Field(None, description="NemotronH layer pattern (M, *, -, E).")
     # qwen3_next layout
     layer_types: list[Literal["linear_attention", "full_attention"]] | None = Field(
         None, description="Qwen3-Next mixer per layer.")
@@ -65,8 +65,10 @@ class HybridConfig(BaseModel):
     linear_conv_kernel_dim: int = Field(4, ge=1, description="GDN causal conv width.")
     gdn_norm_before_gate: bool = Field(False, description="GDN output norm: false = norm(y * silu(z)) (the "
                                        "Mamba-2 order); true = norm(y) * silu(z) (Qwen3-Next's order).")
-    # sparse MoE MLPs (Qwen3-Next's block, synodic/models/moe.py); num_experts 0 = dense MLPs everywhere
-    num_experts: int = Field(0, ge=0, description="Routed experts per MoE MLP (qwen3_next; 0 = no MoE).")
+    # sparse MoE MLPs (synodic/models/moe.py): qwen3_next's layers by decoder_sparse_step / mlp_only_layers,
+    # nemotron_h's 'E' layers; num_experts 0 = dense MLPs everywhere. Experts use mlp_hidden_act (silu: gated
+    # SwiGLU, relu2: non-gated squared ReLU).
+    num_experts: int = Field(0, ge=0, description="Routed experts per MoE MLP (0 = no MoE).")
     num_experts_per_tok: int = Field(1, ge=1, description="Experts each token is routed to (top-k).")
     moe_intermediate_size: int = Field(0, ge=0, description="Hidden width of one routed expert.")
     shared_expert_intermediate_size: int = Field(0, ge=0, description="Hidden width of the shared expert "
@@ -74,15 +76,28 @@ class HybridConfig(BaseModel):
     norm_topk_prob: bool = Field(True, description="Renormalise the top-k router weights to sum to 1.")
     decoder_sparse_step: int = Field(1, ge=1, description="Layer i's MLP is MoE when (i + 1) % step == 0 ...")
     mlp_only_layers: list[int] = Field(default_factory=list, description="... and i is not listed here.")
+    moe_router: Literal["softmax", "sigmoid"] = Field(
+        "softmax", description="softmax: top-k of the softmax (Qwen3-Next); sigmoid: fp32 sigmoid scores, chosen "
+        "with a score-correction bias among the best topk_group of n_group groups (NemotronH / DeepSeek-V3).")
+    n_group: int = Field(1, ge=1, description="Sigmoid router: expert groups.")
+    topk_group: int = Field(1, ge=1, description="Sigmoid router: groups a token's experts are chosen from.")
+    routed_scaling_factor: float = Field(1.0, gt=0, description="Sigmoid router: factor on the routed weights.")
+    shared_expert_gate: bool = Field(True, description="Shared expert scaled by sigmoid(shared_expert_gate(x)) "
+                                     "(Qwen3-Next); false: added as it is (NemotronH).")
+    moe_latent_size: int = Field(0, ge=0, description="Routed experts work in this width between fc1 / fc2 latent "
+                                 "projections (NemotronH moe_latent_size; 0 = hidden_size, no projections).")
     initializer_range: float = Field(0.02, gt=0, description="Std of random init.")
 
     @model_validator(mode="after")
     def _layout(self) -> HybridConfig:
         if self.model_type == "nemotron_h":
             p = self.hybrid_override_pattern
-            if p is None or len(p) != self.num_hidden_layers or set(p) - set("M*-"):
+            if p is None or len(p) != self.num_hidden_layers or set(p) - set("M*-E"):
                 raise ValueError(f"hybrid_override_pattern={p!r}: expected {self.num_hidden_layers} "
-                                 "chars from 'M', '*', '-'")
+                                 "chars from 'M', '*', '-', 'E'")
+            if ("E" in p) != bool(self.num_experts):
+                raise ValueError(f"hybrid_override_pattern={p!r} with num_experts={self.num_experts}: expected "
+                                 "num_experts >= 1 exactly when the pattern has MoE ('E') layers")
             if self.mamba_num_heads % self.n_groups:
                 raise ValueError(f"mamba_num_heads={self.mamba_num_heads}: expected a multiple of "
                                  f"n_groups={self.n_groups}")
@@ -94,9 +109,16 @@ class HybridConfig(BaseModel):
                 raise ValueError(f"linear_num_value_heads={self.linear_num_value_heads}: expected a "
                                  f"multiple of linear_num_key_heads={self.linear_num_key_heads}")
         if self.num_experts:
-            if self.model_type != "qwen3_next":
-                raise ValueError(f"num_experts={self.num_experts}: MoE MLPs are implemented for model_type "
-                                 "qwen3_next; expected num_experts=0")
+            E, G = self.num_experts, self.n_group
+            if self.moe_router == "softmax" and (G, self.topk_group, self.routed_scaling_factor) != (1, 1, 1.0):
+                raise ValueError(f"n_group={G}, topk_group={self.topk_group}, routed_scaling_factor="
+                                 f"{self.routed_scaling_factor} with moe_router=softmax: expected 1, 1, 1.0 (grouped "
+                                 "choice and scaling belong to the sigmoid router)")
+            if G > 1 and (E % G or E // G < 2 or self.topk_group > G
+                          or self.num_experts_per_tok > self.topk_group * (E // G)):
+                raise ValueError(f"n_group={G}, topk_group={self.topk_group}: expected n_group to divide "
+                                 f"num_experts={E} into groups of >= 2, topk_group <= n_group and top-k "
+                                 f"{self.num_experts_per_tok} <= topk_group * group size")
             if self.num_experts_per_tok > self.num_experts or not self.moe_intermediate_size:
                 raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok}, moe_intermediate_size="
                                  f"{self.moe_intermediate_size}: expected top-k <= num_experts={self.num_experts} "
@@ -112,15 +134,19 @@ class HybridConfig(BaseModel):
     def blocks(self) -> list[list[BlockKind]]:
         """Per layer, the residual sub-blocks in order."""
         if self.model_type == "nemotron_h":
-            m = {"M": "mamba2", "*": "attention", "-": "mlp"}
+            m = {"M": "mamba2", "*": "attention", "-": "mlp", "E": "mlp"}
             return [[m[c]] for c in self.hybrid_override_pattern]
         mixer = {"linear_attention": "gdn", "full_attention": "attention"}
         return [[mixer[t], "mlp"] for t in self.layer_types]
 
-    def moe_layer(self, layer: int) -> bool:
-        """Whether layer `layer`'s MLP is the sparse MoE block (transformers' Qwen3-Next rule)."""
-        return (bool(self.num_experts) and layer not in self.mlp_only_layers
-                and (layer + 1) % self.decoder_sparse_step == 0)
+    def moe_layer(self, mlp: int) -> bool:
+        """Whether the `mlp`-th MLP block is the sparse MoE block: qwen3_next (one MLP per layer, so `mlp` is
+        the layer) by transformers' rule, nemotron_h when that MLP's pattern char is 'E'."""
+        if not self.num_experts:
+            return False
+        if self.model_type == "nemotron_h":
+            return [c for c in self.hybrid_override_pattern if c in "-E"][mlp] == "E"
+        return mlp not in self.mlp_only_layers and (mlp + 1) % self.decoder_sparse_step == 0
 
     def count(self, kind: BlockKind) -> int:
         return sum(b.count(kind) for b in self.blocks())

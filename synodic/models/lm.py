@@ -72,9 +72,9 @@ class Block(nn.Module):
             "mamba2": lambda: Mamba2Mixer(cfg, index),
             "gdn": lambda: GatedDeltaNetMixer(cfg, index),
             "attention": lambda: Attention(cfg, index),
-            # qwen3_next has one MLP per layer, so `index` is the layer for the MoE rule
-            "mlp": lambda: SparseMoE(cfg) if cfg.moe_layer(index) else MLP(cfg.hidden_size, cfg.intermediate_size,
-                                                                            cfg.mlp_hidden_act),
+            # `index`: the MLP ordinal the MoE rule reads (qwen3_next: the layer)
+            "mlp": lambda: (SparseMoE.from_config(cfg) if cfg.moe_layer(index)
+                            else MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_hidden_act)),
         }[kind]()
 
 

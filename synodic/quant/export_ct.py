@@ -1,7 +1,8 @@
 """Export a pipeline=quantize artifact as a Hugging Face folder in the compressed-tensors layout (the
 `quantization_config` block vLLM and llm-compressor read). See docs/checkpoints.md.
 
-Only what decodes to synodic's weights bit for bit is written quantized:
+Only what decodes bit for bit to synodic's weights (its artifact; in re-quantized members, synodic's RTN
+with the group's shared scale) is written quantized:
 - formats: nvfp4 -> `nvfp4-pack-quantized` (weight_packed uint8, weight_scale float8_e4m3fn per 16,
   weight_global_scale fp32 [1]); mxfp4 -> `mxfp4-pack-quantized` (weight_packed, weight_scale uint8 E8M0
   per 32). Codes and nibble order are synodic's own (E2M1, even element in the low nibble), so the
@@ -14,8 +15,14 @@ Only what decodes to synodic's weights bit for bit is written quantized:
   the format has no slot for. Weight-only only: synodic's W4A4 activation quantizer (NVFP4: dynamic
   per-call amax; MXFP4: floor / rceil E8M0 rule) differs from compressed-tensors' (NVFP4: static
   input_global_scale; MXFP4: round-to-nearest-power-of-two rule).
-- an on-disk tensor made of several synodic linears whose NVFP4 global scales differ (Qwen3-Next's
-  q_proj = q + output gate), or of quantized and unquantized parts, is written dense with synodic's
+- NVFP4: vLLM fuses q/k/v, gate/up (and Qwen3.5's in_proj_qkv/z, in_proj_b/a) into one layer with one
+  weight_global_scale, so each such group, and each on-disk tensor made of several synodic linears
+  (Qwen3-Next's q_proj = query + output gate), is written with one shared per-tensor scale P = the
+  max of its members' p (what llm-compressor does: the min of their global scales) and one g valid for
+  every block-scale code: members whose own p is smaller are re-quantized (RTN, from the source folder's
+  weights) with P. Those rows are then not synodic's in-memory artifact, which keeps per-linear p: the
+  result's `shared_scale` lists every group and the members re-quantized.
+- an on-disk tensor made of quantized and unquantized parts is written dense with synodic's
   dequantized values and listed in `ignore`.
 Every other tensor, and every non-weight file, is copied from the source folder byte for byte.
 """
@@ -132,9 +139,81 @@ def _dequant_rows(layer: dict, fmt: str, shape) -> torch.Tensor:
     return dequantize(QTensor(fmt, layer["qdata"], layer["qscale"], layer["qtensor_scale"], tuple(shape)))
 
 
-def _hf_tensors(hf: str, src_t: torch.Tensor, pieces, layers: dict, fmt: str, shapes: dict):
+# projections vLLM fuses into one layer (QKVParallelLinear / MergedColumnParallelLinear), keyed by leaf name
+_FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up",
+          "in_proj_qkv": "in_proj_qkvz", "in_proj_z": "in_proj_qkvz", "in_proj_b": "in_proj_ba",
+          "in_proj_a": "in_proj_ba"}
+
+
+def _fused_group(mod: str) -> str | None:
+    parent, _, leaf = mod.rpartition(".")
+    return f"{parent}.{_FUSED[leaf]}" if leaf in _FUSED else None
+
+
+def _all_block_codes() -> torch.Tensor:
+    """Every E4M3 block-scale code NVFP4 RTN can produce (the block scale is clamped to [2^-6, 448])."""
+    from synodic.quant.elements import E4M3
+    from synodic.quant.nvfp4 import E4M3_TINY
+    lo, hi = (int(E4M3.encode(torch.tensor([v]))[0]) for v in (E4M3_TINY, E4M3.max))
+    return torch.arange(lo, hi + 1, dtype=torch.uint8)
+
+
+def shared_scales(rows: dict, layers: dict, fmt: str) -> dict[str, dict]:
+    """NVFP4: group name -> {members: on-disk modules, p: the shared per-tensor scale P (max of the
+    members' p), g: one weight_global_scale decoding every block-scale code at P, requantize: members
+    holding a linear whose own p < P}. Groups: vLLM's fused ones, and any on-disk tensor of several
+    synodic linears; only those whose every piece is a quantized linear with a per-tensor scale."""
+    if fmt != "nvfp4":
+        return {}
+    groups: dict[str, list[str]] = {}
+    for hf, pieces in rows.items():
+        mod = hf[: -len(".weight")]
+        key = _fused_group(mod) or (mod if len(pieces) > 1 else None)
+        if key is not None:
+            groups.setdefault(key, []).append(hf)
+    out = {}
+    codes = _all_block_codes()
+    for key, members in groups.items():
+        names = [n[: -len(".weight")] for hf in members for n, _, _ in rows[hf]]
+        if any(n not in layers or layers[n]["qtensor_scale"] is None for n in names) or \
+                any(hf.rsplit(".", 2)[-2] in _ROUTERS for hf in members):
+            continue
+        ps = {n: layers[n]["qtensor_scale"].reshape(1).float().cpu() for n in names}
+        P = max(ps.values(), key=float)
+        try:
+            g = global_scale(fmt, codes, P)
+        except ValueError as e:
+            log.warning("export_hf: %s keeps per-linear NVFP4 scales (%s)", key, e)
+            continue
+        out[key] = {"members": sorted(m[: -len(".weight")] for m in members), "p": P, "g": g,
+                    "requantize": sorted(hf[: -len(".weight")] for hf in members
+                                         if any(float(ps[n[: -len(".weight")]]) != float(P) for n, _, _ in rows[hf]))}
+    return out
+
+
+def _requantize(hf: str, src_t: torch.Tensor, placed, layers: dict, P: torch.Tensor, dtype: torch.dtype):
+    """(packed, block-scale codes) of on-disk weight `hf` quantized by RTN with per-tensor scale P. With P
+    fixed, NVFP4 RTN is local to each block of 16 in a row, so the on-disk tensor (rows of synodic linears
+    rearranged) is quantized as it is. A piece whose own p is P must come out as the artifact holds it:
+    otherwise the artifact is not of these weights in `dtype`, and nothing is written."""
+    from synodic.quant.qtensor import quantize
+    q = quantize(src_t.to(dtype).float(), "nvfp4", tensor_scale=P)
+    for n, rsel, hf_rows in placed:
+        lay = layers[n]
+        if float(lay["qtensor_scale"].reshape(-1)[0]) != float(P):
+            continue
+        if not (torch.equal(q.data[hf_rows], lay["qdata"][rsel])
+                and torch.equal(q.scale[hf_rows], lay["qscale"][rsel])):
+            raise ConfigError([f"pipeline.export_hf: re-quantizing {hf} (model dtype {dtype}) does not reproduce "
+                               f"the artifact's {n}; expected the artifact of the model loaded from this folder"])
+    return q.data, q.scale
+
+
+def _hf_tensors(hf: str, src_t: torch.Tensor, pieces, layers: dict, fmt: str, shapes: dict,
+                shared: dict | None = None, dtype: torch.dtype | None = None):
     """({name: tensor} to write for on-disk weight `hf`, quantized?) — packed when every piece is a quantized
-    linear sharing one global scale, else dense with synodic's values in the source dtype."""
+    linear and they share one global scale (`shared`: the group's P and g, re-quantizing with P where a
+    piece's own p differs), else dense with synodic's values in the source dtype."""
     names = [n[: -len(".weight")] for n, _, _ in pieces]
     quant = [n in layers for n in names]
     if not any(quant):
@@ -142,6 +221,15 @@ def _hf_tensors(hf: str, src_t: torch.Tensor, pieces, layers: dict, fmt: str, sh
     # each piece: synodic linear n, its rows rsel, and the on-disk rows hf_rows they land in
     placed = [(n, torch.arange(shapes[pname][0])[rows if rows is not None else slice(None)], hf_rows)
               for (pname, rows, hf_rows), n in zip(pieces, names)]
+    if shared is not None:
+        mod = hf[: -len(".weight")]
+        if shared["requantize"]:  # every member, so that the max-scale one checks the inputs against the artifact
+            packed, scale = _requantize(hf, src_t, placed, layers, shared["p"], dtype or src_t.dtype)
+        else:
+            packed, scale = _place(src_t, placed, layers)
+        return {f"{mod}.weight_packed": packed.contiguous(),
+                f"{mod}.weight_scale": scale.view(torch.float8_e4m3fn).contiguous(),
+                f"{mod}.weight_global_scale": shared["g"].reshape(1).clone()}, True
     g, why = None, None
     if hf.rsplit(".", 2)[-2] in _ROUTERS:
         why = "an MoE router / shared-expert gate, which transformers and vLLM build unquantized"
@@ -153,14 +241,9 @@ def _hf_tensors(hf: str, src_t: torch.Tensor, pieces, layers: dict, fmt: str, sh
         if len(ps) > 1:
             why = f"its synodic linears {sorted(set(names))} have different NVFP4 per-tensor scales"
     if why is None:
-        first = layers[names[0]]
-        packed = first["qdata"].new_empty((src_t.shape[0], first["qdata"].shape[1]))
-        scale = first["qscale"].new_empty((src_t.shape[0], first["qscale"].shape[1]))
-        for n, rsel, hf_rows in placed:
-            packed[hf_rows] = layers[n]["qdata"][rsel]
-            scale[hf_rows] = layers[n]["qscale"][rsel]
+        packed, scale = _place(src_t, placed, layers)
         try:
-            g = global_scale(fmt, scale, first["qtensor_scale"])
+            g = global_scale(fmt, scale, layers[names[0]]["qtensor_scale"])
         except ValueError as e:
             why = str(e)
     if why is not None:
@@ -178,6 +261,17 @@ def _hf_tensors(hf: str, src_t: torch.Tensor, pieces, layers: dict, fmt: str, sh
     return out, True
 
 
+def _place(src_t: torch.Tensor, placed, layers: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The artifact's packed codes and block scales of every piece, in the on-disk row order."""
+    first = layers[placed[0][0]]
+    packed = first["qdata"].new_empty((src_t.shape[0], first["qdata"].shape[1]))
+    scale = first["qscale"].new_empty((src_t.shape[0], first["qscale"].shape[1]))
+    for n, rsel, hf_rows in placed:
+        packed[hf_rows] = layers[n]["qdata"][rsel]
+        scale[hf_rows] = layers[n]["qscale"][rsel]
+    return packed, scale
+
+
 def quantization_config(fmt: str, targets: list[str], ignore: list[str]) -> dict:
     """The config.json block (compressed-tensors' QuantizationConfig, weight-only preset of the format)."""
     import compressed_tensors
@@ -193,7 +287,8 @@ def quantization_config(fmt: str, targets: list[str], ignore: list[str]) -> dict
 
 def export_hf(artifact: str | Path, src: str | Path, out: str | Path, overwrite: bool = False) -> dict:
     """Write `out` from the complete artifact `artifact` of the model loaded from the HF folder `src`.
-    Returns {out, format, quantized: [on-disk modules], dense: [...], ignore: [...]}."""
+    Returns {out, format, quantized: [on-disk modules], dense: [...], ignore: [...], shared_scale: {group:
+    {members, p, requantized}}, vllm_fused_scale_mismatch: [groups written with differing global scales]}."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -215,6 +310,12 @@ def export_hf(artifact: str | Path, src: str | Path, out: str | Path, overwrite:
     if missing:
         raise ConfigError([f"pipeline.export_hf: quantized linear {missing[0]} has no on-disk tensor in {src}; "
                            "expected the artifact of the model loaded from that folder"])
+    groups = shared_scales(rows, layers, fmt)
+    member_of = {m + ".weight": key for key, gr in groups.items() for m in gr["members"]}
+    # RTN re-quantizes the weights synodic quantized: the folder's tensors in the model's dtype (the manifest's
+    # model.dtype when pipeline=quantize wrote it, else the folder's own)
+    name = manifest.get("model", {}).get("dtype")
+    dtype = getattr(torch, name) if name in ("float32", "bfloat16", "float16") else None
     if out.exists() and overwrite:
         shutil.rmtree(out)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
@@ -228,7 +329,8 @@ def export_hf(artifact: str | Path, src: str | Path, out: str | Path, overwrite:
                 for k in f.keys():
                     t = f.get_tensor(k)
                     if k in rows:
-                        got, q = _hf_tensors(k, t, rows[k], layers, fmt, shapes)
+                        shared = groups.get(member_of.get(k, ""))
+                        got, q = _hf_tensors(k, t, rows[k], layers, fmt, shapes, shared, dtype)
                         if q:
                             quantized.append(k[: -len(".weight")])
                             gs = got.get(k[: -len(".weight")] + ".weight_global_scale")
@@ -257,22 +359,24 @@ def export_hf(artifact: str | Path, src: str | Path, out: str | Path, overwrite:
         shutil.rmtree(tmp, ignore_errors=True)
     split = fused_scale_mismatch(globals_)
     if split:
-        log.warning("export_hf: %d fused groups (e.g. %s) have different NVFP4 global scales per projection; "
-                    "compressed-tensors decodes them exactly, but vLLM keeps one global scale (the max) per fused "
-                    "layer, so serve this folder in vLLM only once synodic shares p across them", len(split), split[0])
+        log.warning("export_hf: %d fused groups (e.g. %s) have different NVFP4 global scales per projection "
+                    "(no one global scale decodes every block scale of the shared p): compressed-tensors decodes "
+                    "them exactly, vLLM keeps one global scale per fused layer", len(split), split[0])
+    requant = sum(len(g["requantize"]) for g in groups.values())
+    if requant:
+        log.info("export_hf: %d fused groups share one NVFP4 global scale; %d modules re-quantized with it "
+                 "(synodic's own artifact keeps per-linear scales)", len(groups), requant)
     return {"out": str(out), "format": CT_FORMATS[fmt], "quantized": sorted(quantized), "dense": sorted(dense),
-            "ignore": cfg["quantization_config"]["ignore"], "vllm_fused_scale_mismatch": split}
-
-
-# projections vLLM fuses into one layer (QKVParallelLinear / MergedColumnParallelLinear), keyed by leaf name
-_FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+            "ignore": cfg["quantization_config"]["ignore"], "vllm_fused_scale_mismatch": split,
+            "shared_scale": {k: {"members": g["members"], "p": float(g["p"]), "requantized": g["requantize"]}
+                             for k, g in sorted(groups.items())}}
 
 
 def fused_scale_mismatch(global_scales: dict[str, float]) -> list[str]:
-    """Fused groups ('<parent>.qkv', '<parent>.gate_up') whose members' weight_global_scale differ."""
+    """Fused groups ('<parent>.qkv', '<parent>.gate_up', ...) whose members' weight_global_scale differ."""
     groups: dict[str, set[float]] = {}
     for mod, g in global_scales.items():
-        parent, _, leaf = mod.rpartition(".")
-        if leaf in _FUSED:
-            groups.setdefault(f"{parent}.{_FUSED[leaf]}", set()).add(g)
+        key = _fused_group(mod)
+        if key is not None:
+            groups.setdefault(key, set()).add(g)
     return sorted(k for k, v in groups.items() if len(v) > 1)

@@ -4,14 +4,22 @@ One synodic block per layer, as on disk. Layer kinds come from `hybrid_override_
 configs: M Mamba-2, * attention, - MLP, E MoE) or `layers_block_type` (transformers 5: mamba /
 linear_attention, attention / full_attention, mlp, moe). NemotronH attention has no rotary
 embeddings (partial_rotary_factor 0); norms are plain RMSNorm weights; the Mamba-2 gated norm is
-per group of d_inner / n_groups channels, gate before norm, as synodic's."""
+per group of d_inner / n_groups channels, gate before norm, as synodic's.
+
+MoE layers (Nemotron-3 Nano): `mixer.gate.weight` / `mixer.gate.e_score_correction_bias` (the sigmoid
+router, fp32), routed experts one tensor per expert and projection (`mixer.experts.{e}.up_proj.weight`
+[I, D'], `down_proj.weight` [D', I], as the Hub and transformers' save_pretrained write them) or stacked
+(`mixer.experts.up_proj` [E, I, D'], transformers' in-memory layout), `mixer.shared_experts.up_proj` /
+`down_proj`, and with `moe_latent_size` (D' = latent) `mixer.fc1_latent_proj` / `fc2_latent_proj`.
+transformers builds one shared expert of `moe_shared_expert_intermediate_size` whatever
+`n_shared_experts` says; so does synodic."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 
-from .loader import CheckpointError, Mapping, Source, pick, require, validated
+from .loader import Mapping, Source, pick, require, validated
 
 _KIND = {"M": "M", "mamba": "M", "linear_attention": "M", "*": "*", "attention": "*", "full_attention": "*",
          "-": "-", "mlp": "-", "E": "E", "moe": "E"}
@@ -23,12 +31,27 @@ def _pattern(raw: dict, where: Path) -> tuple[str, str]:
     else:
         key, kinds = "hybrid_override_pattern", list(pick(raw, where, "hybrid_override_pattern", "layers_block_type"))
     bad = [k for k in kinds if k not in _KIND]
-    require(not bad, lambda: f"{where}: {key} has layer type {bad[0]!r}; expected mamba (M), attention (*), mlp (-)")
-    p = "".join(_KIND[k] for k in kinds)
-    if "E" in p:
-        raise CheckpointError(f"{where}: {key} makes layer {p.index('E')} a moe (E) layer, which synodic does not "
-                              "implement for nemotron_h; expected mamba (M), attention (*) and mlp (-) layers")
-    return key, p
+    require(not bad, lambda: f"{where}: {key} has layer type {bad[0]!r}; expected mamba (M), attention (*), mlp (-), "
+                             "moe (E)")
+    return key, "".join(_KIND[k] for k in kinds)
+
+
+def _moe_fields(raw: dict, where: Path, key: str, p: str) -> dict:
+    """HybridConfig's MoE fields from a config whose pattern has 'E' layers."""
+    if "E" not in p:
+        return {}
+    what = f"({key} makes layer {p.index('E')} a moe (E) layer)"
+    E = pick(raw, where, "n_routed_experts", "num_local_experts")
+    require(isinstance(E, int) and E >= 1, f"{where}: n_routed_experts={E!r} {what}; expected an integer >= 1")
+    return dict(num_experts=E, num_experts_per_tok=pick(raw, where, "num_experts_per_tok"),
+                moe_intermediate_size=pick(raw, where, "moe_intermediate_size"),
+                # transformers' shared expert falls back to intermediate_size when this is 0
+                shared_expert_intermediate_size=pick(raw, where, "moe_shared_expert_intermediate_size")
+                or pick(raw, where, "intermediate_size"),
+                norm_topk_prob=bool(raw.get("norm_topk_prob", True)), moe_router="sigmoid",
+                n_group=int(raw.get("n_group") or 1), topk_group=int(raw.get("topk_group") or 1),
+                routed_scaling_factor=float(raw.get("routed_scaling_factor") or 1.0), shared_expert_gate=False,
+                moe_latent_size=int(raw.get("moe_latent_size") or 0))
 
 
 def mapping(raw: dict, where: Path, keys: set[str]) -> Mapping:
@@ -53,31 +76,55 @@ def mapping(raw: dict, where: Path, keys: set[str]) -> Mapping:
         ssm_state_size=pick(raw, where, "ssm_state_size"), n_groups=pick(raw, where, "n_groups", "mamba_n_groups"),
         conv_kernel=pick(raw, where, "conv_kernel", "mamba_d_conv"),
         chunk_size=pick(raw, where, "chunk_size", "mamba_chunk_size", default=128),
-        initializer_range=raw.get("initializer_range", 0.02)), where)
+        initializer_range=raw.get("initializer_range", 0.02), **_moe_fields(raw, where, key, p)), where)
     prefix = "backbone." if any(k.startswith("backbone.") for k in keys) else "model."
-    return Mapping(cfg, sources(cfg, prefix, conv_bias=raw.get("use_conv_bias", raw.get("mamba_conv_bias", True))),
-                   zero=[] if raw.get("use_conv_bias", raw.get("mamba_conv_bias", True)) else
-                   [f"blocks.{i}.mixer.conv1d.bias" for i, c in enumerate(p) if c == "M"])
+    conv_bias = raw.get("use_conv_bias", raw.get("mamba_conv_bias", True))
+    return Mapping(cfg, sources(cfg, prefix, keys, conv_bias=conv_bias),
+                   zero=[] if conv_bias else [f"blocks.{i}.mixer.conv1d.bias" for i, c in enumerate(p) if c == "M"])
 
 
 def _same(name: str):
     return lambda t: [(name, t, None)]
 
 
-def sources(cfg, prefix: str, conv_bias: bool = True) -> dict[str, Source]:
+def sources(cfg, prefix: str, keys: set[str] = frozenset(), conv_bias: bool = True) -> dict[str, Source]:
     from ..lm import HybridLM
     with torch.device("meta"):
         shapes = {k: tuple(v.shape) for k, v in HybridLM(cfg).named_parameters()}
+    out: dict[str, Source] = {}
     names = {prefix + "embeddings.weight": "embed_tokens.weight", prefix + "norm_f.weight": "norm_f.weight"}
     if not cfg.tie_word_embeddings:
         names["lm_head.weight"] = "lm_head.weight"
     for i, c in enumerate(cfg.hybrid_override_pattern):
         layer, blk = f"{prefix}layers.{i}.", f"blocks.{i}."
         names[layer + "norm.weight"] = blk + "norm.weight"
+        if c == "E":
+            out.update(_moe_sources(cfg, layer + "mixer.", blk + "mixer.", shapes, keys))
+            continue
         subs = {"M": ["in_proj.weight", "conv1d.weight", "dt_bias", "A_log", "D", "norm.weight", "out_proj.weight"]
                 + (["conv1d.bias"] if conv_bias else []),
                 "*": ["q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"],
                 "-": ["up_proj.weight", "down_proj.weight"]}[c]
         for s in subs:
             names[layer + "mixer." + s] = blk + "mixer." + s
-    return {hf: Source(shapes[syn], _same(syn)) for hf, syn in names.items()}
+    return {**{hf: Source(shapes[syn], _same(syn)) for hf, syn in names.items()}, **out}
+
+
+def _moe_sources(cfg, hf: str, syn: str, shapes: dict, keys: set[str]) -> dict[str, Source]:
+    names = {hf + "gate.weight": syn + "gate.weight",
+             hf + "gate.e_score_correction_bias": syn + "gate.e_score_correction_bias"}
+    if cfg.shared_expert_intermediate_size:
+        for s in ("up_proj.weight", "down_proj.weight"):
+            names[hf + "shared_experts." + s] = syn + "shared_expert." + s
+    if cfg.moe_latent_size:
+        for s in ("fc1_latent_proj.weight", "fc2_latent_proj.weight"):
+            names[hf + s] = syn + s
+    out = {k: Source(shapes[v], _same(v)) for k, v in names.items()}
+    if hf + "experts.up_proj" in keys:  # stacked, as transformers holds them in memory
+        for s in ("up_proj", "down_proj"):
+            out[hf + "experts." + s] = Source(shapes[syn + s], _same(syn + s))
+        return out
+    for e in range(cfg.num_experts):
+        for s in ("up_proj", "down_proj"):
+            out[f"{hf}experts.{e}.{s}.weight"] = Source(shapes[syn + s][1:], lambda t, e=e, s=s: [(syn + s, t, e)])
+    return out
