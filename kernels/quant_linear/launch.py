@@ -388,8 +388,9 @@ def gemm_split(M: int, N: int, K: int, bm: int, bn: int, bk: int, sms: int) -> i
 
 def resolve_gemm_config(M: int, N: int, KP: int, fmt: str, config: dict | None, sms: int = 132) -> dict:
     """`config` over the GEMM's heuristic; a config that changes the tile without SPLIT_K gets its split here.
-    KP: the repacked (padded) K."""
-    from .repack import PAD_CODES, unit_codes
+    KP: the repacked (padded) K; a BLOCK_K that does not divide it is halved until it does (KP is a multiple of
+    the unit, the smallest tile)."""
+    from .repack import MAX_BLOCK_K, unit_codes
     config = dict(config or {})
     bad = sorted(set(config) - GEMM_KEYS)
     if bad:
@@ -401,8 +402,14 @@ def resolve_gemm_config(M: int, N: int, KP: int, fmt: str, config: dict | None, 
     if "SPLIT_K" not in config and set(config) & {"BLOCK_M", "BLOCK_N", "BLOCK_K"}:
         cfg["SPLIT_K"] = gemm_split(M, N, KP, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], sms)
     bk, uc = cfg["BLOCK_K"], unit_codes(fmt)
-    if bk < uc or bk > PAD_CODES or bk & (bk - 1):
-        raise ValueError(f"config BLOCK_K={bk}: expected a power of two in [{uc}, {PAD_CODES}] for {fmt}")
+    if bk < uc or bk > MAX_BLOCK_K or bk & (bk - 1):
+        raise ValueError(f"config BLOCK_K={bk}: expected a power of two in [{uc}, {MAX_BLOCK_K}] for {fmt}")
+    while KP % bk:
+        bk //= 2
+    if bk != cfg["BLOCK_K"]:
+        cfg["BLOCK_K"] = bk
+        if "SPLIT_K" not in config:
+            cfg["SPLIT_K"] = gemm_split(M, N, KP, cfg["BLOCK_M"], cfg["BLOCK_N"], bk, sms)
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     if bm < 16 or bm & (bm - 1) or bn < 16 or bn & (bn - 1):
         raise ValueError(f"config BLOCK_M={bm}, BLOCK_N={bn}: expected powers of two >= 16")

@@ -10,8 +10,9 @@ at k16 step c (pairs p, the +8 half h). So one thread's operand registers are 16
 load) and the kernel needs no shuffle of the bytes it loaded, only a logical permute (`gemm._uperm`). For 4-bit
 codes the low nibble of byte j is unit-local k = kappa and the high nibble k = 64 + kappa: the two nibble planes
 feed two dots whose activations are the unit's two contiguous halves (plain vector loads of x, no even / odd
-split). K is padded with zero codes to a multiple of PAD_CODES (every power-of-two tile up to it divides the
-padded K: no K masks on the weights), the block scales with a neutral code (1.0).
+split). K is padded with zero codes to a multiple of the unit, the block scales with a neutral code (1.0); a
+launch takes the largest power-of-two tile up to its BLOCK_K that divides the padded K, so the weights need no K
+masks (the presets' K are multiples of 512: every tile).
 
 Same bytes as the QTensor (plus the padding); `unrepack` inverts it (tests, and any path that needs the stored
 layout back).
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 UNIT_BYTES = 64
-PAD_CODES = 512  # the largest BLOCK_K a config may ask for
+MAX_BLOCK_K = 512  # the largest BLOCK_K a config may ask for
 GEMM_FORMATS = ("mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2")
 _ONE = {"mx": 127, "nvfp4": 0x38}  # the scale code of 1.0: E8M0 2^0, E4M3 1.0
 
@@ -70,7 +71,7 @@ def repack(q) -> GemmWeight:
     N, K = q.shape
     packed = q.fmt in ("mxfp4", "nvfp4")
     block = q.spec.block
-    KP = -(-K // PAD_CODES) * PAD_CODES
+    KP = -(-K // unit_codes(q.fmt)) * unit_codes(q.fmt)
     codes = q.codes() if packed else q.data
     codes = torch.nn.functional.pad(codes.to(torch.uint8), (0, KP - K))
     U = KP // unit_codes(q.fmt)
