@@ -17,6 +17,8 @@ or two rows with fp16x2 FMAs), "gemv32" (the
 same from fp32 arithmetic, one row), "dotp" and "dot" (tl.dot, any M); the default config takes gemvh for M <= 2
 with bf16 / fp16 activations, gemv32 for one fp32 row, dotp above. Their speed against the bf16 linear per
 format and row count: docs/tuning/quant_linear.md.
+"gemm" (gemm.py; repack.py) is the packed GEMM for 2-256 rows over the weight repacked once at load (a QTensor
+passed as repack(q), a repack.GemmWeight); a layer without a dense copy runs it for 2-256 rows.
 QuantLinear runs the kernel where it beats the bf16 linear (synodic.quant.linear.KERNEL_MAX_ROWS: MXFP4 and NVFP4
 up to 32 rows, MXFP8 up to 16; one row for fp32
 activations), or up to 64 / 128 rows when the layer keeps no dense copy (PACKED_ONLY_MAX_ROWS). A call without a
