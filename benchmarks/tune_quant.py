@@ -88,7 +88,10 @@ def choose(times: dict[int, list[float]]) -> int:
 def _write(path: Path, meta: dict, configs: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"meta": meta, "configs": dict(sorted(configs.items()))}, indent=1) + "\n")
+    data = {"meta": meta, "configs": dict(sorted(configs.items()))}
+    if path.exists() and "gemm" in (old := json.loads(path.read_text())):  # the packed GEMM's section (quant_gemm)
+        data["gemm"] = old["gemm"]
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
 
 

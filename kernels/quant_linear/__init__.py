@@ -17,6 +17,8 @@ or two rows with fp16x2 FMAs), "gemv32" (the
 same from fp32 arithmetic, one row), "dotp" and "dot" (tl.dot, any M); the default config takes gemvh for M <= 2
 with bf16 / fp16 activations, gemv32 for one fp32 row, dotp above. Their speed against the bf16 linear per
 format and row count: docs/tuning/quant_linear.md.
+"gemm" (gemm.py; repack.py) is the packed GEMM for 2-256 rows over the weight repacked once at load (a QTensor
+passed as repack(q), a repack.GemmWeight); a layer without a dense copy runs it for 2-256 rows.
 QuantLinear runs the kernel where it beats the bf16 linear (synodic.quant.linear.KERNEL_MAX_ROWS: MXFP4 and NVFP4
 up to 32 rows, MXFP8 up to 16; one row for fp32
 activations), or up to 64 / 128 rows when the layer keeps no dense copy (PACKED_ONLY_MAX_ROWS). A call without a
@@ -31,8 +33,9 @@ import os
 import torch
 
 from .ref import quant_linear_ref
+from .repack import GemmWeight, repack, unrepack
 
-__all__ = ["KERNEL_FORMATS", "quant_linear", "quant_linear_ref"]
+__all__ = ["KERNEL_FORMATS", "GemmWeight", "quant_linear", "quant_linear_ref", "repack", "unrepack"]
 
 KERNEL_FORMATS = ("mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2")
 ACT_QUANT = (None, "mxfp4")
@@ -59,12 +62,16 @@ def _check(x, q, s, bias, act_quant) -> None:
 
 def quant_linear(x: torch.Tensor, q, s: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
                  act_quant: str | None = None, backend: str = "auto", config: dict | None = None) -> torch.Tensor:
-    """x [..., K] (bf16 / fp16 / fp32) -> y [..., N] in x.dtype. `config` overrides the Triton launch
+    """x [..., K] (bf16 / fp16 / fp32) -> y [..., N] in x.dtype. q: a QTensor (the stored layout), or a
+    repack.GemmWeight (the packed GEMM's layout: KERNEL 'gemm', configs per launch.resolve_gemm_config; the
+    reference un-repacks it). `config` overrides the Triton launch
     config (KERNEL dot | gemv32 | dotp | gemvh, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, SEM (in-kernel
     split-K reduction), BLOCK_M (dot, dotp: rows per tile; gemvh: 1 or 2), and for dot TWO_MUL (exact decode for
     any block scale); see launch.resolve_config; for MXFP8, FP8_CVT=True decodes with the hardware fp8
     conversion in dot)."""
     _check(x, q, s, bias, act_quant)
+    if isinstance(q, GemmWeight):
+        return _gemm(x, q, s, bias, act_quant, backend, config)
     if backend == "auto":
         backend = "triton" if x.is_cuda and q.fmt in KERNEL_FORMATS else "ref"
     if backend == "ref":
@@ -87,3 +94,25 @@ def quant_linear(x: torch.Tensor, q, s: torch.Tensor | None = None, bias: torch.
     y = quant_linear_triton(x2d, q.data.contiguous(), q.scale.contiguous(), p, q.fmt, q.spec.block, s, bias,
                             act_quant, config)
     return y.reshape(*x.shape[:-1], N)
+
+
+def _gemm(x, g, s, bias, act_quant, backend, config) -> torch.Tensor:
+    """quant_linear on a repacked weight: the packed GEMM (act_quant: x quantized in torch first: the GEMM is
+    weight-only), or the reference on the un-repacked weight."""
+    if backend == "auto":
+        backend = "triton" if x.is_cuda else "ref"
+    if backend == "ref":
+        return quant_linear_ref(x, unrepack(g), s, bias, act_quant)
+    if backend != "triton":
+        raise ValueError(f"backend: expected 'auto', 'triton' or 'ref', got {backend!r}")
+    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("backend: 'triton' needs CUDA tensors (or TRITON_INTERPRET=1); use 'ref' or 'auto'")
+    from .launch import quant_gemm_triton
+    x2d = x.reshape(-1, g.K)
+    s = None if s is None else s.to(torch.float32).contiguous()
+    if act_quant is not None:
+        from synodic.quant.qtensor import fake_quant
+        x2d = fake_quant(x2d.float() if s is None else x2d.float() * s, act_quant).to(x.dtype)
+        s = None
+    y = quant_gemm_triton(x2d.contiguous(), g, s, bias, config)
+    return y.reshape(*x.shape[:-1], g.N)

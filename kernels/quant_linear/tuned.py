@@ -7,7 +7,9 @@ maps (format, N, K, row bucket) to the config that won; a call with no explicit 
 device's table has one, and the heuristic otherwise. The table is a file, not a run-time timing: decode steps
 stay capturable in CUDA graphs and the same shapes always launch the same config.
 
-File: `tuned/<device name, non-alphanumerics as _>.json`, {"meta": {...}, "configs": {"fmt,N,K,M": config}}.
+File: `tuned/<device name, non-alphanumerics as _>.json`, {"meta": {...}, "configs": {"fmt,N,K,M": config},
+"gemm": {"fmt,N,K,M": config}}: "configs" for the kernels over the stored layout, "gemm" for the packed GEMM over
+the repacked one (its own row buckets, GEMM_M_BUCKETS: a layer without a dense copy sends it 2-256 rows).
 """
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from pathlib import Path
 
 TABLE_DIR = Path(__file__).parent / "tuned"
 M_BUCKETS = (1, 2, 4, 16, 32)  # the row counts tuned; a call of M rows takes the first bucket >= M
+
+
+GEMM_M_BUCKETS = (2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def bucket(M: int) -> int | None:
@@ -36,14 +41,14 @@ def table_path(device_name: str, root: Path | None = None) -> Path:
 
 
 @lru_cache(maxsize=None)
-def load(path: Path) -> dict:
-    """{key: config} of a table file ({} when there is none)."""
+def load(path: Path, section: str = "configs") -> dict:
+    """{key: config} of a table file's section ("configs" or "gemm"; {} when there is none)."""
     if not path.exists():
         return {}
     data = json.loads(path.read_text())
-    configs = data.get("configs") if isinstance(data, dict) else None
+    configs = data.get(section, {} if section == "gemm" else None) if isinstance(data, dict) else None
     if not isinstance(configs, dict) or not all(isinstance(v, dict) for v in configs.values()):
-        raise ValueError(f"{path}: expected {{'meta': ..., 'configs': {{'fmt,N,K,M': config}}}}")
+        raise ValueError(f"{path}: expected {{'meta': ..., {section!r}: {{'fmt,N,K,M': config}}}}")
     return configs
 
 
@@ -53,4 +58,18 @@ def lookup(device_name: str, fmt: str, N: int, K: int, M: int, root: Path | None
     if b is None:
         return None
     entry = load(table_path(device_name, root or TABLE_DIR)).get(key(fmt, N, K, b))
+    return dict(entry) if entry is not None else None
+
+
+def gemm_bucket(M: int) -> int | None:
+    """The GEMM's tuned row count for a call of M rows (the first of GEMM_M_BUCKETS >= M); None above 256."""
+    return next((b for b in GEMM_M_BUCKETS if M <= b), None)
+
+
+def lookup_gemm(device_name: str, fmt: str, N: int, K: int, M: int, root: Path | None = None) -> dict | None:
+    """The tuned GEMM config for a call of M rows, or None."""
+    b = gemm_bucket(M)
+    if b is None:
+        return None
+    entry = load(table_path(device_name, root or TABLE_DIR), "gemm").get(key(fmt, N, K, b))
     return dict(entry) if entry is not None else None
