@@ -167,6 +167,11 @@ def bench_shape(N: int, K: int, ms: list[int], formats: list[str], gen, log) -> 
             if M == 1:  # the lean layer's one-row path is the stored-layout GEMV
                 lean = _guard(time_kernel, cell, x, False, None, timer)
                 row["lean_config"] = resolve_config(M, N, K, fmt, tuned_config(M, N, K, fmt, dev))
+                # the GEMM at one row too: whether it could replace the GEMV (and the stored-layout copy)
+                one = _guard(time_kernel, cell, x, True, None, timer)
+                row.update({f"gemm1_{k}": v for k, v in one.items()})
+                if one.get("us") and row["bf16_us"]:
+                    row["gemm1_x_bf16"] = row["bf16_us"] / one["us"]
             else:
                 lean = _guard(time_kernel, cell, x, True, None, timer)
                 row["lean_config"] = resolve_gemm_config(M, N, cell.gs[0].KP, fmt, tuned_gemm_config(M, N, K, fmt,
