@@ -245,13 +245,7 @@ def emulation(device: torch.device, fmt: str, bits: int, act_quant: bool, backen
         how = "x*s and the activation quantizer fused in the packed kernel" if kernel else "in torch"
         return True, kernel, f"{hw}: activations fake-quantized ({how}), matmul in the model dtype"
     if kernel:
-        from synodic.kernels.quant_linear.repack import GEMM_FORMATS
-        from synodic.quant.linear import GEMM_MAX_ROWS, GEMM_MIN_ROWS, KERNEL_MAX_ROWS, PACKED_ONLY_MAX_ROWS
-        if not dense_copy and fmt in GEMM_FORMATS:
-            return False, True, (f"one-row decode steps read the packed weights (dequantized in-kernel), "
-                                 f"{GEMM_MIN_ROWS}-{GEMM_MAX_ROWS} rows the packed GEMM over a copy repacked at load; "
-                                 "larger batches and prefill dequantize each weight per call and run the matmul in "
-                                 "the model dtype")
+        from synodic.quant.linear import KERNEL_MAX_ROWS, PACKED_ONLY_MAX_ROWS
         if not dense_copy:
             return False, True, (f"decode steps of up to {PACKED_ONLY_MAX_ROWS[fmt]} rows read the packed weights "
                                  "(dequantized in-kernel); larger batches and prefill dequantize each weight per call "

@@ -64,9 +64,8 @@ class BlockQuant(Component):
     dense_copy: bool = Field(True, description="true: keep each weight's dequantized copy resident beside the "
                              "packed one (the packed kernel serves decode steps where it beats the bf16 linear: up "
                              "to 32 rows MXFP4 / NVFP4, 16 rows MXFP8; larger batches and prefill run the dense "
-                             "matmul on the copy); false: no dense copy, the packed weight plus a copy repacked for "
-                             "the packed GEMM: one row runs the packed GEMV, 2-256 rows the GEMM, larger calls "
-                             "dequantize the weight per call")
+                             "matmul on the copy); false: weights resident at the format's width only, the packed "
+                             "kernel takes up to 64 rows (MXFP8 128) and larger calls dequantize the weight per call")
 
     @field_validator("mode")
     @classmethod

@@ -11,12 +11,10 @@ Two residencies (`dense`):
     packed kernel (`backend="auto"`, CUDA, MXFP4 / NVFP4 / MXFP8) takes inputs of up to KERNEL_MAX_ROWS[fmt]
     rows (where it beats the bf16 linear; one row for fp32 activations); more rows run the dense matmul on the
     kept copy.
-  * dense=False: no dense copy. Formats the packed GEMM reads (GEMM_FORMATS) also keep the weight repacked once
-    for it (`synodic.kernels.quant_linear.repack`: the same bytes permuted, plus K padding): one row runs the
-    packed GEMV on the stored layout, GEMM_MIN_ROWS..GEMM_MAX_ROWS (2-256) rows the GEMM on the repacked one; other
-    formats take the packed kernel up to PACKED_ONLY_MAX_ROWS[fmt] rows. More rows (prefill, large batches) and
-    CPU dequantize the weight for the call (`synodic.kernels.quant_dequant`: one read of the codes, one write of
-    the dense weight) and run the dense matmul, so a call holds one layer's dense weight transiently.
+  * dense=False: only the packed weight is resident (the format's bytes). The packed kernel takes up to
+    PACKED_ONLY_MAX_ROWS[fmt] rows; more rows (prefill, large batches) and CPU dequantize the weight for the call
+    (`synodic.kernels.quant_dequant`: one read of the codes, one write of the dense weight) and run the dense
+    matmul, so a call holds one layer's dense weight transiently.
 `backend="triton"` forces the kernel for any row count; "torch" never uses it.
 """
 
@@ -41,8 +39,6 @@ KERNEL_MAX_ROWS_FP32 = 1
 # the same without a dense copy: above these the weight is dequantized for the call and the bf16 matmul runs
 # (where dequant + matmul beats the packed kernel: docs/tuning/quant_linear.md)
 PACKED_ONLY_MAX_ROWS = {"mxfp4": 64, "nvfp4": 64, "mxfp8_e4m3": 128, "mxfp8_e5m2": 128}
-# rows the packed GEMM over the repacked weight takes in a layer without a dense copy (one row stays on the GEMV)
-GEMM_MIN_ROWS, GEMM_MAX_ROWS = 2, 256
 
 
 def _check(mode: str, fmt: str | None) -> tuple[str, bool]:
@@ -99,11 +95,6 @@ class QuantLinear(nn.Module):
         self.register_buffer("qdata", q.data)
         self.register_buffer("qscale", q.scale)
         self.register_buffer("qtensor_scale", q.tensor_scale)
-        from synodic.kernels.quant_linear.repack import GEMM_FORMATS, repack
-        g = repack(q) if not self.dense and q.fmt in GEMM_FORMATS else None
-        self._gemm_kp = None if g is None else g.KP
-        self.register_buffer("gemm_data", None if g is None else g.data)
-        self.register_buffer("gemm_scale", None if g is None else g.scale)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kw) -> QuantLinear:
@@ -129,15 +120,8 @@ class QuantLinear(nn.Module):
         return self.out_features * self.in_features * torch.empty(0, dtype=self.dtype).element_size()
 
     def resident_bytes(self) -> int:
-        """Bytes this layer's weights occupy: packed codes + scales (+ s), the dense copy when kept, the GEMM's
-        repacked copy when there is one."""
-        return self.packed_bytes() + (self.dense_bytes() if self.dense else 0) + self.gemm_bytes()
-
-    def gemm_bytes(self) -> int:
-        """Bytes of the GEMM's repacked weight (codes + scales; 0 without one)."""
-        if self.gemm_data is None:
-            return 0
-        return self.gemm_data.numel() + self.gemm_scale.numel()
+        """Bytes this layer's weights occupy: packed codes + scales (+ s), and the dense copy when kept."""
+        return self.packed_bytes() + (self.dense_bytes() if self.dense else 0)
 
     def weight_bytes(self, rows: int = 1) -> int:
         """Bytes a decode step over `rows` rows reads for this weight: through the packed kernel, codes
@@ -145,11 +129,7 @@ class QuantLinear(nn.Module):
         one the codes read + the dense weight written and read back; plus the per-input-channel activation
         multiplier s when there is one."""
         probe = torch.empty(rows, self.in_features, device=self.qdata.device, dtype=torch.bfloat16)
-        path = self.kernel_path(probe)
-        if path == "gemm":
-            s = 0 if self.act_scale is None else self.act_scale.numel() * 4
-            return self.gemm_bytes() + s + (0 if self.qtensor_scale is None else 4)
-        if path == "packed":
+        if self.uses_kernel(probe):
             return self.packed_bytes()
         if not self.dense:
             return self.packed_bytes() + 2 * self.dense_bytes()
@@ -162,34 +142,25 @@ class QuantLinear(nn.Module):
         return self.qtensor().nbytes() + s
 
     def uses_kernel(self, x: torch.Tensor) -> bool:
-        """Whether forward(x) runs a packed Triton kernel (see kernel_path)."""
-        return self.kernel_path(x) is not None
-
-    def kernel_path(self, x: torch.Tensor) -> str | None:
-        """Which packed kernel forward(x) runs: "gemm" (the packed GEMM on the repacked weight), "packed" (the
-        kernels on the stored layout) or None (the dense matmul). backend 'triton': always a kernel (CUDA, or CPU
-        under TRITON_INTERPRET=1), the GEMM from GEMM_MIN_ROWS rows when the layer has its weight; 'auto' on CUDA
-        for a kernel format: with a dense copy up to KERNEL_MAX_ROWS[fmt] rows (one for fp32 activations) the
-        stored-layout kernels; without one, one row those, GEMM_MIN_ROWS..GEMM_MAX_ROWS (bf16 / fp16) the GEMM
-        (formats without it: up to PACKED_ONLY_MAX_ROWS[fmt]); 'torch' never."""
+        """Whether forward(x) runs the packed Triton kernel: backend 'triton' always (CUDA, or CPU under
+        TRITON_INTERPRET=1), 'auto' on CUDA for a kernel format and up to KERNEL_MAX_ROWS[fmt] rows (one for fp32
+        activations), 'torch' never."""
         if self.backend == "torch" or (self.backend == "auto" and not x.is_cuda):
-            return None
+            return False
         from synodic.kernels.quant_linear import KERNEL_FORMATS
         ok = self.fmt in KERNEL_FORMATS
-        rows = x.numel() // self.in_features
-        gemm = self.gemm_data is not None and rows >= GEMM_MIN_ROWS
         if self.backend == "triton":
             if not ok:
                 raise ValueError(f"backend='triton': the packed kernel reads {', '.join(KERNEL_FORMATS)}, "
                                  f"not {self.fmt}")
-            return "gemm" if gemm else "packed"
+            return True
         if not ok:
-            return None
-        if x.dtype not in (torch.bfloat16, torch.float16):
-            return "packed" if rows <= KERNEL_MAX_ROWS_FP32 else None
-        if gemm:
-            return "gemm" if rows <= GEMM_MAX_ROWS else None
-        return "packed" if rows <= (KERNEL_MAX_ROWS if self.dense else PACKED_ONLY_MAX_ROWS)[self.fmt] else None
+            return False
+        if x.dtype in (torch.bfloat16, torch.float16):
+            rows = (KERNEL_MAX_ROWS if self.dense else PACKED_ONLY_MAX_ROWS)[self.fmt]
+        else:
+            rows = KERNEL_MAX_ROWS_FP32
+        return x.numel() // self.in_features <= rows
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The dequantized weight in dtype: the kept copy, or (dense=False) decoded for this call — by the Triton
@@ -203,30 +174,18 @@ class QuantLinear(nn.Module):
         """The stored (packed) weight: Q(W / s)."""
         return QTensor(self.fmt, self.qdata, self.qscale, self.qtensor_scale, (self.out_features, self.in_features))
 
-    def gemm_weight(self):
-        """The GEMM's repacked weight (repack.GemmWeight), or None (a dense copy is kept, or no GEMM format)."""
-        if self.gemm_data is None:
-            return None
-        from synodic.kernels.quant_linear.repack import GemmWeight
-        return GemmWeight(self.fmt, self.gemm_data, self.gemm_scale, self.qtensor_scale, self.out_features,
-                          self.in_features, self._gemm_kp, get_format(self.fmt).block)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        path = self.kernel_path(x)
-        if path is not None:
-            return self._kernel_forward(x, path == "gemm")
+        if self.uses_kernel(x):
+            return self._kernel_forward(x)
         a = x if self.act_scale is None else x.float() * self.act_scale
         if self.act_quant:
             a = fake_quant(a, self.fmt, rule=self.rule)
         return F.linear(a.to(x.dtype), self.dense_weight(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
-    def _kernel_forward(self, x: torch.Tensor, gemm: bool = False) -> torch.Tensor:
+    def _kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
         from synodic.kernels.quant_linear import quant_linear
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        q, s = self.gemm_weight() if gemm else self.qtensor(), self.act_scale
-        if gemm and self.act_quant:  # the GEMM is weight-only: activations quantized in torch first
-            a = x if s is None else x.float() * s
-            return quant_linear(fake_quant(a, self.fmt, rule=self.rule).to(x.dtype), q, None, bias, backend="triton")
+        q, s = self.qtensor(), self.act_scale
         if not self.act_quant:
             return quant_linear(x, q, s, bias, backend="triton")
         if self.fmt == "mxfp4" and self.rule == "floor":  # x * s and the MXFP4 quantizer fused in-kernel

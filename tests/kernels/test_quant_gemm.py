@@ -1,18 +1,18 @@
 """The packed GEMM (KERNEL 'gemm') over the repacked weight: the repack round trip and layout, the kernel vs the
 torch reference (dequantize + fp32 matmul) for every format on odd shapes (N not a multiple of the tile, K not of
 the unit: padding), both orientations, split K with in-kernel and host reduction, the fused s multiply, bias and
-NVFP4's tensor scale; the launch plan's checks and the tuned table's GEMM section; QuantLinear's dispatch."""
+NVFP4's tensor scale; the launch plan's checks and the tuned table's GEMM section."""
 import json
 
 import pytest
 import torch
 from kernel_errors import rel_rmse
-from synodic.kernels.quant_linear import GemmWeight, quant_linear, repack, unrepack
+from synodic.kernels.quant_linear import quant_linear, repack, unrepack
 from synodic.kernels.quant_linear import tuned as tuned_mod
 from synodic.kernels.quant_linear.launch import gemm_default_config, resolve_gemm_config
 from synodic.kernels.quant_linear.repack import unit_codes
 
-from synodic.quant import QuantLinear, quantize
+from synodic.quant import quantize
 
 FORMATS = ("mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2")
 
@@ -124,28 +124,3 @@ def test_tuned_table_gemm_section(tmp_path):
         assert tuned_mod.lookup("T", "mxfp4", 64, 512, 4, root=tmp_path) == {"KERNEL": "dotp"}
     finally:
         tuned_mod.load.cache_clear()
-
-
-@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3"])
-def test_quantlinear_dispatch(fmt, device):
-    """Without a dense copy the layer holds the repacked weight and sends 2+ rows to the GEMM (backend 'triton';
-    'auto' on CUDA: 2..256), one row to the stored-layout kernels; with a dense copy it holds none."""
-    w, x, _, b = make(40, 256, 3, 5, device)
-    mode = "w4a16" if fmt == "mxfp4" else "w8a16"
-    ql = QuantLinear(w, b, mode=mode, fmt=fmt, method="dualquant", iters=2, backend="triton", dense=False)
-    kept = QuantLinear.from_packed(ql.qtensor(), ql.act_scale, b, mode=mode, backend="triton")
-    ref = QuantLinear.from_packed(ql.qtensor(), ql.act_scale, b, mode=mode, backend="torch")
-    assert isinstance(ql.gemm_weight(), GemmWeight) and kept.gemm_weight() is None
-    assert ql.kernel_path(x) == "gemm" and ql.kernel_path(x[:1]) == "packed" and kept.kernel_path(x) == "packed"
-    assert ref.kernel_path(x) is None
-    assert rel_rmse(ql(x), ref(x)) < 1e-5 and rel_rmse(ql(x[:1]), ref(x[:1])) < 1e-5
-    assert ql.weight_bytes(3) == ql.gemm_bytes() + 256 * 4  # repacked codes + scales + s
-    auto = QuantLinear.from_packed(ql.qtensor(), ql.act_scale, b, mode=mode, dense=False)
-    x16 = x.to(torch.bfloat16)
-    if device == "cuda":
-        big = torch.randn(257, 256, device=device, dtype=torch.bfloat16)
-        assert auto.kernel_path(x16) == "gemm" and auto.kernel_path(x16[:1]) == "packed"
-        assert auto.kernel_path(big) is None  # above GEMM_MAX_ROWS: dequantized per call
-        assert auto.kernel_path(x) is None and auto.kernel_path(x[:1]) == "packed"  # fp32: the one-row GEMV only
-    else:
-        assert auto.kernel_path(x16) is None  # 'auto' runs kernels on CUDA only

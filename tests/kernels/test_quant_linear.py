@@ -622,20 +622,20 @@ def test_gemvh_one_hot_exact(fmt, device):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: backend 'auto' takes the kernel on CUDA only")
 def test_auto_rows_with_and_without_dense_copy():
-    """'auto' sends up to KERNEL_MAX_ROWS[fmt] rows to the packed kernel with a dense copy kept; without one, one
-    row to the packed GEMV and GEMM_MIN_ROWS..GEMM_MAX_ROWS to the packed GEMM; above that the lean layer
-    dequantizes per call and matches the dense layer bit for bit."""
-    from synodic.quant.linear import GEMM_MAX_ROWS, KERNEL_MAX_ROWS
+    """'auto' sends up to KERNEL_MAX_ROWS[fmt] rows to the packed kernel with a dense copy kept, up to
+    PACKED_ONLY_MAX_ROWS[fmt] without; above that the lean layer dequantizes per call and matches the dense layer
+    bit for bit."""
+    from synodic.quant.linear import KERNEL_MAX_ROWS, PACKED_ONLY_MAX_ROWS
     w, _, _, _ = make(64, 256, 1, torch.float32, "cuda", 3)
     ql = QuantLinear(w, None, mode="w4a16", fmt="nvfp4", method="rtn")
     lean = QuantLinear.from_packed(ql.qtensor(), None, None, mode="w4a16", dtype=torch.bfloat16, dense=False)
-    k, g = KERNEL_MAX_ROWS["nvfp4"], GEMM_MAX_ROWS
-    for rows, kept, path in ((1, True, "packed"), (k, True, "gemm"), (k + 1, False, "gemm"), (g, False, "gemm"),
-                             (g + 1, False, None)):
+    k, p = KERNEL_MAX_ROWS["nvfp4"], PACKED_ONLY_MAX_ROWS["nvfp4"]
+    assert k < p
+    for rows, kept, packed in ((k, True, True), (k + 1, False, True), (p, False, True), (p + 1, False, False)):
         x = torch.randn(rows, 256, device="cuda").to(torch.bfloat16)
-        assert ql.uses_kernel(x) is kept and lean.kernel_path(x) == path
+        assert ql.uses_kernel(x) is kept and lean.uses_kernel(x) is packed
         y, y_lean = ql(x), lean(x)
-        if path:
+        if packed:
             assert rel_rmse(y_lean, y) < 1e-2
         else:
             assert torch.equal(y_lean, y)
