@@ -57,6 +57,8 @@ def gemm_candidates(M: int, N: int, KP: int, fmt: str, sms: int) -> list[dict]:
     """The heuristic's config first, then a small space: tiles x orientation x stages, the K split of each tile
     (and its double / half for one tile)."""
     from synodic.kernels.quant_linear.launch import resolve_gemm_config
+
+    from benchmarks.tune_quant import unique_configs
     packed = fmt in ("mxfp4", "nvfp4")
     h = 1 if packed else 2  # 8-bit: half the BLOCK_K (same bytes per row)
     bm = min(64, max(16, 1 << (M - 1).bit_length()))
@@ -72,13 +74,7 @@ def gemm_candidates(M: int, N: int, KP: int, fmt: str, sms: int) -> list[dict]:
     base = resolve_gemm_config(M, N, KP, fmt, None, sms)
     out = [base, dict(base, SPLIT_K=max(1, base["SPLIT_K"] // 2)), dict(base, SPLIT_K=min(64, base["SPLIT_K"] * 2))]
     out += [resolve_gemm_config(M, N, KP, fmt, c, sms) for c in space]
-    seen, uniq = set(), []
-    for c in out:
-        k = json.dumps(c, sort_keys=True)
-        if k not in seen:
-            seen.add(k)
-            uniq.append(c)
-    return uniq
+    return unique_configs(out)
 
 
 class Cell:
@@ -274,6 +270,7 @@ def bench_libs(shapes: list[tuple[int, int]], ms: list[int], gen, deadline: floa
     out: dict = {}
     try:
         import gemlite
+        import gemlite.helper  # the A16W* classes live here, not at the package top level
         out["gemlite_version"] = getattr(gemlite, "__version__", "?")
         # its H100 autotune cache (it names no H200 file): fewer first-call autotunes
         cache = Path(gemlite.__file__).parent / "configs" / "h100.json"
@@ -292,7 +289,7 @@ def bench_libs(shapes: list[tuple[int, int]], ms: list[int], gen, deadline: floa
                 with torch.no_grad():
                     lin.weight.copy_((torch.randn(N, K, device="cuda", generator=gen) * 0.02).to(torch.bfloat16))
                 ref_w = lin.weight.detach().clone()
-                mod = getattr(gemlite, cls)(device="cuda", dtype=torch.bfloat16).from_linear(lin)
+                mod = getattr(gemlite.helper, cls)(device="cuda", dtype=torch.bfloat16).from_linear(lin)
             except Exception as e:  # noqa: BLE001
                 out[name] = f"not available: {type(e).__name__}: {str(e)[:200]}"
                 break

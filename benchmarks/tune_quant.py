@@ -68,13 +68,13 @@ def candidates(M: int, N: int, K: int, fmt: str, sms: int) -> list[dict]:
             tile = resolve_config(M, N, K, fmt, dict(KERNEL="dotp", BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
                                                       num_stages=st), sms)
             out.append(tile)
-    seen, uniq = set(), []
-    for c in out:
-        k = json.dumps(c, sort_keys=True)
-        if k not in seen:
-            seen.add(k)
-            uniq.append(c)
-    return uniq
+    return unique_configs(out)
+
+
+
+def unique_configs(configs: list[dict]) -> list[dict]:
+    """configs without repeats, first occurrence kept (the heuristic's config leads every candidate list)."""
+    return list({json.dumps(c, sort_keys=True): c for c in configs}.values())
 
 
 def choose(times: dict[int, list[float]]) -> int:

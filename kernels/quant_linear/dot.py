@@ -80,10 +80,11 @@ def _dot_tile(M, N, K, K_PER_SPLIT, QBLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def _dot_epilogue(acc, p_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, offs_n, mn, rows_m, mm, M, N, pid_n, pid_k, pid_m,
+def _dot_epilogue(acc, p_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, offs_n, mn, rows_m, mm, M, N, pid_k, tile,
                   FMT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, SEM: tl.constexpr,
                   OMUL: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] times 2^DSH (OMUL) and NVFP4's tensor scale, + bias (first split), stored as y[m, n]."""
+    """acc [BLOCK_N, BLOCK_M] times 2^DSH (OMUL) and NVFP4's tensor scale, + bias (first split), stored as y[m, n];
+    tile: this output tile's split-K counter index (unique per (m, n) tile of the caller's grid)."""
     acc = acc * OMUL
     if FMT == 1:
         acc = acc * tl.load(p_ptr)
@@ -91,8 +92,7 @@ def _dot_epilogue(acc, p_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, offs_n, mn, rows_
         if pid_k == 0:
             acc += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[:, None]
     off = rows_m[None, :] * N + offs_n[:, None]
-    _store_out(acc, y_ptr, part_ptr, cnt_ptr, off, off, mn[:, None] & mm[None, :], pid_k,
-               pid_m * tl.num_programs(0) + pid_n, M * N, SPLIT, SEM)
+    _store_out(acc, y_ptr, part_ptr, cnt_ptr, off, off, mn[:, None] & mm[None, :], pid_k, tile, M * N, SPLIT, SEM)
 
 
 @triton.jit
@@ -150,5 +150,5 @@ def _qdot_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt
             x3 = tl.reshape(xt, (BLOCK_K // 32, 32, BLOCK_M))
             xt = tl.reshape(_mxfp4_from_amax(x3, tl.max(tl.abs(x3), axis=1, keep_dims=True)), (BLOCK_K, BLOCK_M))
         acc = tl.dot(w, xt.to(DOT_DT), acc, input_precision=DOT_PREC)
-    _dot_epilogue(acc, p_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, offs_n, mn, rows_m, mm, M, N, pid_n, pid_k, pid_m,
-                  FMT, HAS_BIAS, SPLIT, SEM, OMUL)
+    _dot_epilogue(acc, p_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, offs_n, mn, rows_m, mm, M, N, pid_k,
+                  pid_m * tl.num_programs(0) + pid_n, FMT, HAS_BIAS, SPLIT, SEM, OMUL)

@@ -174,5 +174,5 @@ def _qdotp_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cn
             xt = _xperm(x_ptr, s_ptr, rows_m, mm, stride_xm, k0, k_hi, HAS_S, False, BLOCK_M, BLOCK_K, DOT_DT,
                        EVEN)
             acc = tl.dot(w, xt, acc, input_precision=DOT_PREC)
-    _dot_epilogue(acc, p_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, offs_n, mn, rows_m, mm, M, N, pid_n, pid_k, pid_m,
-                  FMT, HAS_BIAS, SPLIT, SEM, OMUL)
+    _dot_epilogue(acc, p_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, offs_n, mn, rows_m, mm, M, N, pid_k,
+                  pid_m * tl.num_programs(0) + pid_n, FMT, HAS_BIAS, SPLIT, SEM, OMUL)

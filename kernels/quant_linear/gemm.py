@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .codec import _store_out
+from .dot import _dot_epilogue
 from .dotp import _dec_asm, _dec_ref, _fold16, _wide
 
 
@@ -142,12 +142,5 @@ def _qgemm_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cn
             acc = _mma(acc, w, xt, SWAP, DOT_PREC)
     if not SWAP:
         acc = tl.trans(acc)  # [BLOCK_N, BLOCK_M], as the epilogue writes it
-    acc = acc * OMUL
-    if FMT == 1:
-        acc = acc * tl.load(p_ptr)
-    if HAS_BIAS:
-        if pid_k == 0:
-            acc += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[:, None]
-    off = rows_m[None, :] * N + offs_n[:, None]
-    _store_out(acc, y_ptr, part_ptr, cnt_ptr, off, off, mn[:, None] & mm[None, :], pid_k,
-               pid_n * tl.num_programs(0) + pid_m, M * N, SPLIT, SEM)
+    _dot_epilogue(acc, p_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, offs_n, mn, rows_m, mm, M, N, pid_k,
+                  pid_n * tl.num_programs(0) + pid_m, FMT, HAS_BIAS, SPLIT, SEM, OMUL)
