@@ -48,10 +48,12 @@ class BenchPipeline(Component):
     profile: bool = Field(False, description="after all timings, per variant at the largest batch: 3 "
                           "uncaptured steps under torch.profiler, per-kernel time table in profile_<variant #>.txt "
                           "(where the step's time goes)")
-    acceptance: Literal["real", "controlled"] = Field(
+    acceptance: Literal["real", "controlled", "forced"] = Field(
         "real", description="speculative variants: real = the drafter's own proposals; controlled = the drafter "
         "runs (its full cost) but its proposals are replaced by the target's greedy continuation rejected at "
-        "acceptance_rates (synodic/spec/controlled.py; for random-weight presets, which accept nothing)")
+        "acceptance_rates (synodic/spec/controlled.py; for random-weight presets, which accept nothing); "
+        "forced = controlled, and the verify's decision is replaced by the draws too (random-weight bf16 "
+        "presets, whose near-tie argmax differs between a verify window and a decode step)")
     acceptance_rates: list[_Rate] | None = Field(
         None, description="controlled: conditional acceptance per draft position (kept at k given 1..k-1 kept), "
         "at least γ of them; null = measured_rates[<spec scheme>]")
@@ -167,21 +169,22 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
     Engine.generate. Times, bytes (the engine's own ledger) and tokens are the differences between the
     engine's counters at the read-backs of the last untimed and the last timed step; CUDA-graph capture time
     inside the window is excluded, as the engine excludes it from decode_s. Speculative variants end with
-    Engine.stop at the last timed step; with p.acceptance == "controlled" the drafter is wrapped
+    Engine.stop at the last timed step; with p.acceptance controlled or forced the drafter is wrapped
     (synodic.spec.controlled) and drafts from `reference` (reference_outputs by default)."""
     from synodic.engine.engine import Engine
     from synodic.spec.controlled import ControlledDrafter, conditional_rates
 
     _check_pages(graph, b, p)
     G = _gamma(graph)
-    controlled = p.acceptance == "controlled" and graph.spec is not None
+    controlled = p.acceptance in ("controlled", "forced") and graph.spec is not None
     if controlled and reference is None:
         reference = reference_outputs(graph, b, p)
     reqs, joins = bench_requests(graph, b, p)
     spec, cuda_graphs = graph.spec, graph.cuda_graphs
     if controlled:
         graph.spec = ControlledDrafter(spec, G, _rates(graph, p), reference, graph.model.config.vocab_size,
-                                       p.acceptance_seed, graph.max_slots, graph.max_seq_len, graph.device)
+                                       p.acceptance_seed, graph.max_slots, graph.max_seq_len, graph.device,
+                                       force=p.acceptance == "forced")
     if profile_path is not None:
         graph.cuda_graphs = False  # kernels visible one by one
     try:
@@ -248,7 +251,7 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
            "outputs_sha1": outputs_digest(reqs)}
     if G:
         row["tokens_per_row_step"] = tokens / p.steps / b
-        row["acceptance"] = "controlled" if controlled else "real"
+        row["acceptance"] = p.acceptance if controlled else "real"
         row["acceptance_by_position"] = [None if x is None else round(x, 4)
                                          for x in conditional_rates(eng.spec_stats)]
         if controlled:
@@ -458,9 +461,9 @@ def run(cfg, run_dir: Path) -> dict:
     con = Console()
     base = _task_overrides()
     vcfgs = [compose(base + v.split()) if v else cfg for v in p.variants]
-    if p.acceptance == "controlled" and all(c.spec.kind == "none" for c in vcfgs):
+    if p.acceptance != "real" and all(c.spec.kind == "none" for c in vcfgs):
         from synodic.config.errors import ConfigError
-        raise ConfigError(["pipeline.acceptance='controlled': no variant speculates (every spec=none); expected "
+        raise ConfigError([f"pipeline.acceptance={p.acceptance!r}: no variant speculates (every spec=none); expected "
                            "a variant with spec=<scheme> or pipeline.acceptance=real"])
     _check_variants(cfg, vcfgs)  # before any replica starts
     rows, warnings, admissions = [], [], []
@@ -474,7 +477,7 @@ def run(cfg, run_dir: Path) -> dict:
                        for k in range(w.n)]
 
         def point(name: str, b: int, extra: dict) -> dict:
-            if p.acceptance == "controlled":  # one reference run (per replica) serves every repeat
+            if p.acceptance != "real":  # one reference run (per replica) serves every repeat
                 bar.update(task, description=f"{name} b={b} reference")
                 w.call(_w_reference, b, p)
             reps = []
@@ -561,9 +564,10 @@ def run(cfg, run_dir: Path) -> dict:
         out["replicas"] = per_replica
         _write_csv([{"replica": rep["replica"], "device": rep["device"], **r} for rep in per_replica
                     for r in rep["bench"]], run_dir / "bench_replicas.csv")
-    if p.acceptance == "controlled":
-        con.print("[bold]acceptance: controlled[/bold] (speculative rows draft the target's greedy continuation "
-                  "rejected at pipeline.acceptance_rates; not the drafter's own acceptance)")
+    if p.acceptance != "real":
+        con.print(f"[bold]acceptance: {p.acceptance}[/bold] (speculative rows draft the target's greedy "
+                  "continuation rejected at pipeline.acceptance_rates; not the drafter's own acceptance"
+                  + ("; the verify's decision forced to the draws" if p.acceptance == "forced" else "") + ")")
     if admissions:
         acols = ["variant", "memory_budget", "weights_bytes", "request_bytes_total", "admitted", "batch_timed",
                  "tokens_per_s"]

@@ -121,3 +121,68 @@ def test_the_captured_step_path_draws_the_same_acceptances_as_the_host_path(monk
         assert dev_eng.spec_stats.pos_accepted == eng.spec_stats.pos_accepted
         assert {r.id: r.output_ids for r in dev_eng.scheduler.finished} == \
             {r.id: r.output_ids for r in eng.scheduler.finished}
+
+
+def _run_with(p: BenchPipeline, spec, reference):
+    """_run with an explicit reference continuation (time_point's `reference`)."""
+    import synodic.pipelines.bench as bench_mod
+    real = bench_mod.reference_outputs
+    bench_mod.reference_outputs = lambda graph, b, p: reference(real(graph, b, p))
+    try:
+        return _run(p, spec)
+    finally:
+        bench_mod.reference_outputs = real
+
+
+def _shifted(ref: dict[int, list[int]]) -> dict[int, list[int]]:
+    """A continuation the target does not produce after its first token (the prefill's, which no verify decides):
+    every later token + 1, a stale reference as after a near-tie flip."""
+    return {i: toks[:1] + [t + 1 for t in toks[1:]] for i, toks in ref.items()}
+
+
+def test_forced_acceptance_keeps_the_rates_when_the_target_disagrees_with_the_reference(monkeypatch):
+    """acceptance=forced: with a reference the target never agrees with, controlled acceptance collapses to 0 at
+    draft 1 while forced still keeps drafts at the requested rates, emits the reference exactly, and draws the
+    same acceptances on the captured device path, the staged path and op by op."""
+    from synodic.engine.engine import Engine
+    from synodic.engine.runner import ModelRunner
+    from synodic.spec.controlled import ControlledDrafter
+    spec = ("spec=dflash2", "spec.drafter=random", "spec.num_speculative_tokens=3")
+    p = BenchPipeline(batch_sizes=[8], prompt_len=6, steps=32, warmup=1, stagger=2, repeats=1,
+                      acceptance="controlled", acceptance_rates=RATES, acceptance_seed=5)
+    ctl, _, _, _ = _run_with(p, spec, _shifted)
+    assert ctl["acceptance_by_position"][0] == 0.0 and not ctl["outputs_match_reference"]
+    forced = p.model_copy(update={"acceptance": "forced"})
+    used = []
+    speculate = ModelRunner.speculate
+    monkeypatch.setattr(ModelRunner, "speculate", lambda self, *a, **k: used.append(1) or speculate(self, *a, **k))
+    row, eng, _, _ = _run_with(forced, spec, _shifted)
+    assert used and row["acceptance"] == "forced" and row["outputs_match_reference"] is True
+    st = eng.spec_stats
+    reach = [st.pos_drafted[0], *st.pos_accepted[:2]]
+    for k, (want, got, n) in enumerate(zip(RATES, row["acceptance_by_position"], reach)):
+        assert n >= 30, (k, n)
+        assert abs(got - want) <= 3 * math.sqrt(want * (1 - want) / n) + 0.03, (k, got, want, n)
+    runs = [eng]
+    monkeypatch.setattr(ControlledDrafter, "graph_safe", property(lambda self: False))
+    runs.append(_run_with(forced, spec, _shifted)[1])  # host drafts staged into the captured step
+    monkeypatch.setattr(Engine, "_spec_fixed", lambda self, batch: None)
+    used.clear()
+    runs.append(_run_with(forced, spec, _shifted)[1])  # op by op
+    assert not used
+    for other in runs[1:]:
+        assert other.spec_stats.pos_accepted == eng.spec_stats.pos_accepted
+        assert {r.id: r.output_ids for r in other.scheduler.finished} == \
+            {r.id: r.output_ids for r in eng.scheduler.finished}
+
+
+def test_forced_equals_controlled_where_the_target_follows_the_reference():
+    """With the real reference (fp32 CPU: the verify agrees with the plain run), forcing changes nothing."""
+    spec = ("spec=dflash2", "spec.drafter=random", "spec.num_speculative_tokens=3")
+    p = BenchPipeline(batch_sizes=[8], prompt_len=6, steps=12, warmup=1, stagger=2, repeats=1,
+                      acceptance="controlled", acceptance_rates=RATES, acceptance_seed=2)
+    a, ea, _, _ = _run(p, spec)
+    b, eb, _, _ = _run(p.model_copy(update={"acceptance": "forced"}), spec)
+    assert a["outputs_match_reference"] and b["outputs_match_reference"]
+    assert ea.spec_stats.pos_accepted == eb.spec_stats.pos_accepted
+    assert {r.id: r.output_ids for r in ea.scheduler.finished} == {r.id: r.output_ids for r in eb.scheduler.finished}

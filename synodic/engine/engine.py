@@ -309,6 +309,8 @@ class Engine:
             t_dev = top_p = None
             nd = pinned(torch.tensor(n_drafts, dtype=torch.long), dev).to(dev, non_blocking=True)
         m, toks = verify(logits, win[:, 1:], None if q is None or G == 0 else q[:, :G], t_dev, top_p, uniforms, nd)
+        if hasattr(self.drafter, "decide"):  # benchmarks' forced acceptance (synodic/spec/controlled.py)
+            m, toks = self.drafter.decide(self.runner.rows[:b], self.runner.pos[:b], m, toks, nd)
         self.runner.commit(m + 1)  # anchor + accepted drafts enter the state, on the device
         if self.runner.hidden_layers:
             self.drafter.on_commit(batch, self.runner.hidden, self.runner.pos[:b], m + 1)

@@ -13,6 +13,14 @@ outputs remain the plain greedy outputs; only the number of accepted drafts is c
 The draws are a fixed table indexed by (request, output length, position), drawn from `seed`: two runs of
 the same requests accept the same drafts whatever the batching or step overlap. Greedy requests only.
 
+`force=True` (pipeline.acceptance=forced) also replaces the verify's decision: a row keeps exactly the drafts
+its draws keep and emits the reference tokens, whatever the target's argmax said. The target still runs the
+whole window (verification's cost is paid) and the acceptance compare still runs; only its result is
+overridden. This is for random-weight bf16 presets: their logits are near ties, so the argmax of a T-row
+verify GEMM differs from the one-row decode's often enough that a row leaves its reference within a few steps
+and drafts from a stale continuation (measured on nemotron_h_8b with rates 0.8: position-1 acceptance 0.15).
+Forced rows cannot leave the reference, so their outputs equal it by construction (not a losslessness check).
+
 Two paths, the same draws: `propose` (the engine's op-by-op speculative step) replaces drafts on the host;
 for a device drafter (`graph_safe`), `draft_device` replaces them on the device from per-slot tables filled
 at prefill (tokens and draws by absolute position), so the engine's captured speculative step
@@ -25,7 +33,7 @@ from synodic.transfer import pinned
 
 class ControlledDrafter:
     def __init__(self, inner, gamma: int, rates: list[float], reference: dict[int, list[int]], vocab_size: int,
-                 seed: int = 0, max_slots: int = 0, max_len: int = 0, device="cpu"):
+                 seed: int = 0, max_slots: int = 0, max_len: int = 0, device="cpu", force: bool = False):
         if len(rates) < gamma:
             raise ValueError(f"controlled acceptance: {len(rates)} rates for γ={gamma}; expected at least {gamma}")
         if any(not 0.0 <= r <= 1.0 for r in rates):
@@ -43,8 +51,9 @@ class ControlledDrafter:
             self.ref[self._row[i], :len(reference[i])] = reference[i]
         self.draws = np.random.default_rng(seed).random((len(ids), n + 1, gamma))
         self.beyond_reference = 0
+        self.force = force
         self._dev = None
-        if self.graph_safe:  # per slot (+ the scratch row for padding), by absolute position
+        if self.graph_safe or force:  # per slot (+ the scratch row for padding), by absolute position
             dev, width = torch.device(device), max_len + gamma + 2
             self._dev = {"tgt": torch.full((max_slots + 1, width), -1, dtype=torch.long, device=dev),
                          "u": torch.ones(max_slots + 1, width, gamma, dtype=torch.float32, device=dev),
@@ -99,6 +108,22 @@ class ControlledDrafter:
     def commit_device(self, slots, hidden, start, accepted) -> None:
         self.inner.commit_device(slots, hidden, start, accepted)
 
+    def decide(self, slots, positions, m, tokens, n_drafts=None):
+        """force=True: the verify's (accepted [B], tokens [B, G+1]) replaced, on the device, by the draws' kept
+        count (at most n_drafts) and the reference tokens after each row's anchor at positions[i]; otherwise
+        returned as they are. Graph-safe: fixed tables, no host read."""
+        if not self.force:
+            return m, tokens
+        t = self._dev
+        G = tokens.shape[1] - 1
+        width = t["tgt"].shape[1]
+        pos = positions.long().clamp(0, width - 1)
+        kept = torch.cumprod((t["u"][slots, pos, :G] < t["rates"][:G]).long(), 1).sum(1)
+        if n_drafts is not None:
+            kept = torch.minimum(kept, n_drafts.long())
+        ref = t["tgt"][slots[:, None], (pos[:, None] + 1 + torch.arange(G + 1, device=pos.device)).clamp(max=width - 1)]
+        return kept.to(m.dtype), torch.where(ref < 0, tokens, ref)
+
     def propose(self, batch, gamma, temperature, generator):
         drafts, _, _ = self.inner.propose(batch, gamma, temperature, generator)  # the real drafter's whole cost
         if any(r.params.temperature > 0 for r in batch):
@@ -126,7 +151,8 @@ class ControlledDrafter:
 
     def summary(self) -> dict:
         return {**self.inner.summary(), "controlled_acceptance": {
-            "rates": self.rates.tolist(), "seed": self.seed, "beyond_reference": self.unknown_drafts()}}
+            "rates": self.rates.tolist(), "seed": self.seed, "forced": self.force,
+            "beyond_reference": self.unknown_drafts()}}
 
     def unknown_drafts(self) -> int:
         """Drafts past a row's reference (not controlled): should be 0."""
