@@ -101,7 +101,8 @@ class ControlledDrafter:
         target = t["tgt"][slots[:, None], (pos[:, None] + 1 + t["k"][:gamma]).clamp(max=width - 1)]
         keep = torch.cumprod((t["u"][slots, pos, :gamma] < t["rates"][:gamma]).long(), 1).bool()
         unknown = target < 0
-        t["unknown"] += unknown.sum()
+        # padding rows (the scratch slot, last table row) have no reference: not counted as uncontrolled
+        t["unknown"] += (unknown & (slots[:, None] < t["tgt"].shape[0] - 1)).sum()
         target = torch.where(unknown, 0, target)
         return torch.where(keep, target, (target + 1) % self.vocab)
 
