@@ -195,6 +195,26 @@ def _window_cursor(wp_ptr, slot64, valid, L: tl.constexpr, min_room, MODE: tl.co
 
 
 @triton.jit
+def _decode_cursor(wp_ptr, slot64, valid, L: tl.constexpr, ADVANCE: tl.constexpr, NPROG: tl.constexpr,
+                   TICKET: tl.constexpr):
+    """The head-group decode kernels' cursor: (wp, flush, n_w) of the row's slot. ADVANCE: a relaxed atomic ticket
+    in write_pos's high bits (RMWs on one address are totally ordered, so the last arrival's exchange follows every
+    read) moves it to 0 after a flush, else to wp + 1. n_w: ring entries this step caches (a flush caches none)."""
+    if ADVANCE:
+        old = tl.atomic_add(wp_ptr + slot64, TICKET, mask=valid, sem="relaxed")
+        old = tl.where(valid, old, 0)
+        wp = old & (TICKET - 1)
+        last = ((old // TICKET) == NPROG - 1) & valid
+    else:
+        wp = tl.load(wp_ptr + slot64, mask=valid, other=0)
+    flush = wp >= L - 1
+    if ADVANCE:
+        tl.atomic_xchg(wp_ptr + slot64, tl.where(flush, 0, wp + 1), mask=last, sem="relaxed")
+    n_w = tl.where(valid & (wp < L - 1), 1, 0)
+    return wp, flush, n_w
+
+
+@triton.jit
 def _load_state(ptr, sc_ptr, st_off, tile_mask, sc_off, sc_mask, FP8: tl.constexpr):
     """A state tile as fp32: ptr[st_off] (checkpoint or its low-precision copy), times its per-row scale
     sc_ptr[sc_off] when stored as fp8."""
