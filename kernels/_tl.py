@@ -18,6 +18,23 @@ def _round_bf16(v):
 
 
 @triton.jit
+def _store_carry(ptr, S, mask, ROUND: tl.constexpr, CARRY_CAST: tl.constexpr):
+    """Store the fp32 state tile S in ptr's dtype and return the value the next step starts from: the stored
+    one (= eager decode steps back to back). ROUND (interpreter, bf16): round in fp32 first, as the GPU cast
+    does; CARRY_CAST: the state dtype is not fp32, so the stored value differs from S."""
+    if ROUND:
+        Sq = _round_bf16(S)
+        tl.store(ptr, Sq.to(ptr.dtype.element_ty), mask=mask)
+        S = Sq
+    else:
+        Sq = S.to(ptr.dtype.element_ty)
+        tl.store(ptr, Sq, mask=mask)
+        if CARRY_CAST:
+            S = Sq.to(tl.float32)
+    return S
+
+
+@triton.jit
 def _softplus(v):
     # log1p(exp(v)) with an accurate log1p (Goldberg); identity above 20 like torch's softplus.
     u = tl.exp(v)
