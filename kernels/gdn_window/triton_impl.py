@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .._dispatch import round_flags, strides
-from .._tl import _head_tile, _round_bf16, _slot_of, _store_carry, _tile_mask
+from .._tl import _head_tile, _round_bf16, _slot_of, _tile_mask
 from ..gdn_decode.triton_impl import resolve_config
 
 
@@ -72,7 +72,16 @@ def _gdn_window_kernel(
         S = S + u[:, None] * k[None, :]
         o = tl.sum(S * q[None, :], axis=1)
         # store S_t in the state dtype and carry the stored value on (= T eager decode steps)
-        S = _store_carry(state_ptr + dst * s_slot + tile, S, w_mask, ROUND_STATE, CARRY_CAST)
+        # inline, not _tl._store_carry: through the helper one bf16 cvt moves in this kernel's PTX (kept equal)
+        if ROUND_STATE:
+            Sq = _round_bf16(S)
+            tl.store(state_ptr + dst * s_slot + tile, Sq.to(state_ptr.dtype.element_ty), mask=w_mask)
+            S = Sq
+        else:
+            Sq = S.to(state_ptr.dtype.element_ty)
+            tl.store(state_ptr + dst * s_slot + tile, Sq, mask=w_mask)
+            if CARRY_CAST:
+                S = Sq.to(tl.float32)
 
         o = tl.where(valid, o, 0.0)
         if ROUND_OUT:
