@@ -23,3 +23,15 @@ def pick_backend(backend: str, t: torch.Tensor) -> str:
 def expect_shape(name: str, t: torch.Tensor, shape: tuple, desc: str) -> None:
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {desc} = {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def strides(*ts: torch.Tensor) -> tuple[int, ...]:
+    """Every stride of each tensor, in order: a kernel's stride arguments."""
+    return tuple(st for t in ts for st in t.stride())
+
+
+def round_flags(state: torch.Tensor, out: torch.Tensor) -> dict:
+    """ROUND_STATE / ROUND_OUT of the eager SSM kernels: under the interpreter, whose fp32 -> bf16 cast truncates,
+    round bf16 stores in fp32 first (the GPU's cast rounds to nearest even)."""
+    interp = os.environ.get("TRITON_INTERPRET") == "1"
+    return dict(ROUND_STATE=interp and state.dtype == torch.bfloat16, ROUND_OUT=interp and out.dtype == torch.bfloat16)

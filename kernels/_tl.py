@@ -18,6 +18,23 @@ def _round_bf16(v):
 
 
 @triton.jit
+def _store_carry(ptr, S, mask, ROUND: tl.constexpr, CARRY_CAST: tl.constexpr):
+    """Store the fp32 state tile S in ptr's dtype and return the value the next step starts from: the stored
+    one (= eager decode steps back to back). ROUND (interpreter, bf16): round in fp32 first, as the GPU cast
+    does; CARRY_CAST: the state dtype is not fp32, so the stored value differs from S."""
+    if ROUND:
+        Sq = _round_bf16(S)
+        tl.store(ptr, Sq.to(ptr.dtype.element_ty), mask=mask)
+        S = Sq
+    else:
+        Sq = S.to(ptr.dtype.element_ty)
+        tl.store(ptr, Sq, mask=mask)
+        if CARRY_CAST:
+            S = Sq.to(tl.float32)
+    return S
+
+
+@triton.jit
 def _softplus(v):
     # log1p(exp(v)) with an accurate log1p (Goldberg); identity above 20 like torch's softplus.
     u = tl.exp(v)
@@ -192,6 +209,26 @@ def _window_cursor(wp_ptr, slot64, valid, L: tl.constexpr, min_room, MODE: tl.co
     else:
         flush = wp < 0  # never
     return wp, flush
+
+
+@triton.jit
+def _decode_cursor(wp_ptr, slot64, valid, L: tl.constexpr, ADVANCE: tl.constexpr, NPROG: tl.constexpr,
+                   TICKET: tl.constexpr):
+    """The head-group decode kernels' cursor: (wp, flush, n_w) of the row's slot. ADVANCE: a relaxed atomic ticket
+    in write_pos's high bits (RMWs on one address are totally ordered, so the last arrival's exchange follows every
+    read) moves it to 0 after a flush, else to wp + 1. n_w: ring entries this step caches (a flush caches none)."""
+    if ADVANCE:
+        old = tl.atomic_add(wp_ptr + slot64, TICKET, mask=valid, sem="relaxed")
+        old = tl.where(valid, old, 0)
+        wp = old & (TICKET - 1)
+        last = ((old // TICKET) == NPROG - 1) & valid
+    else:
+        wp = tl.load(wp_ptr + slot64, mask=valid, other=0)
+    flush = wp >= L - 1
+    if ADVANCE:
+        tl.atomic_xchg(wp_ptr + slot64, tl.where(flush, 0, wp + 1), mask=last, sem="relaxed")
+    n_w = tl.where(valid & (wp < L - 1), 1, 0)
+    return wp, flush, n_w
 
 
 @triton.jit

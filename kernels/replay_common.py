@@ -56,6 +56,30 @@ def store_state(dst: torch.Tensor, dst_scale: torch.Tensor | None, s: torch.Tens
         dst.copy_(s.to(dst.dtype))
 
 
+def verify_rows(slot_ids: torch.Tensor, write_pos: torch.Tensor, T: int, L: int):
+    """The torch references' verify loop: (row, slot, write_pos) of each row with a slot (negative ids skip),
+    checking the window fits the ring."""
+    for i in range(slot_ids.shape[0]):
+        s = int(slot_ids[i])
+        if s < 0:
+            continue
+        wp = int(write_pos[s])
+        assert wp + T <= L, "verify needs write_pos + T <= L (flush first)"
+        yield i, s, wp
+
+
+def flush_slots(slot_ids: torch.Tensor, write_pos: torch.Tensor, L: int, min_room: int | None):
+    """The torch references' flush loop: (slot, write_pos) of each row's slot where the flush rule fires
+    (wp > 0 and, unless min_room is None, wp + min_room > L)."""
+    for s in slot_ids.tolist():
+        if s < 0:
+            continue
+        wp = int(write_pos[s])
+        if wp == 0 or wp + (L + 1 if min_room is None else min_room) <= L:
+            continue
+        yield s, wp
+
+
 def check_ring(want: dict, write_pos: torch.Tensor, L: int, decays: tuple[str, torch.Tensor]) -> None:
     """Ring tensors (name → (tensor, shape)) contiguous and shaped; an int32 cursor; fp32 decays."""
     for name, (t, shape) in want.items():

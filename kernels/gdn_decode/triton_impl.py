@@ -7,12 +7,11 @@ tile of 8-16 KiB. A padding row (slot id < 0) reads and writes no state and stor
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from .._dispatch import round_flags, strides
 from .._tl import _head_tile, _round_bf16, _slot_of, _tile_mask
 
 
@@ -82,6 +81,13 @@ def default_config(state_dtype: torch.dtype, V: int, K: int, rows: int) -> tuple
     return block, 8 if block * block_k * elt >= 16384 else 4
 
 
+def resolve_config(state_dtype: torch.dtype, V: int, K: int, rows: int, block_v: int | None,
+                   num_warps: int | None) -> tuple[int, int]:
+    """(BLOCK_V, num_warps): default_config's, each overridden where given (shared with the window kernel)."""
+    bv, nw = default_config(state_dtype, V, K, rows)
+    return block_v or bv, num_warps or nw
+
+
 def gdn_decode_triton(state, q, k, v, g, beta, slot_ids, scale=None, use_qk_l2norm=True, out=None,
                       *, block_v: int | None = None, num_warps: int | None = None):
     batch, HV, V = v.shape
@@ -89,24 +95,13 @@ def gdn_decode_triton(state, q, k, v, g, beta, slot_ids, scale=None, use_qk_l2no
     o = torch.empty_like(v) if out is None else out
     if batch == 0:
         return o
-    bv, nw = default_config(state.dtype, V, K, batch * HV)
-    block_v = block_v or bv
-    num_warps = num_warps or nw
-    interp = os.environ.get("TRITON_INTERPRET") == "1"
-    grid = (HV * triton.cdiv(V, block_v), batch)
-    _gdn_decode_kernel[grid](
-        state, q, k, v, g, beta, slot_ids, o,
-        *state.stride(),
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *g.stride(),
-        *beta.stride(),
-        *o.stride(),
+    block_v, num_warps = resolve_config(state.dtype, V, K, batch * HV, block_v, num_warps)
+    _gdn_decode_kernel[(HV * triton.cdiv(V, block_v), batch)](
+        state, q, k, v, g, beta, slot_ids, o, *strides(state, q, k, v, g, beta, o),
         float(K ** -0.5 if scale is None else scale),
         K=K, V=V, HV_PER_HK=HV // Hk,
         BLOCK_K=triton.next_power_of_2(K), BLOCK_V=block_v, USE_L2NORM=bool(use_qk_l2norm),
-        ROUND_STATE=interp and state.dtype == torch.bfloat16, ROUND_OUT=interp and o.dtype == torch.bfloat16,
+        **round_flags(state, o),
         num_warps=num_warps,
     )
     return o

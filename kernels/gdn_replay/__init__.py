@@ -28,16 +28,9 @@ from __future__ import annotations
 
 import torch
 
+from .. import replay_common as rc
 from .._dispatch import pick_backend
-from ..replay_common import (
-    LaunchPlan,
-    check_ring,
-    check_state_pair,
-    is_fp8,
-    replay_advance,
-    replay_commit,
-    replay_flush_reset,
-)
+from ..replay_common import LaunchPlan, is_fp8, replay_advance, replay_commit, replay_flush_reset
 from .ref import gdn_replay_decode_ref, gdn_replay_flush_ref, gdn_replay_verify_ref
 
 __all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "gdn_replay_alloc",
@@ -52,9 +45,9 @@ def _check_cache(ckpt, ring_u, ring_k, ring_g, write_pos, L, ckpt_scale, ckpt_lo
         raise ValueError(f"HV={HV} is not a multiple of Hk={Hk}")
     want = {"ring_u": (ring_u, (slots, HV, L, V)), "ring_k": (ring_k, (slots, Hk, L, K)),
             "ring_g": (ring_g, (slots, HV, L)), "write_pos": (write_pos, (slots,))}
-    check_ring(want, write_pos, L, ("ring_g", ring_g))
-    check_state_pair(ckpt, ckpt_scale, "ckpt", ckpt.shape)
-    check_state_pair(ckpt_lo, ckpt_lo_scale, "ckpt_lo", ckpt.shape)
+    rc.check_ring(want, write_pos, L, ("ring_g", ring_g))
+    rc.check_state_pair(ckpt, ckpt_scale, "ckpt", ckpt.shape)
+    rc.check_state_pair(ckpt_lo, ckpt_lo_scale, "ckpt_lo", ckpt.shape)
 
 
 def _inner(t):

@@ -35,10 +35,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _tl
+from .. import replay_common as rc
 from .._tl import (
     _fold_bf16x3,
-    _head_tile,
-    _limit_masks,
     _load_state,
     _ring_mask,
     _round_bf16,
@@ -47,16 +47,7 @@ from .._tl import (
     _store_tile,
     _tile_mask,
 )
-from ..replay_common import (
-    FOLDS,
-    decode_config,
-    is_fp8,
-    overlap_default,
-    resolve_flush_config,
-    ring_by_cursor_default,
-    ring_dots_default,
-    run_split,
-)
+from ..replay_common import FOLDS, is_fp8
 from .verify import _gdn_verify_keys_kernel
 
 
@@ -98,7 +89,7 @@ def _gdn_replay_decode_kernel(
                                        BV, BK, USE_L2, CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_RU,
                                        ROUND_RK, ROUND_OUT, FOLD, ROUTE, False, False, RW, TP)
     else:
-        row, hv, vt, hk = _head_tile(V, BV, REP)
+        row, hv, vt, hk = _tl._head_tile(V, BV, REP)
         slot, valid = _slot_of(sid_ptr, row)
         run = True
         if ROUTE == 1 and RING_BY_CURSOR:  # padding rows run (they write zeros)
@@ -129,7 +120,7 @@ def _gdn_decode_row(
     KEYS: tl.constexpr = DOTS and ROUTE != 2  # key-head quantities from the prologue's record
 
     # masks from scalar limits; the K axis is masked only when K is not a power of two
-    offs_v, offs_k, offs_l, vm, km, rl = _limit_masks(vt, valid, V, BV, K, BK, L, LP)
+    offs_v, offs_k, offs_l, vm, km, rl = _tl._limit_masks(vt, valid, V, BV, K, BK, L, LP)
     tile_mask = _tile_mask(vm, km, K, BK)
     st_off = offs_v[:, None] * K + offs_k[None, :]
     sh = slot * HV + hv                            # (slot, value head)
@@ -339,17 +330,18 @@ def launch_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slo
     b = slot_ids.shape[0]
     if b == 0:
         return o
-    bv, nw, fold, maxnreg = decode_config(config, pick_decode_config(b, HV, V, ckpt_lo is not None),
-                                          lambda block, warps: pick_fold(ckpt_lo, block, warps, b * HV, ring_k.dtype))
+    bv, nw, fold, maxnreg = rc.decode_config(
+        config, pick_decode_config(b, HV, V, ckpt_lo is not None),
+        lambda block, warps: pick_fold(ckpt_lo, block, warps, b * HV, ring_k.dtype))
     if split is None:
         split = split_default(ckpt_lo, b * HV)
     if ring_by_cursor is None:
-        ring_by_cursor = ring_by_cursor_default(split)
+        ring_by_cursor = rc.ring_by_cursor_default(split)
     if ring_dots is None:
-        ring_dots = ring_dots_default(split)
+        ring_dots = rc.ring_dots_default(split)
     # 4 tiles per program: with staggered cursors (1/L of the rows flush each step) 16 put the flush on a few long
     # programs; rows per program instead never beat tiles per program (docs/tuning/replay.md)
-    fbv, fnw, ffold, tpp = resolve_flush_config(flush_config, bv, nw, fold, 4)
+    fbv, fnw, ffold, tpp = rc.resolve_flush_config(flush_config, bv, nw, fold, 4)
     if "bf16x3" in (fold, ffold if split else None) and ring_k.dtype != torch.bfloat16:
         raise ValueError(f"config: fold 'bf16x3' needs a bf16 k ring (exact in bf16), got {ring_k.dtype}")
     extra = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
@@ -394,5 +386,5 @@ def launch_decode(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, beta, slo
             *args, **meta, BV=fbv, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
 
     # the two launches touch disjoint rows (by cursor), so their order is free and they may run side by side
-    run_split(v.device, output_only, flush, overlap_default(split) if overlap is None else overlap)
+    rc.run_split(v.device, output_only, flush, rc.overlap_default(split) if overlap is None else overlap)
     return o

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..replay_common import dequantize, store_state
+from ..replay_common import dequantize, flush_slots, store_state, verify_rows
 
 
 def l2norm(t: torch.Tensor) -> torch.Tensor:
@@ -126,12 +126,7 @@ def gdn_replay_verify_ref(ckpt, ring_u, ring_k, ring_g, write_pos, q, k, v, g, b
     rep = HV // Hk
     qn, kn = _prep_qk(q, k, scale, use_qk_l2norm)                            # [b, T, Hk, K]
     o = torch.zeros(b, T, HV, V, dtype=v.dtype, device=v.device)
-    for i in range(b):
-        s = int(slot_ids[i])
-        if s < 0:
-            continue
-        wp = int(write_pos[s])
-        assert wp + T <= L, "verify needs write_pos + T <= L (flush first)"
+    for i, s, wp in verify_rows(slot_ids, write_pos, T, L):
         us, ks, gs = _history(ring_u, ring_k, ring_g, s, wp, rep)
         S0 = _read_s0(ckpt, ckpt_scale, ckpt_lo, ckpt_lo_scale, s)
         ov, u = _window(S0, us, ks, gs, kn[i].repeat_interleave(rep, 1), qn[i].repeat_interleave(rep, 1),
@@ -147,12 +142,7 @@ def gdn_replay_flush_ref(ckpt, ring_u, ring_k, ring_g, write_pos, slot_ids, *, L
                          ckpt_scale=None, ckpt_lo=None, ckpt_lo_scale=None, advance=True):
     HV = ckpt.shape[1]
     rep = HV // ring_k.shape[1]
-    for s in slot_ids.tolist():
-        if s < 0:
-            continue
-        wp = int(write_pos[s])
-        if wp == 0 or wp + (L + 1 if min_room is None else min_room) <= L:
-            continue
+    for s, wp in flush_slots(slot_ids, write_pos, L, min_room):
         S = _fold(dequantize(ckpt[s], None if ckpt_scale is None else ckpt_scale[s]),
                   *_history(ring_u, ring_k, ring_g, s, wp, rep))
         _store(ckpt, ckpt_scale, ckpt_lo, ckpt_lo_scale, s, S)

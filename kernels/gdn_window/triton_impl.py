@@ -10,14 +10,13 @@ tile is loaded before any store, so a destination may be the row's own source sl
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from .._dispatch import round_flags, strides
 from .._tl import _head_tile, _round_bf16, _slot_of, _tile_mask
-from ..gdn_decode.triton_impl import default_config
+from ..gdn_decode.triton_impl import resolve_config
 
 
 @triton.jit
@@ -73,6 +72,7 @@ def _gdn_window_kernel(
         S = S + u[:, None] * k[None, :]
         o = tl.sum(S * q[None, :], axis=1)
         # store S_t in the state dtype and carry the stored value on (= T eager decode steps)
+        # inline, not _tl._store_carry: through the helper one bf16 cvt moves in this kernel's PTX (kept equal)
         if ROUND_STATE:
             Sq = _round_bf16(S)
             tl.store(state_ptr + dst * s_slot + tile, Sq.to(state_ptr.dtype.element_ty), mask=w_mask)
@@ -97,26 +97,14 @@ def gdn_decode_window_triton(state, q, k, v, g, beta, src_ids, dst_ids, scale=No
     if batch == 0:
         return o
     # the eager decode's tiling (same tile per program, T x the work): T = 1 compiles to its kernel
-    bv, nw = default_config(state.dtype, V, K, batch * HV)
-    block_v = block_v or bv
-    num_warps = num_warps or nw
-    interp = os.environ.get("TRITON_INTERPRET") == "1"
-    grid = (HV * triton.cdiv(V, block_v), batch)
-    _gdn_window_kernel[grid](
-        state, q, k, v, g, beta, src_ids, dst_ids, o,
-        *state.stride(),
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *g.stride(),
-        *beta.stride(),
-        *o.stride(),
-        *dst_ids.stride(),
+    block_v, num_warps = resolve_config(state.dtype, V, K, batch * HV, block_v, num_warps)
+    _gdn_window_kernel[(HV * triton.cdiv(V, block_v), batch)](
+        state, q, k, v, g, beta, src_ids, dst_ids, o, *strides(state, q, k, v, g, beta, o, dst_ids),
         float(K ** -0.5 if scale is None else scale),
         T=T, K=K, V=V, HV_PER_HK=HV // Hk,
         BLOCK_K=triton.next_power_of_2(K), BLOCK_V=block_v, USE_L2NORM=bool(use_qk_l2norm),
         CARRY_CAST=state.dtype != torch.float32,
-        ROUND_STATE=interp and state.dtype == torch.bfloat16, ROUND_OUT=interp and o.dtype == torch.bfloat16,
+        **round_flags(state, o),
         num_warps=num_warps,
     )
     return o

@@ -7,12 +7,11 @@ serving batch: 2 x state bytes per step, everything else is < 1 %.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from .._dispatch import round_flags, strides
 from .._tl import _head_tile, _round_bf16, _slot_of, _softplus, _tile_mask
 
 
@@ -80,6 +79,13 @@ def default_config(state_dtype: torch.dtype, P: int, N: int, rows: int) -> tuple
     return block, 8 if block * block_n * elt >= 16384 else 4
 
 
+def resolve_config(state_dtype: torch.dtype, P: int, N: int, rows: int, block_p: int | None,
+                   num_warps: int | None) -> tuple[int, int]:
+    """(BLOCK_P, num_warps): default_config's, each overridden where given (shared with the window kernel)."""
+    bp, nw = default_config(state_dtype, P, N, rows)
+    return block_p or bp, num_warps or nw
+
+
 def mamba2_decode_triton(state, x, dt, A, B, C, D, dt_bias, slot_ids, z=None, out=None,
                          *, block_p: int | None = None, num_warps: int | None = None):
     batch, H, P = x.shape
@@ -88,24 +94,13 @@ def mamba2_decode_triton(state, x, dt, A, B, C, D, dt_bias, slot_ids, z=None, ou
     y = torch.empty_like(x) if out is None else out
     if batch == 0:
         return y
-    bp, nw = default_config(state.dtype, P, N, batch * H)
-    block_p = block_p or bp
-    num_warps = num_warps or nw
+    block_p, num_warps = resolve_config(state.dtype, P, N, batch * H, block_p, num_warps)
     zz = z if z is not None else x  # placeholder pointer, never read when HAS_Z is False
-    interp = os.environ.get("TRITON_INTERPRET") == "1"
-    grid = (H * triton.cdiv(P, block_p), batch)
-    _mamba2_decode_kernel[grid](
-        state, x, dt, A, B, C, D, dt_bias, slot_ids, zz, y,
-        *state.stride(),
-        *x.stride(),
-        *dt.stride(),
-        *B.stride(),
-        *C.stride(),
-        *zz.stride(),
-        *y.stride(),
+    _mamba2_decode_kernel[(H * triton.cdiv(P, block_p), batch)](
+        state, x, dt, A, B, C, D, dt_bias, slot_ids, zz, y, *strides(state, x, dt, B, C, zz, y),
         P=P, N=N, HEADS_PER_GROUP=H // G,
         BLOCK_P=block_p, BLOCK_N=triton.next_power_of_2(N), HAS_Z=z is not None,
-        ROUND_STATE=interp and state.dtype == torch.bfloat16, ROUND_OUT=interp and y.dtype == torch.bfloat16,
+        **round_flags(state, y),
         num_warps=num_warps,
     )
     return y

@@ -28,16 +28,9 @@ from __future__ import annotations
 
 import torch
 
+from .. import replay_common as rc
 from .._dispatch import pick_backend
-from ..replay_common import (
-    LaunchPlan,
-    check_ring,
-    check_state_pair,
-    is_fp8,
-    replay_advance,
-    replay_commit,
-    replay_flush_reset,
-)
+from ..replay_common import LaunchPlan, is_fp8, replay_advance, replay_commit, replay_flush_reset
 from .ref import mamba2_replay_decode_ref, mamba2_replay_flush_ref, mamba2_replay_verify_ref
 
 __all__ = ["mamba2_replay_decode", "mamba2_replay_verify", "mamba2_replay_flush", "mamba2_replay_alloc",
@@ -52,9 +45,9 @@ def _check_cache(ckpt, ring_x, ring_dt, ring_B, write_pos, L, ckpt_scale, ckpt_l
         raise ValueError(f"H={H} is not a multiple of G={G}")
     want = {"ring_x": (ring_x, (slots, H, L, P)), "ring_dt": (ring_dt, (slots, H, L)),
             "ring_B": (ring_B, (slots, G, L, N)), "write_pos": (write_pos, (slots,))}
-    check_ring(want, write_pos, L, ("ring_dt", ring_dt))
-    check_state_pair(ckpt, ckpt_scale, "ckpt", ckpt.shape)
-    check_state_pair(ckpt_lo, ckpt_lo_scale, "ckpt_lo", ckpt.shape)
+    rc.check_ring(want, write_pos, L, ("ring_dt", ring_dt))
+    rc.check_state_pair(ckpt, ckpt_scale, "ckpt", ckpt.shape)
+    rc.check_state_pair(ckpt_lo, ckpt_lo_scale, "ckpt_lo", ckpt.shape)
     return slots, H, P, N, G
 
 

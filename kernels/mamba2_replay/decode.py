@@ -33,10 +33,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import _tl
+from .. import replay_common as rc
 from .._tl import (
     _fold_bf16x3,
-    _head_tile,
-    _limit_masks,
     _load_state,
     _ring_mask,
     _round_bf16,
@@ -45,17 +45,7 @@ from .._tl import (
     _store_tile,
     _tile_mask,
 )
-from ..replay_common import (
-    FOLDS,
-    decode_config,
-    is_fp8,
-    overlap_default,
-    resolve_flush_config,
-    ring_by_cursor_default,
-    ring_dots_default,
-    run_split,
-    split_default,
-)
+from ..replay_common import FOLDS, is_fp8, split_default
 from .verify import _mamba2_verify_gram_kernel
 
 
@@ -130,7 +120,7 @@ def _mamba2_replay_decode_kernel(
                                    CK_FP8, HAS_LO, LO_FP8, ROUND_CK, ROUND_LO, ROUND_OUT, FOLD, ROUTE, 0, False, False,
                                    bc_ptr, False, RW)
     else:
-        row, h, pt, g = _head_tile(P, BP, HPG)
+        row, h, pt, g = _tl._head_tile(P, BP, HPG)
         slot, valid = _slot_of(sid_ptr, row)
         if ROUTE == 1 and CURSOR_FIRST:
             if ROW_CURSOR:  # the caller's per-row copy: loaded beside the slot id, not after it
@@ -171,7 +161,7 @@ def _decode_row(
     HPG: tl.constexpr = H // G
     KEYS: tl.constexpr = DOTS and ROUTE == 1  # the group's dot products from the prologue's record
     # row masks from scalar limits; the N axis is masked only when N is not a power of two (as in eager)
-    offs_p, offs_n, offs_l, pm, nm, rl = _limit_masks(pt, valid, P, BP, N, BN, L, LP)
+    offs_p, offs_n, offs_l, pm, nm, rl = _tl._limit_masks(pt, valid, P, BP, N, BN, L, LP)
     tile_mask = _tile_mask(pm, nm, N, BN)
     st_off = offs_p[:, None] * N + offs_n[None, :]
     sh = slot * H + h                             # (slot, head)
@@ -356,17 +346,17 @@ def launch_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, d
     b = slot_ids.shape[0]
     if b == 0:
         return y
-    bp, nw, fold, maxnreg = decode_config(config, pick_decode_config(ckpt, ckpt_lo, P, N, b * H),
-                                          lambda block, _: pick_fold(ckpt_lo, block, ring_B))
+    bp, nw, fold, maxnreg = rc.decode_config(config, pick_decode_config(ckpt, ckpt_lo, P, N, b * H),
+                                             lambda block, _: pick_fold(ckpt_lo, block, ring_B))
     if split is None:
         split = split_default(ckpt_lo, b * H)
     if ring_by_cursor is None:
-        ring_by_cursor = ring_by_cursor_default(split)
+        ring_by_cursor = rc.ring_by_cursor_default(split)
     if ring_dots is None:
-        ring_dots = ring_dots_default(split)
+        ring_dots = rc.ring_dots_default(split)
     # default flush launch: twice the warps (the flush holds S and the ring fold; dual [64, N] on 2 warps spills)
     # 8 tiles per program: with the per-row cursor a little faster than 16 (docs/tuning/replay.md)
-    fbp, fnw, ffold, tpp = resolve_flush_config(flush_config, bp, 2 * nw, fold, 8)
+    fbp, fnw, ffold, tpp = rc.resolve_flush_config(flush_config, bp, 2 * nw, fold, 8)
     if "bf16x3" in (fold, ffold if split else None) and ring_B.dtype != torch.bfloat16:
         raise ValueError(f"config: fold 'bf16x3' needs a bf16 B ring (exact in bf16), got {ring_B.dtype}")
     if row_wp is not None and not (row_wp.dtype == torch.int32 and tuple(row_wp.shape) == (b,)):
@@ -415,5 +405,5 @@ def launch_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, d
             *args, **meta, BP=fbp, FOLD=FOLDS[ffold], ROUTE=2, TPP=tpp, num_warps=fnw)
 
     # the two launches touch disjoint rows (by cursor), so their order is free and they may run side by side
-    run_split(x.device, output_only, flush, overlap_default(split) if overlap is None else overlap)
+    rc.run_split(x.device, output_only, flush, rc.overlap_default(split) if overlap is None else overlap)
     return y

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..replay_common import dequantize, store_state
+from ..replay_common import dequantize, flush_slots, store_state, verify_rows
 
 
 def _history(ring_x, ring_dt, ring_B, s, n, hpg):
@@ -98,12 +98,7 @@ def mamba2_replay_verify_ref(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A,
     hpg = H // G
     A, dt_bias = A.float(), dt_bias.float()
     y = torch.zeros(b, T, H, P, dtype=x.dtype, device=x.device)
-    for i in range(b):
-        s = int(slot_ids[i])
-        if s < 0:
-            continue
-        wp = int(write_pos[s])
-        assert wp + T <= L, "verify needs write_pos + T <= L (flush first)"
+    for i, s, wp in verify_rows(slot_ids, write_pos, T, L):
         dtp = F.softplus(dt[i].float() + dt_bias)                                   # [T, H]
         hx, hdt, hB = _history(ring_x, ring_dt, ring_B, s, wp, hpg)
         xs = torch.cat([hx, x[i].float().transpose(0, 1)], 1)                       # [H, wp+T, P]
@@ -128,12 +123,7 @@ def mamba2_replay_flush_ref(ckpt, ring_x, ring_dt, ring_B, write_pos, A, slot_id
     H = ckpt.shape[1]
     hpg = H // ring_B.shape[1]
     A = A.float()
-    for s in slot_ids.tolist():
-        if s < 0:
-            continue
-        wp = int(write_pos[s])
-        if wp == 0 or wp + (L + 1 if min_room is None else min_room) <= L:
-            continue
+    for s, wp in flush_slots(slot_ids, write_pos, L, min_room):
         St = _fold(dequantize(ckpt[s], None if ckpt_scale is None else ckpt_scale[s]), A,
                    *_history(ring_x, ring_dt, ring_B, s, wp, hpg))
         store_state(ckpt[s], None if ckpt_scale is None else ckpt_scale[s], St)

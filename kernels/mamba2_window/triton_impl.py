@@ -9,14 +9,13 @@ A padding row (source id < 0) reads and writes no state and stores y = 0.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from .._tl import _head_tile, _round_bf16, _slot_of, _softplus, _tile_mask
-from ..mamba2_decode.triton_impl import default_config
+from .._dispatch import round_flags, strides
+from .._tl import _head_tile, _round_bf16, _slot_of, _softplus, _store_carry, _tile_mask
+from ..mamba2_decode.triton_impl import resolve_config
 
 
 @triton.jit
@@ -69,15 +68,7 @@ def _mamba2_window_kernel(
         S = S * dA + (dt * x)[:, None] * Bv[None, :]
         y = tl.sum(S * Cv[None, :], axis=1) + Dh * x
         # store S_t in the state dtype and carry the stored value on (= T eager decode steps)
-        if ROUND_STATE:
-            Sq = _round_bf16(S)
-            tl.store(state_ptr + dst * s_slot + tile, Sq.to(state_ptr.dtype.element_ty), mask=w_mask)
-            S = Sq
-        else:
-            Sq = S.to(state_ptr.dtype.element_ty)
-            tl.store(state_ptr + dst * s_slot + tile, Sq, mask=w_mask)
-            if CARRY_CAST:
-                S = Sq.to(tl.float32)
+        S = _store_carry(state_ptr + dst * s_slot + tile, S, w_mask, ROUND_STATE, CARRY_CAST)
 
         if HAS_Z:
             zv = tl.load(z_ptr + b * z_b + t * z_t + h * z_h + offs_p * z_p, mask=mask_p,
@@ -98,26 +89,14 @@ def mamba2_decode_window_triton(state, x, dt, A, B, C, D, dt_bias, src_ids, dst_
     if batch == 0:
         return y
     # the eager decode's tiling (same tile per program, T x the work): T = 1 compiles to its kernel
-    bp, nw = default_config(state.dtype, P, N, batch * H)
-    block_p = block_p or bp
-    num_warps = num_warps or nw
+    block_p, num_warps = resolve_config(state.dtype, P, N, batch * H, block_p, num_warps)
     zz = z if z is not None else x  # placeholder pointer, never read when HAS_Z is False
-    interp = os.environ.get("TRITON_INTERPRET") == "1"
-    grid = (H * triton.cdiv(P, block_p), batch)
-    _mamba2_window_kernel[grid](
-        state, x, dt, A, B, C, D, dt_bias, src_ids, dst_ids, zz, y,
-        *state.stride(),
-        *x.stride(),
-        *dt.stride(),
-        *B.stride(),
-        *C.stride(),
-        *zz.stride(),
-        *y.stride(),
-        *dst_ids.stride(),
+    _mamba2_window_kernel[(H * triton.cdiv(P, block_p), batch)](
+        state, x, dt, A, B, C, D, dt_bias, src_ids, dst_ids, zz, y, *strides(state, x, dt, B, C, zz, y, dst_ids),
         T=T, P=P, N=N, HEADS_PER_GROUP=H // G,
         BLOCK_P=block_p, BLOCK_N=triton.next_power_of_2(N), HAS_Z=z is not None,
         CARRY_CAST=state.dtype != torch.float32,
-        ROUND_STATE=interp and state.dtype == torch.bfloat16, ROUND_OUT=interp and y.dtype == torch.bfloat16,
+        **round_flags(state, y),
         num_warps=num_warps,
     )
     return y

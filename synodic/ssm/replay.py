@@ -10,11 +10,8 @@ from synodic.kernels.mamba2_replay import (
     mamba2_replay_decode,
     mamba2_replay_flush,
     mamba2_replay_verify,
-    replay_advance,
-    replay_commit,
-    replay_flush_reset,
 )
-from synodic.kernels.replay_common import store_state
+from synodic.kernels.replay_common import replay_advance, replay_commit, replay_flush_reset, store_state
 
 from .base import StateBackend
 
