@@ -85,7 +85,7 @@ def _greedy_runs(draft, target, tokens, anchors, gamma: int) -> torch.Tensor:
     h, idx, labels, prev, logits_t = _blocks(draft, target, tokens, anchors, gamma)
     B, A = anchors.shape
     anchor_tok = tokens.gather(1, anchors)
-    drafts, _ = draft.decode(h.flatten(0, 1), anchor_tok.flatten(), torch.zeros(B * A, device=tokens.device))
+    drafts, _ = draft.decode(h.flatten(0, 1), anchor_tok.flatten(), None)  # greedy drafts
     return (drafts == logits_t.argmax(-1).flatten(0, 1)).long().cumprod(-1)
 
 
