@@ -204,6 +204,7 @@ class DraftModel(nn.Module):
         prev = anchors
         if self.scheme == "dflash2":
             cand = U.topk(min(self.selector.k, U.shape[-1]), dim=-1).indices  # [B, g, K]
+            u_cand, b_cand = U.gather(-1, cand), self.selector.B(cand)
         for k in range(g):
             if self.scheme == "dspark":
                 logits = U[:, k] + self.markov(prev).float()
@@ -214,7 +215,7 @@ class DraftModel(nn.Module):
                     t = self.confidence.temperature[k]
                     confs.append(torch.sigmoid(self.confidence.logit(h[:, k], self.markov.W1(prev)).float() / t))
             else:
-                s = self.selector.scores(prev, h[:, k], U[:, k], cand[:, k])
+                s = self.selector.step_scores(prev, self.selector.H(h[:, k]), u_cand[:, k], b_cand[:, k])
                 if greedy:
                     j = s.argmax(-1)
                 else:

@@ -87,8 +87,8 @@ class DynamicConv(nn.Module):
         kern = dyn + self.base
         if inside is None:
             inside = tap_masks(first, self.taps)
-        out = x
-        for j in range(self.taps):
+        out = x + kern[..., 0] * x  # tap 0: x[t] itself, always inside t's block (no shift, no mask)
+        for j in range(1, self.taps):
             shifted = F.pad(x, (0, 0, j, 0))[:, :N]
             out = out + kern[..., j] * shifted * inside[j]
         return out
@@ -100,7 +100,7 @@ def tap_masks(first: torch.Tensor, taps: int) -> list[torch.Tensor]:
     N = first.shape[1]
     idx = torch.arange(N, device=first.device)
     start = torch.cummax(torch.where(first, idx, 0), dim=1).values  # first row of each row's block
-    return [(idx - j >= start)[..., None] for j in range(taps)]
+    return [(idx - j >= start)[..., None] for j in range(taps)]  # (tap 0's is all True: DynamicConv skips it)
 
 
 class DraftLayer(nn.Module):
