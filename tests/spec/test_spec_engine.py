@@ -186,14 +186,15 @@ def _counted(overrides, prompts, max_tokens):
     return eng, reqs, calls
 
 
-def test_steps_without_drafts_run_the_plain_decode_step():
+@pytest.mark.parametrize("kv", list(KV))
+def test_steps_without_drafts_run_the_plain_decode_step(kv):
     """Prompts without repeats: at first no row has an n-gram match, so those steps run the plain decode step
     (no 1 + γ window of padding) and are counted; steps where some row drafts keep the window. Output ==
-    plain greedy over both state backends."""
+    plain greedy over both state backends and every KV policy (plain steps between verify windows)."""
     prompts, max_tokens = [[11, 12, 13, 14, 15, 16], [300, 301, 302], [7, 8, 9, 10, 20, 21, 22, 23]], (12, 12, 12)
-    _, plain = serve([*MODEL, *KV["resident"]], prompts=prompts, max_tokens=max_tokens)
+    _, plain = serve([*MODEL, *KV[kv]], prompts=prompts, max_tokens=max_tokens)
     for ssm in SSM.values():
-        eng, reqs, calls = _counted([*MODEL, *KV["resident"], *ssm, *SPEC], prompts, max_tokens)
+        eng, reqs, calls = _counted([*MODEL, *KV[kv], *ssm, *SPEC], prompts, max_tokens)
         assert [r.output_ids for r in reqs] == [r.output_ids for r in plain], ssm
         s = eng.spec_stats.summary()
         assert s["plain_steps"] == calls["decode"] > 0, (s, calls)
