@@ -65,7 +65,8 @@ def run_variant(model: str, spec: str, batch: int, p: dict, prompts) -> dict:
     if eng.drafter is not None:
         s = eng.spec_stats.summary()
         out.update(mean_acceptance_length=s["mean_acceptance_length"], acceptance_rate=s["acceptance_rate"],
-                   acceptance_rate_by_position=s["acceptance_rate_by_position"])
+                   acceptance_rate_by_position=s["acceptance_rate_by_position"], spec_steps=s["steps"],
+                   plain_steps=s["plain_steps"])
     return out
 
 

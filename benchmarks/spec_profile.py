@@ -1,10 +1,15 @@
 """Where a speculative step's time goes: torch.profiler over one measured round of benchmarks.spec_decode's
 setup (one model, batch and spec), printing the top ops by device and by host time, and kernels per step.
+--census instead lists every op of one speculative step (CPU-capable, no profiler): each GEMM with the module
+that ran it (target, drafter or engine), its dtype, shapes and flops, and the op count per owner, per scheme.
 
-    python -m benchmarks.spec_profile --model tiny_mamba2 --spec dflash2 --batch 1 --out prof.txt"""
+    python -m benchmarks.spec_profile --model tiny_mamba2 --spec dflash2 --batch 1 --out prof.txt
+    python -m benchmarks.spec_profile --census --specs dflash2 dspark dflash --device cpu --out census.txt"""
 from __future__ import annotations
 
 import argparse
+import json
+import re
 from pathlib import Path
 
 import torch
@@ -20,7 +25,13 @@ def main(argv=None) -> None:
     ap.add_argument("--ssm", default="replay")
     ap.add_argument("--graphs", default="true")
     ap.add_argument("--out", type=Path, default=Path("spec_profile.txt"))
+    ap.add_argument("--census", action="store_true", help="the ops of one speculative step per --specs scheme")
+    ap.add_argument("--specs", nargs="+", default=["dflash2", "dspark", "dflash"], help="--census: the schemes")
+    ap.add_argument("--device", default=None, help="--census: runtime.device (default: cuda if present, else cpu)")
+    ap.add_argument("--step", type=int, default=3, help="--census: which speculative step of the round (1-based)")
     a = ap.parse_args(argv)
+    if a.census:
+        return census_main(a)
     from torch.profiler import ProfilerActivity, profile
 
     from synodic.config.compose import compose
@@ -53,6 +64,156 @@ def main(argv=None) -> None:
         text.insert(1, f"device kernels: {kernels} ({kernels / max(steps, 1):.0f} per step)")
     a.out.write_text("\n".join(text))
     print("\n".join(text[:2]))
+
+
+def census_main(a) -> None:
+    from synodic.config.compose import compose
+    from synodic.engine.engine import Engine
+    from synodic.engine.request import Request, SamplingParams
+    from synodic.engine.text import load_codec
+    from synodic.graph import build_graph, checkpoint_dir
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    p = dict(GPU if device == "cuda" else SMOKE)
+    out_tokens = max(p["output_tokens"], 8 * (a.step + 1))  # the round must reach that step
+    text, rows = [], {}
+    for spec in a.specs:
+        over = [f"model={a.model}", f"ssm={a.ssm}", f"spec={spec}", f"runtime.device={device}",
+                f"runtime.max_slots={a.batch}", "runtime.cuda_graphs=false"]
+        cfg = compose(over)
+        prompts = heldout_prompts(load_codec(checkpoint_dir(cfg.model)), a.batch, p["prompt_tokens"])
+        eng = Engine(build_graph(cfg, max_seq_len=p["prompt_tokens"] + out_tokens + 16))
+        inner, seen, got = eng._spec_step, [0], {}
+
+        def spec_step(batch, on_token, progress, inner=inner, seen=seen, got=got, eng=eng):
+            seen[0] += 1
+            if seen[0] != a.step:
+                return inner(batch, on_token, progress)
+            got["census"] = census_step(eng, lambda: inner(batch, on_token, progress))
+        eng._spec_step = spec_step
+        eng.generate([Request(i, list(pr), SamplingParams(max_tokens=out_tokens)) for i, pr in enumerate(prompts)])
+        if "census" not in got:
+            raise SystemExit(f"error: --step={a.step}: the round ran {seen[0]} speculative steps; expected --step <= "
+                             f"{seen[0]}")
+        rows[spec] = got["census"]
+        text.append(census_table(got["census"], f"{' '.join(over)}: speculative step {a.step}, batch {a.batch}"))
+    a.out.write_text("\n\n".join(text) + "\n")
+    a.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    print("\n\n".join(text))
+
+
+# -- census: every op of one speculative step, attributed to its owner (target / drafter / engine) ----------------
+GEMMS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "dot", "mv", "_scaled_mm", "_int_mm",
+         "_weight_int4pack_mm", "_weight_int8pack_mm"}
+DRAFTER_CALLS = ("propose", "draft_device", "commit_device", "on_commit", "on_prefill", "stage_host")
+
+
+class _Scopes:
+    """Module paths of the running code: forward hooks on the target's and the drafter's modules, and the
+    drafter runtime's entry points wrapped (its head runs the target's lm_head outside any drafter module)."""
+
+    def __init__(self, eng):
+        self.stack: list[str] = []
+        self.handles = []
+        for prefix, root in (("target", eng.graph.model), ("drafter", getattr(eng.drafter, "model", None))):
+            if root is None:
+                continue
+            for name, m in root.named_modules():
+                path = f"{prefix}.{name}" if name else prefix
+                self.handles.append(m.register_forward_pre_hook(lambda _m, _a, p=path: self.stack.append(p)))
+                self.handles.append(m.register_forward_hook(self._leave))
+        self.restore = []
+        for name in DRAFTER_CALLS:
+            fn = getattr(eng.drafter, name, None)
+            if fn is not None:
+                self.restore.append((name, fn))
+                setattr(eng.drafter, name, self._scoped(f"drafter:{name}", fn))
+
+    def _leave(self, _m, _a, _o) -> None:  # (a forward hook's return value would replace the output)
+        self.stack.pop()
+
+    def _scoped(self, path, fn):
+        def run(*a, **k):
+            self.stack.append(path)
+            try:
+                return fn(*a, **k)
+            finally:
+                self.stack.pop()
+        return run
+
+    def owner(self) -> tuple[str, str]:
+        """(owner, innermost module path, layer indices as *): the outermost scope owns, so the drafter's
+        call into the target's lm_head is the drafter's."""
+        if not self.stack:
+            return "engine", "-"
+        outer, path = self.stack[0], re.sub(r"\.\d+(?=\.|$)", ".*", self.stack[-1])
+        owner = outer.split(".")[0].split(":")[0]
+        return owner, (f"{outer} > {path}" if outer.startswith("drafter:") and path.startswith("target") else path)
+
+    def close(self, eng):
+        for h in self.handles:
+            h.remove()
+        for name, fn in self.restore:
+            setattr(eng.drafter, name, fn)
+
+
+def census_step(eng, step) -> dict:
+    """Ops of one engine step (`step()`: Engine._spec_step on its batch, eager): each GEMM with its module
+    path, dtypes, shapes and flops; op counts by owner."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    scopes = _Scopes(eng)
+    gemms, counts = [], {}
+
+    class Census(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            owner, path = scopes.owner()
+            name = func.__name__.split(".")[0]
+            counts.setdefault(owner, {}).setdefault(name, 0)
+            counts[owner][name] += 1
+            if name in GEMMS:
+                ts = [a for a in args if isinstance(a, torch.Tensor)]
+                shapes = [list(t.shape) for t in ts]
+                flops = _flops(name, args)
+                gemms.append({"owner": owner, "module": path, "op": name,
+                              "dtype": "/".join(dict.fromkeys(str(t.dtype).replace("torch.", "") for t in ts)),
+                              "shapes": shapes, "flops": flops})
+            return func(*args, **(kwargs or {}))
+
+    try:
+        with Census():
+            step()
+    finally:
+        scopes.close(eng)
+    return {"gemms": gemms, "ops": counts}
+
+
+def _flops(name: str, args) -> int:
+    """2 * M * N * K of one GEMM call (linear: x, weight [N, K]; addmm / baddbmm: bias, a, b; else a, b)."""
+    if name == "linear":
+        return 2 * args[0].numel() * args[1].shape[0]
+    a, b = (args[1], args[2]) if name in ("addmm", "baddbmm", "addbmm") else (args[0], args[1])
+    return 2 * a.numel() * (b.shape[-1] if b.dim() > 1 else 1)
+
+
+def census_table(c: dict, title: str) -> str:
+    """GEMMs grouped by (owner, module, op, dtype, shapes) with their count and flops; op totals by owner."""
+    rows: dict[tuple, list] = {}
+    for g in c["gemms"]:
+        k = (g["owner"], g["module"], g["op"], g["dtype"], " x ".join(map(str, g["shapes"])))
+        rows.setdefault(k, [0, 0])
+        rows[k][0] += 1
+        rows[k][1] += g["flops"]
+    total = sum(f for _, f in rows.values()) or 1
+    lines = [title, f"{'owner':8s} {'n':>3s} {'MFLOP':>8s} {'share':>6s}  {'op':6s} {'dtype':8s} module / shapes"]
+    for (owner, mod, op, dt, shp), (n, f) in sorted(rows.items(), key=lambda kv: (kv[0][0], -kv[1][1])):
+        lines.append(f"{owner:8s} {n:3d} {f / 1e6:8.2f} {100 * f / total:5.1f}%  {op:6s} {dt:8s} {mod}  {shp}")
+    mine = {o: [g for g in c["gemms"] if g["owner"] == o] for o in sorted(c["ops"])}
+    lines.append("GEMMs by owner: " + ", ".join(
+        f"{o} {len(gs)} ({sum(g['flops'] for g in gs) / 1e6:.2f} MFLOP)" for o, gs in mine.items()))
+    lines.append("all ops by owner: " + ", ".join(f"{o} {sum(v.values())}" for o, v in sorted(c["ops"].items())))
+    for o, v in sorted(c["ops"].items()):
+        top = sorted(v.items(), key=lambda kv: -kv[1])[:12]
+        lines.append(f"  {o}: " + " ".join(f"{k}={n}" for k, n in top))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

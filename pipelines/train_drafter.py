@@ -3,7 +3,9 @@ target, which stays frozen. Data: the target's own continuations (half greedy, h
 prompts drawn from the training split of the embedded corpus; many anchors per sequence, each followed by a
 masked block, position-weighted losses (synodic/spec/training.py). Writes the drafter (safetensors + config)
 under the run directory, metrics.csv, loss.png, acceptance.png (held-out acceptance rate by draft position)
-and, with `export_to`, a copy where `spec.drafter=auto` finds it.
+and, with `export_to`, a copy where `spec.drafter=auto` finds it. The report gives the teacher-forced acceptance at
+random anchors of the held-out continuations and the tokens per step a greedy decode of the held-out prompts gets
+(walk_tokens_per_step: anchored where the Engine's steps anchor, synodic.spec.training.walk_acceptance).
 
     python run.py pipeline=train_drafter spec=dflash2 model=tiny_gdn pipeline.steps=2000   # GPU: minutes
 """
@@ -117,12 +119,16 @@ def run(cfg, run_dir: Path) -> dict:
     from synodic.graph import DTYPES, load_model
     from synodic.models.weights import shipped_dir
     from synodic.spec.models import build_draft_model, load_draft_model, save_draft_model
-    from synodic.spec.training import greedy_acceptance, sampled_acceptance, train_steps
+    from synodic.spec.training import greedy_acceptance, sampled_acceptance, train_steps, walk_acceptance
     from synodic.train.state import has_state, load_state
     p, scheme = cfg.pipeline, cfg.spec.kind
     if scheme not in ("dflash", "dspark", "dflash2"):
         raise ConfigError([f"spec={scheme} with pipeline=train_drafter: expected spec=dflash, dspark or dflash2 "
                            f"(a scheme with a draft model)"])
+    if p.new_tokens <= cfg.spec.num_speculative_tokens:
+        raise ConfigError([f"pipeline.new_tokens={p.new_tokens} with spec.num_speculative_tokens="
+                           f"{cfg.spec.num_speculative_tokens}: expected pipeline.new_tokens > "
+                           f"{cfg.spec.num_speculative_tokens} (a held-out block needs all its labels)"])
     ckpt = shipped_dir(cfg.model.kind)
     if ckpt is None:
         raise ConfigError([f"model={cfg.model.kind} with pipeline=train_drafter: expected a model with shipped "
@@ -166,18 +172,25 @@ def run(cfg, run_dir: Path) -> dict:
         acc = greedy_acceptance(draft, target, held.to(device), anchors, gamma)
         acc_rt = greedy_acceptance(stored, target, held.to(device), anchors, gamma)
         acc_s = sampled_acceptance(stored, target, held_s.to(device), anchors, gamma, 1.0)
+        # what a greedy decode of the held-out prompts gets: random anchors over-weight the long stretches where
+        # a tiny target loops (easy to draft), a decode spends most of its steps outside them
+        walk = walk_acceptance(stored, target, held.to(device), p.prompt_len, gamma)
     if p.export_to:
         save_draft_model(draft, p.export_to, p.storage)
     _plots(run_dir, rows, acc_rt, scheme, cfg.model.kind)
     print(f"{scheme} for {cfg.model.kind}: held-out acceptance length (γ = {gamma}) greedy "
           f"{acc['acceptance_length']:.2f}, after the {p.storage} round trip {acc_rt['acceptance_length']:.2f}, "
           f"sampled T=1 {acc_s['acceptance_length']:.2f}; greedy by position "
-          + " ".join(f"{r:.2f}" for r in acc_rt["rate_by_position"]), flush=True)
+          + " ".join(f"{r:.2f}" for r in acc_rt["rate_by_position"])
+          + f"; a greedy decode's walk {walk['tokens_per_step']:.2f} tokens/step ({walk['steps']} row-steps, "
+          f"{p.eval_prompts} prompts x {walk['max_tokens']} tokens)", flush=True)
     return {"metrics": {"final_loss": rows[-1]["loss"], "acceptance_length": acc_rt["acceptance_length"],
                         "acceptance_length_unquantized": acc["acceptance_length"],
                         "rate_by_position": acc_rt["rate_by_position"],
                         "sampled_acceptance_length": acc_s["acceptance_length"],
                         "sampled_rate_by_position": acc_s["rate_by_position"],
+                        "walk_tokens_per_step": walk["tokens_per_step"], "walk_steps": walk["steps"],
+                        "walk_max_tokens": walk["max_tokens"], "walk_rate_by_position": walk["rate_by_position"],
                         "drafter_bytes": (out_dir / "model.safetensors").stat().st_size},
             "drafter": str(out_dir), "exported_to": p.export_to}
 

@@ -42,7 +42,7 @@ PROMPTS = [[5, 9, 200, 31, 7, 5, 9], [100, 3], [42] * 9, [1, 2, 3, 1, 2, 3, 1, 2
 MAX_TOKENS = [17, 9, 13, 5]  # the batch shrinks 4 → 3 (padded to 4) → 2 → 1
 
 
-def serve(overrides, emulate: bool):
+def serve(overrides, emulate: bool, prompts=PROMPTS):
     eng = Engine(build_graph(compose(["runtime.device=cpu", *overrides]), max_seq_len=64))
     run = eng.runner
     if emulate:
@@ -60,7 +60,7 @@ def serve(overrides, emulate: bool):
         entries.append(dict(entry))
         add(batch, entry)
     eng.ledger.add = ledger
-    reqs = [Request(i, p, SamplingParams(max_tokens=n)) for i, (p, n) in enumerate(zip(PROMPTS, MAX_TOKENS))]
+    reqs = [Request(i, p, SamplingParams(max_tokens=n)) for i, (p, n) in enumerate(zip(prompts, MAX_TOKENS))]
     eng.generate(reqs)
     return dict(eng=eng, ids=[r.output_ids for r in reqs], ledger=entries, stats=eng.spec_stats.summary(),
                 shapes=shapes)
@@ -92,9 +92,12 @@ def test_captured_spec_step_matches_step_by_step(runs, name):
     assert graphed["ids"] == eager["ids"]
     assert graphed["ledger"] == eager["ledger"]
     assert graphed["stats"]["accepted_tokens"] == eager["stats"]["accepted_tokens"]
-    keys = list(graphed["eng"].runner.graphs)
-    assert keys and all("spec" in k for k in keys)            # every step was a captured speculative step
-    assert len({k[0] for k in keys}) >= 2 and 4 in {k[0] for k in keys}  # several buckets
+    keys, st = list(graphed["eng"].runner.graphs), graphed["stats"]
+    spec_keys = [k for k in keys if "spec" in k]
+    # every step was captured: a speculative step, or the plain decode step where no row drafted (plain_steps)
+    assert spec_keys and len(graphed["shapes"]) == st["steps"] - st["plain_steps"]
+    assert all("spec" in k for k in keys) == (st["plain_steps"] == 0)
+    assert len({k[0] for k in spec_keys}) >= 2 and 4 in {k[0] for k in spec_keys}  # several buckets
     assert any(b < bucket for b, bucket in graphed["shapes"])     # some steps ran padded rows
 
 
@@ -148,3 +151,21 @@ def test_real_cuda_graphs_spec_equals_plain_greedy(ssm):
         if graphs:
             assert eng.runner.graphs and all("spec" in k for k in eng.runner.graphs)
     assert outs["dflash2", True] == outs["dflash2", False] == outs["none", False]
+
+
+def test_steps_without_drafts_replay_the_plain_graph():
+    """spec=ngram on prompts without repeats under emulated capture: the steps where no row has a match replay
+    the plain decode step's graph (the keys a spec=none run captures), the rest the speculative step's; the
+    outputs and ledgers equal the step-by-step run's and plain greedy decoding's."""
+    prompts = [[11, 12, 13, 14, 15, 16], [300, 301, 302], [7, 8, 9, 10, 20, 21, 22, 23], [40, 41]]
+    base = ["model=tiny_gdn", "ssm=replay"]
+    spec = [*base, "spec=ngram", "spec.num_speculative_tokens=5"]
+    with pytest.MonkeyPatch.context() as mp:
+        _kernels_as_launches(mp)
+        plain, eager, graphed = serve(base, True, prompts), serve(spec, False, prompts), serve(spec, True, prompts)
+    assert graphed["ids"] == eager["ids"] == plain["ids"]
+    assert graphed["ledger"] == eager["ledger"]
+    assert graphed["stats"]["plain_steps"] == eager["stats"]["plain_steps"] > 0
+    keys = set(graphed["eng"].runner.graphs)
+    plain_keys = {k for k in keys if "spec" not in k}
+    assert plain_keys and plain_keys <= set(plain["eng"].runner.graphs) and keys - plain_keys

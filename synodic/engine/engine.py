@@ -215,23 +215,29 @@ class Engine:
         for the whole window first; when some row cannot grow that far, the step verifies no drafts (a plain
         step) and the scheduler preempts as usual next time. Greedy batches run as ModelRunner.speculate (one CUDA
         graph per bucket with graphs on) when the drafter drafts on the device (`graph_safe`) or its host drafts
-        may fill the fixed window (`stages_drafts`); the rest step by step (_spec_eager)."""
+        may fill the fixed window (`stages_drafts`); the rest step by step (_spec_eager). A greedy step in which
+        no row has a draft (host drafts only: no n-gram match anywhere) runs the plain decode step instead of a
+        window of padding (_plain_step; counted as SpecStats.plain_steps)."""
         b = len(batch)
         ts, cap = time.perf_counter(), self.runner.capture_s
         greedy = all(r.params.temperature == 0 for r in batch)
         out = self._spec_fixed(batch) if greedy and self.gamma else None
-        if out is not None:
-            G, n_drafts, out, td = out
-        else:
-            G, n_drafts, out, td = self._spec_eager(batch)
+        if out is None:
+            out = self._spec_eager(batch)
+        G, n_drafts, out, td = out
+        plain = G is None  # no row drafted: the plain decode step ran (_plain_step)
         now = time.perf_counter()
         self.decode_s += now - ts - (self.runner.capture_s - cap)  # captures are warm-up
         lengths = [r.length for r in batch]
         slots, kept = [r.slot for r in batch], [row[0] + 1 for row in out]
-        entry = self.graph.step_bytes(slots, lengths, G + 1, kept)
-        if G:
-            entry.update(self.drafter.step_bytes(batch, lengths))
-        self.graph.advance(slots, G + 1, kept)
+        if plain:
+            entry = self.graph.step_bytes(slots, lengths)
+            self.graph.advance(slots)
+        else:
+            entry = self.graph.step_bytes(slots, lengths, G + 1, kept)
+            if G:
+                entry.update(self.drafter.step_bytes(batch, lengths))
+            self.graph.advance(slots, G + 1, kept)
         emitted = 0
         for r, row in zip(batch, out):
             self.accepted.append(row[0] + 1)
@@ -241,7 +247,7 @@ class Engine:
                 self._append(r, tok, now, on_token)
                 emitted += 1
         self.ledger.add(emitted, entry)  # tokens this step produced: the rate's numerator, per-token bytes' divisor
-        self.spec_stats.add(n_drafts, [row[0] for row in out], emitted, td - ts, now - td)
+        self.spec_stats.add(n_drafts, [row[0] for row in out], emitted, td - ts, now - td, plain=plain)
         if progress is not None:
             progress(b)
 
@@ -262,6 +268,8 @@ class Engine:
             if width > G:  # (a test's synthetic drafter states its γ by its drafts)
                 return None
             n_drafts = [min(G, width)] * b if n_drafts is None else [min(G, n) for n in n_drafts]
+            if not any(n_drafts) and not self.runner.hidden_layers:
+                return self._plain_step(batch, time.perf_counter())
         if not self.scheduler.reserve(batch, G):
             return None
         if drafts is None and hasattr(self.drafter, "stage_host"):
@@ -271,6 +279,13 @@ class Engine:
                                     [r.output_ids[-1] for r in batch], G, max(r.length for r in batch) + G,
                                     drafts, n_drafts).tolist()  # the step's one host sync
         return G, n_drafts if n_drafts is not None else [G] * b, out, td
+
+    def _plain_step(self, batch, td: float) -> tuple[None, list[int], list[list[int]], float]:
+        """A greedy step where no row has drafts: the plain decode step (its captured graph with graphs on)
+        instead of a verify window of padding. G None marks it; each row keeps its one target token."""
+        logits = self.runner.decode([r.slot for r in batch], [r.length - 1 for r in batch],
+                                    [r.output_ids[-1] for r in batch], max(r.length for r in batch))
+        return None, [0] * len(batch), [[0, t] for t in logits.argmax(-1).tolist()], td  # the step's one host sync
 
     def _spec_eager(self, batch) -> tuple[int, list[int], list[list[int]], float]:
         """Draft, verify and commit op by op (any drafter, sampling rows); returns (drafts verified G, real drafts
@@ -289,6 +304,9 @@ class Engine:
             G = 0
         n_drafts = [G] * b if n_drafts is None else [min(n, G) for n in n_drafts]
         td = time.perf_counter()
+        # sampling rows keep the window of one: their γ + 1 uniforms a step keep a row's draws batch-independent
+        if G == 0 and not sampling and not self.runner.hidden_layers:
+            return self._plain_step(batch, td)
         anchors = [r.output_ids[-1] for r in batch]
         if isinstance(drafts, torch.Tensor):
             win = torch.cat([pinned(torch.tensor(anchors, dtype=torch.long), dev).to(dev, non_blocking=True)[:, None],

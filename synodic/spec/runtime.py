@@ -56,9 +56,7 @@ class NeuralDrafter:
         self._wbytes: dict[int, int] = {}
         self._linear_weight_bytes = linear_weight_bytes
         self.kv_row_bytes = _ring_row_bytes(model, cfg.context_window)
-        # zero temperatures of the captured step, one per ring slot (a fixed buffer every graph reads)
         ring = getattr(model, "_ring", None)
-        self._greedy = torch.zeros(ring["pos"].shape[0], device=self.device) if ring else None
         self._lookup = None  # per-request n-gram indexes of the lookup hints, and the captured step's hint buffer
         if self.lookup_hint:
             from .ngram import NgramDrafter
@@ -126,9 +124,8 @@ class NeuralDrafter:
     def draft_device(self, slots, anchors, positions, gamma: int) -> torch.Tensor:
         """Greedy drafts [B, gamma] from the ring rows of `slots` (the scratch slot for padding rows)."""
         B = anchors.shape[0]
-        temp = self._greedy[:B] if self._greedy is not None else torch.zeros(B, device=anchors.device)
         extra = {"hints": self._hints[:B, :gamma]} if self.lookup_hint else {}
-        drafts, _ = self.model.propose(slots, anchors, positions, gamma, temp, None, **extra)
+        drafts, _ = self.model.propose(slots, anchors, positions, gamma, None, None, **extra)  # None: all greedy
         return drafts
 
     def commit_device(self, slots, hidden, start, accepted) -> None:

@@ -5,9 +5,10 @@ step's one read-back closes the verify time)."""
 
 class SpecStats:
     def __init__(self):
-        self.steps = 0           # speculative steps (one verify forward each)
+        self.steps = 0           # steps of the speculative loop (a verify forward or a plain decode step each)
+        self.plain_steps = 0     # of those, steps no row drafted in: run as the plain decode step, no window
         self.row_verifies = 0    # rows verified with at least one draft
-        self.plain_rows = 0      # rows verified without drafts (no n-gram match, or pages for one token only)
+        self.plain_rows = 0      # rows stepped without drafts (no n-gram match, or pages for one token only)
         self.drafted = 0
         self.accepted = 0
         self.emitted = 0         # tokens appended to outputs (a row finishing mid-window keeps fewer)
@@ -16,8 +17,10 @@ class SpecStats:
         self.pos_drafted: list[int] = []   # rows with a draft at position k (0-based)
         self.pos_accepted: list[int] = []  # ... whose draft k was accepted
 
-    def add(self, n_drafts: list[int], accepted: list[int], emitted: int, draft_s: float, verify_s: float) -> None:
+    def add(self, n_drafts: list[int], accepted: list[int], emitted: int, draft_s: float, verify_s: float,
+            plain: bool = False) -> None:
         self.steps += 1
+        self.plain_steps += plain
         self.emitted += emitted
         self.draft_s += draft_s
         self.verify_s += verify_s
@@ -38,7 +41,7 @@ class SpecStats:
     def summary(self) -> dict:
         rv = max(self.row_verifies, 1)
         return {
-            "steps": self.steps,
+            "steps": self.steps, "plain_steps": self.plain_steps,
             "mean_acceptance_length": (self.accepted + self.row_verifies) / rv if self.row_verifies else None,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
             "acceptance_rate_by_position": [a / d if d else None for a, d in zip(self.pos_accepted, self.pos_drafted)],

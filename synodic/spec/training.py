@@ -73,15 +73,50 @@ def greedy_acceptance(draft, target, tokens, anchors, gamma: int) -> dict:
     """Teacher-forced greedy acceptance on the target's greedy continuations `tokens`: block a drafts greedily
     from the true prefix; drafts are accepted while they equal the target's argmax (= the next true token).
     Returns the mean acceptance length (accepted + 1) and the conditional acceptance rate per position."""
-    h, idx, labels, prev, logits_t = _blocks(draft, target, tokens, anchors, gamma)
-    B, A = anchors.shape
-    anchor_tok = tokens.gather(1, anchors)
-    drafts, _ = draft.decode(h.flatten(0, 1), anchor_tok.flatten(), torch.zeros(B * A, device=tokens.device))
-    match = drafts == logits_t.argmax(-1).flatten(0, 1)
-    run = match.long().cumprod(-1)                                        # 1 while every earlier draft matched
+    run = _greedy_runs(draft, target, tokens, anchors, gamma)             # 1 while every earlier draft matched
     accepted = run.sum(-1)
     reach = torch.cat([torch.ones_like(run[:, :1]), run[:, :-1]], dim=1).sum(0).clamp(min=1)
     return {"acceptance_length": (accepted.float() + 1).mean().item(),
+            "rate_by_position": (run.sum(0).float() / reach.float()).tolist()}
+
+
+def _greedy_runs(draft, target, tokens, anchors, gamma: int) -> torch.Tensor:
+    """[B * A, gamma] long: 1 at draft k of block (b, a) while drafts 1..k all equal the target's argmax."""
+    h, idx, labels, prev, logits_t = _blocks(draft, target, tokens, anchors, gamma)
+    B, A = anchors.shape
+    anchor_tok = tokens.gather(1, anchors)
+    drafts, _ = draft.decode(h.flatten(0, 1), anchor_tok.flatten(), None)  # greedy drafts
+    return (drafts == logits_t.argmax(-1).flatten(0, 1)).long().cumprod(-1)
+
+
+@torch.no_grad()
+def walk_acceptance(draft, target, tokens, prompt_len: int, gamma: int, chunk: int = 8) -> dict:
+    """The acceptance a greedy decode gets, not a random anchor's: tokens [B, T] are prompts of prompt_len
+    tokens and their greedy continuations; each row is walked as the Engine steps it (anchor = the last
+    committed token, first the prefill's token at prompt_len; draft gamma, keep the matching prefix + 1 target
+    token, move the anchor past them) until it holds max_tokens = T - prompt_len - gamma + 1 tokens (the last
+    block still has all its labels). Teacher-forced drafts at every anchor in one pass per `chunk` rows; the
+    walk picks the anchors it reaches. Returns tokens_per_step (the Engine's mean of accepted + 1 over its
+    row-steps), steps, max_tokens and the conditional rate by position over the reached blocks."""
+    B, T = tokens.shape
+    last = T - gamma - 1  # the last anchor a decode of max_tokens tokens verifies from
+    if last < prompt_len:
+        raise ValueError(f"walk_acceptance: sequences of {T} tokens with prompt_len={prompt_len} and gamma={gamma}; "
+                         f"expected T >= prompt_len + gamma + 1")
+    anchors = torch.arange(prompt_len, last + 1, device=tokens.device).expand(B, -1)
+    runs = torch.cat([_greedy_runs(draft, target, tokens[i:i + chunk], anchors[i:i + chunk], gamma).view(
+        -1, anchors.shape[1], gamma) for i in range(0, B, chunk)]).cpu()
+    kept, reached = [], []
+    for row in runs:
+        a = prompt_len
+        while a <= last:
+            run = row[a - prompt_len]
+            reached.append(run)
+            kept.append(int(run.sum()) + 1)
+            a += kept[-1]
+    run = torch.stack(reached)
+    reach = torch.cat([torch.ones_like(run[:, :1]), run[:, :-1]], dim=1).sum(0).clamp(min=1)
+    return {"tokens_per_step": sum(kept) / len(kept), "steps": len(kept), "max_tokens": T - prompt_len - gamma + 1,
             "rate_by_position": (run.sum(0).float() / reach.float()).tolist()}
 
 

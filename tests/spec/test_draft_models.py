@@ -301,3 +301,20 @@ def test_save_load_roundtrip_and_errors(tmp_path, scheme):
     with pytest.raises(ConfigError, match="missing model.safetensors"):
         load_draft_model(tmp_path / "d", tgt.config)
     assert shipped_drafter_dir("no_such_target", scheme) is None
+
+
+@pytest.mark.parametrize("scheme", ["dflash", "dspark", "dflash2"])
+def test_greedy_decode_without_q_gives_the_temperature_zero_drafts(scheme):
+    """decode with temperature None (the captured step's and teacher-forced scoring's greedy call) skips q and
+    the sampling noise; its drafts are the temperature-0 drafts bit for bit, whatever the generator draws."""
+    m = _small(scheme)
+    torch.manual_seed(5)
+    B, g = 9, 5
+    h = torch.randn(B, g, H)
+    anchors = torch.randint(0, V, (B,))
+    with torch.no_grad():
+        ref, q = m.decode(h, anchors, torch.zeros(B), torch.Generator().manual_seed(0))
+        drafts, none = m.decode(h, anchors, None)
+    assert none is None and q is not None
+    assert torch.equal(drafts, ref) and drafts.dtype == torch.long and drafts.shape == (B, g)
+    assert len(set(drafts.flatten().tolist())) > 3  # the rows differ: not a constant draft

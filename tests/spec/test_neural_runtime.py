@@ -57,7 +57,8 @@ class RecordingDraft(torch.nn.Module):
         self.proposals += 1
         q = torch.stack(q)
         drafts = torch.tensor(drafts)
-        sampled = temperature > 0  # sampling rows draw their drafts from q, as a real drafter does
+        # sampling rows draw their drafts from q, as a real drafter does (temperature None: every row greedy)
+        sampled = temperature > 0 if temperature is not None else torch.zeros(len(drafts), dtype=torch.bool)
         if sampled.any():
             drafts[sampled] = torch.multinomial(q[sampled].view(-1, self.V), 1, generator=generator).view(-1, gamma)
         return drafts, (q if sampled.any() else None)

@@ -165,3 +165,40 @@ def test_shipped_dflash2_drafter_is_lossless_and_accepts(preset, ssm):
     eng, reqs = serve([*base, *SSM[ssm], "spec=dflash2"], max_tokens=(16, 16, 16, 16), prompts=text, max_seq_len=96)
     assert [r.output_ids for r in reqs] == [r.output_ids for r in plain]
     assert sum(eng.accepted) / len(eng.accepted) > 1.05
+
+
+def _counted(overrides, prompts, max_tokens):
+    """serve() that also records the runner's plain decode calls and each window's real drafts per row."""
+    eng = Engine(build_graph(compose(overrides), max_seq_len=64))
+    calls = {"decode": 0, "window": []}
+    decode, speculate = eng.runner.decode, eng.runner.speculate
+
+    def counted_decode(*a, **k):
+        calls["decode"] += 1
+        return decode(*a, **k)
+
+    def counted_speculate(drafter, slots, positions, anchors, gamma, max_len, drafts, n_drafts):
+        calls["window"].append(list(n_drafts))
+        return speculate(drafter, slots, positions, anchors, gamma, max_len, drafts, n_drafts)
+    eng.runner.decode, eng.runner.speculate = counted_decode, counted_speculate
+    reqs = [Request(i, p, SamplingParams(max_tokens=n)) for i, (p, n) in enumerate(zip(prompts, max_tokens))]
+    eng.generate(reqs)
+    return eng, reqs, calls
+
+
+@pytest.mark.parametrize("kv", list(KV))
+def test_steps_without_drafts_run_the_plain_decode_step(kv):
+    """Prompts without repeats: at first no row has an n-gram match, so those steps run the plain decode step
+    (no 1 + γ window of padding) and are counted; steps where some row drafts keep the window. Output ==
+    plain greedy over both state backends and every KV policy (plain steps between verify windows)."""
+    prompts, max_tokens = [[11, 12, 13, 14, 15, 16], [300, 301, 302], [7, 8, 9, 10, 20, 21, 22, 23]], (12, 12, 12)
+    _, plain = serve([*MODEL, *KV[kv]], prompts=prompts, max_tokens=max_tokens)
+    for ssm in SSM.values():
+        eng, reqs, calls = _counted([*MODEL, *KV[kv], *ssm, *SPEC], prompts, max_tokens)
+        assert [r.output_ids for r in reqs] == [r.output_ids for r in plain], ssm
+        s = eng.spec_stats.summary()
+        assert s["plain_steps"] == calls["decode"] > 0, (s, calls)
+        assert s["steps"] == s["plain_steps"] + len(calls["window"])
+        assert calls["window"] and all(any(n) for n in calls["window"])  # windows only where some row drafts
+        assert any(0 in n for n in calls["window"])  # a mixed batch (rows without drafts) kept its window
+        assert s["emitted_tokens"] == sum(map(len, (r.output_ids for r in plain))) - len(plain)

@@ -42,3 +42,29 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     assert [h["loss"] for h in h_res] == [h["loss"] for h in h_whole]
     for (k, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), k
+
+
+@pytest.mark.parametrize("preset,scheme,ssm", [("tiny_mamba2", "dflash2", "replay"), ("tiny_gdn", "dspark", "eager")])
+def test_walk_acceptance_equals_the_engines_tokens_per_step(preset, scheme, ssm):
+    """walk_acceptance on held-out prompts and their greedy continuations gives the tokens per step the Engine
+    measures serving those prompts with the shipped drafter (and the Engine emits those continuations)."""
+    from synodic.config.compose import compose
+    from synodic.data.corpus import heldout_tokens
+    from synodic.data.tokenizer import load_tokenizer
+    from synodic.engine.engine import Engine
+    from synodic.engine.request import Request, SamplingParams
+    from synodic.graph import build_graph
+    from synodic.models.weights import shipped_dir
+    from synodic.spec.training import walk_acceptance
+    P, new, gamma = 16, 19, 7
+    ids = heldout_tokens(load_tokenizer(shipped_dir(preset) / "tokenizer.json").encode, 2000)
+    prompts = torch.tensor([ids[i * 500: i * 500 + P] for i in range(3)])
+    eng = Engine(build_graph(compose([f"model={preset}", "runtime.device=cpu", f"ssm={ssm}", f"spec={scheme}",
+                                      f"spec.num_speculative_tokens={gamma}"]), max_seq_len=P + new + 16))
+    held = continuations(eng.graph.model, prompts, new, 0.0)
+    walk = walk_acceptance(eng.drafter.model, eng.graph.model, held, P, gamma)
+    reqs = [Request(i, p.tolist(), SamplingParams(max_tokens=walk["max_tokens"])) for i, p in enumerate(prompts)]
+    eng.generate(reqs)
+    assert [r.output_ids for r in reqs] == held[:, P:P + walk["max_tokens"]].tolist()
+    assert walk["steps"] == len(eng.accepted) and walk["tokens_per_step"] == sum(eng.accepted) / len(eng.accepted)
+    assert walk["tokens_per_step"] > 1.0  # the shipped drafter gets drafts accepted on held-out text

@@ -20,6 +20,8 @@ def test_train_drafter_writes_a_loadable_drafter_and_resumes(tmp_path, capsys):
     m = out["metrics"]
     assert 1.0 <= m["acceptance_length"] <= 8.0 and 1.0 <= m["sampled_acceptance_length"] <= 8.0
     assert len(m["rate_by_position"]) == 7 and len(m["sampled_rate_by_position"]) == 7
+    assert 1.0 <= m["walk_tokens_per_step"] <= 8.0 and m["walk_max_tokens"] == 12 - 7 + 1
+    assert m["walk_steps"] >= 2 * m["walk_max_tokens"] / 8  # two held-out prompts, at most 8 tokens a step
     for f in ("metrics.csv", "loss.png", "acceptance.png", "ckpt/state.json", "ckpt/state.safetensors"):
         assert (tmp_path / f).stat().st_size > 0
     assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 4  # header + one row per step

@@ -12,7 +12,7 @@ from torch import nn
 
 from .config import DraftConfig
 from .heads import ConfidenceHead, MarkovHead, PathSelector, sample
-from .layers import DraftLayer, RMSNorm, rope_cos_sin
+from .layers import DraftLayer, RMSNorm, rope_cos_sin, tap_masks
 
 
 class DraftModel(nn.Module):
@@ -68,8 +68,9 @@ class DraftModel(nn.Module):
         """x [B, N, H] block rows at positions pos [B, N]; ctx_kv per layer (k, v) [B, M, nkv, d]; mask
         [B, N, M + N]. Returns the final-normed rows."""
         cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta, x.dtype)
+        inside = tap_masks(first, self.config.conv_taps) if self.scheme == "dflash2" else None
         for layer, (k, v) in zip(self.layers, ctx_kv):
-            x = layer(x, cos, sin, k, v, mask, first)
+            x = layer(x, cos, sin, k, v, mask, first, inside)
         return self.norm(x)
 
     def context_kv(self, ctx: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -168,7 +169,8 @@ class DraftModel(nn.Module):
     def propose(self, slots, anchors, positions, gamma: int, temperature, generator=None, hints=None):
         """anchors [B] at positions [B] → drafts [B, gamma] long, q [B, gamma, V] fp32 (the distribution each
         draft was drawn from; one-hot for temperature-0 rows). DSpark also sets last_confidence [B, gamma].
-        hints [B, gamma] (device, -1 = none): the lookup hints when config.lookup_hint > 0."""
+        hints [B, gamma] (device, -1 = none): the lookup hints when config.lookup_hint > 0. temperature None:
+        every row greedy, q None (see decode)."""
         if gamma > self.gamma:
             raise ValueError(f"propose: gamma={gamma} exceeds the {self.gamma} drafts this drafter was trained for")
         r = self._ring
@@ -189,31 +191,43 @@ class DraftModel(nn.Module):
 
     def decode(self, h: torch.Tensor, anchors: torch.Tensor, temperature, generator=None):
         """Drafts and q from block rows h [B, g, H] (left to right for the schemes whose q depends on the
-        previous draft)."""
+        previous draft). temperature None: every row greedy, q None and no DSpark confidences — the drafts of
+        temperature 0 without the full-vocabulary softmax, noise and one-hot q per position that a greedy
+        caller (the captured step, teacher-forced scoring) throws away."""
         U = self.head(h)
         g = h.shape[1]
+        greedy = temperature is None
         if self.scheme == "dflash":
             self.last_confidence = None
-            return sample(U, temperature, generator)
+            return (U.argmax(-1), None) if greedy else sample(U, temperature, generator)
         drafts, qs, confs = [], [], []
         prev = anchors
         if self.scheme == "dflash2":
             cand = U.topk(min(self.selector.k, U.shape[-1]), dim=-1).indices  # [B, g, K]
+            u_cand, b_cand = U.gather(-1, cand), self.selector.B(cand)
         for k in range(g):
             if self.scheme == "dspark":
-                tok, q = sample(U[:, k] + self.markov(prev).float(), temperature, generator)
-                t = self.confidence.temperature[k]
-                confs.append(torch.sigmoid(self.confidence.logit(h[:, k], self.markov.W1(prev)).float() / t))
+                logits = U[:, k] + self.markov(prev).float()
+                if greedy:
+                    tok = logits.argmax(-1)
+                else:
+                    tok, q = sample(logits, temperature, generator)
+                    t = self.confidence.temperature[k]
+                    confs.append(torch.sigmoid(self.confidence.logit(h[:, k], self.markov.W1(prev)).float() / t))
             else:
-                s = self.selector.scores(prev, h[:, k], U[:, k], cand[:, k])
-                j, qk = sample(s, temperature, generator)
+                s = self.selector.step_scores(prev, self.selector.H(h[:, k]), u_cand[:, k], b_cand[:, k])
+                if greedy:
+                    j = s.argmax(-1)
+                else:
+                    j, qk = sample(s, temperature, generator)
+                    q = torch.zeros_like(U[:, k]).scatter_(1, cand[:, k], qk)
                 tok = cand[:, k].gather(1, j[:, None])[:, 0]
-                q = torch.zeros_like(U[:, k]).scatter_(1, cand[:, k], qk)
             drafts.append(tok)
-            qs.append(q)
+            if not greedy:
+                qs.append(q)
             prev = tok
         self.last_confidence = torch.stack(confs, 1) if confs else None
-        return torch.stack(drafts, 1), torch.stack(qs, 1)
+        return torch.stack(drafts, 1), (None if greedy else torch.stack(qs, 1))
 
 
 def block_mask(anchor_pos: torch.Tensor, gamma: int, T: int, window: int | None) -> torch.Tensor:

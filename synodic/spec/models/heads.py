@@ -59,5 +59,12 @@ class PathSelector(nn.Module):
 
     def scores(self, prev: torch.Tensor, h: torch.Tensor, U: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
         """S over candidates cand [B, K] from prev [B], h [B, H], U [B, V] → [B, K]."""
-        inter = (self.A(prev) * self.H(h))[:, None, :] * self.B(cand)
-        return U.gather(1, cand) + inter.sum(-1).float()
+        return self.step_scores(prev, self.H(h), U.gather(1, cand), self.B(cand))
+
+    def step_scores(self, prev: torch.Tensor, hH: torch.Tensor, u_cand: torch.Tensor, b_cand: torch.Tensor
+                    ) -> torch.Tensor:
+        """scores() from its parts: hH = H(h) [B, r], u_cand = U at the candidates [B, K], b_cand = B(cand)
+        [B, K, r] (a block's candidate lookups are gathered once for all its positions; H stays per position:
+        one GEMM over the block rounds differently from one per row)."""
+        inter = (self.A(prev) * hH)[:, None, :] * b_cand
+        return u_cand + inter.sum(-1).float()

@@ -79,19 +79,28 @@ class DynamicConv(nn.Module):
         self.base = nn.Parameter(torch.zeros(hidden, taps))
         self.proj = nn.Linear(hidden, (hidden // group) * taps, bias=False)
 
-    def forward(self, x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        """x [B, N, H]; first [B, N] bool marks each block's first row (blocks are contiguous runs of rows)."""
+    def forward(self, x: torch.Tensor, first: torch.Tensor, inside: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """x [B, N, H]; first [B, N] bool marks each block's first row (blocks are contiguous runs of rows);
+        inside: tap_masks(first, taps), when the caller shares them across its convolutions."""
         B, N, H = x.shape
         dyn = self.proj(x).view(B, N, H // self.group, self.taps).repeat_interleave(self.group, dim=2)
         kern = dyn + self.base
-        idx = torch.arange(N, device=x.device)
-        start = torch.cummax(torch.where(first, idx, 0), dim=1).values  # first row of each row's block
-        out = x
-        for j in range(self.taps):
+        if inside is None:
+            inside = tap_masks(first, self.taps)
+        out = x + kern[..., 0] * x  # tap 0: x[t] itself, always inside t's block (no shift, no mask)
+        for j in range(1, self.taps):
             shifted = F.pad(x, (0, 0, j, 0))[:, :N]
-            inside = (idx - j >= start)[..., None]
-            out = out + kern[..., j] * shifted * inside
+            out = out + kern[..., j] * shifted * inside[j]
         return out
+
+
+def tap_masks(first: torch.Tensor, taps: int) -> list[torch.Tensor]:
+    """Per tap j, [B, N, 1] bool: row t's input x[t - j] lies in t's block (first [B, N] marks block starts).
+    The same for every convolution of a forward, so the drafter computes them once (8 convolutions a forward)."""
+    N = first.shape[1]
+    idx = torch.arange(N, device=first.device)
+    start = torch.cummax(torch.where(first, idx, 0), dim=1).values  # first row of each row's block
+    return [(idx - j >= start)[..., None] for j in range(taps)]  # (tap 0's is all True: DynamicConv skips it)
 
 
 class DraftLayer(nn.Module):
@@ -109,14 +118,16 @@ class DraftLayer(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, H, bias=False)
         self.convs = nn.ModuleList(DynamicConv(H, cfg.conv_group, cfg.conv_taps) for _ in range(4)) if conv else None
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, first) -> torch.Tensor:
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, first, inside=None) -> torch.Tensor:
+        """inside: the convolutions' tap_masks(first, taps), shared by the caller's layers (computed here if None)."""
         c = self.convs
         if c is not None:
-            x = c[0](x, first)
+            inside = tap_masks(first, c[0].taps) if inside is None else inside
+            x = c[0](x, first, inside)
         a = self.attn(self.attn_norm(x), cos, sin, ctx_k, ctx_v, mask)
-        x = x + (c[1](a, first) if c is not None else a)
+        x = x + (c[1](a, first, inside) if c is not None else a)
         if c is not None:
-            x = c[2](x, first)
+            x = c[2](x, first, inside)
         h = self.mlp_norm(x)
         m = self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-        return x + (c[3](m, first) if c is not None else m)
+        return x + (c[3](m, first, inside) if c is not None else m)

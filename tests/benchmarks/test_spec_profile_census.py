@@ -1,0 +1,26 @@
+"""benchmarks.spec_profile --census on the CPU: one speculative step's GEMMs carry the module that ran them, the
+drafter's call into the target's LM head counts as the drafter's, and the table and JSON are written."""
+import json
+
+import pytest
+
+from benchmarks.spec_profile import main
+
+
+@pytest.mark.parametrize("spec,drafter_only", [("dflash2", "drafter.selector.H"), ("dspark", "drafter.markov.W2")])
+def test_census_attributes_every_gemm(tmp_path, spec, drafter_only):
+    out = tmp_path / "census.txt"
+    main(["--census", "--specs", spec, "--device", "cpu", "--step", "2", "--out", str(out)])
+    c = json.loads(out.with_suffix(".json").read_text())[spec]
+    gemms = c["gemms"]
+    owners = {g["owner"] for g in gemms}
+    assert owners == {"target", "drafter"}
+    assert sum(c["ops"]["target"].get(k, 0) + c["ops"]["drafter"].get(k, 0) for k in ("linear", "mm", "addmm", "bmm")
+               ) == len(gemms)
+    heads = [g for g in gemms if g["module"].endswith("target.lm_head")]
+    # the verify's LM head over the 1 + γ window is the target's; the drafter's block rows (γ) run it too
+    assert sorted((g["owner"], g["shapes"][0][1]) for g in heads) == [("drafter", 7), ("target", 8)]
+    assert any(g["module"] == drafter_only and g["owner"] == "drafter" for g in gemms)
+    assert all(g["module"].startswith(("target", "drafter")) and g["flops"] > 0 and g["dtype"] for g in gemms)
+    text = out.read_text()
+    assert f"spec={spec}" in text and "GEMMs by owner: drafter" in text and "all ops by owner:" in text
