@@ -196,7 +196,10 @@ class TopKPolicy(KVPolicy):
 
     def _attend_rows(self, i: int, q: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         dev = self.dev_kv(i).view(-1, 2, self.nkv, self.hd)
-        return sparse_attention(q, dev[:, 0], dev[:, 1], ids)
+        # a row at position p selects min(top_k, p + 1) ranks and p < view_blocks * bs, so the columns past
+        # the view are all masked: short contexts attend over the view, not over top_k columns (the width is
+        # the view's power-of-two bucket, part of every graph key)
+        return sparse_attention(q, dev[:, 0], dev[:, 1], ids[:, :min(ids.shape[1], self.view_blocks * self.bs)])
 
     def _index_qk(self, q: torch.Tensor, k: torch.Tensor, index) -> tuple[object, torch.Tensor]:
         """(index query, index key) of these tokens: (q, k) for the training-free indexer, ((q_I, w), k_I)
