@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from .codec import _SIGN2, _e4m3, _e5m2, _gemv_tile, _mxfp4_fake, _scale, _shl, _store_out
+from .dot import _scale_bias
 
 _MAG2 = tl.constexpr(0x0E000E00)  # fp16 bits 9..11 of both halves: an E2M1 magnitude (e1 e0 m)
 _F16_E2M1 = 14  # the fp16 halves hold E2M1 * 2^-14
@@ -324,12 +325,7 @@ def _qgemvh_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, c
         acc = tl.sum(acc0, axis=1)[:, None]
     else:
         acc = tl.join(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1))
-    acc = acc * OMUL
-    if FMT == 1:
-        acc = acc * tl.load(p_ptr)
-    if HAS_BIAS:
-        if pid_k == 0:
-            acc += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[:, None]
+    acc = _scale_bias(acc, p_ptr, b_ptr, offs_n, mn, pid_k, FMT, HAS_BIAS, OMUL)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     off = offs_m.to(tl.int64)[None, :] * N + offs_n[:, None]
     _store_out(acc, y_ptr, part_ptr, cnt_ptr, off, off, mn[:, None] & (offs_m < M)[None, :], pid_k,
