@@ -293,19 +293,14 @@ def bench_libs(shapes: list[tuple[int, int]], ms: list[int], gen, deadline: floa
             except Exception as e:  # noqa: BLE001
                 out[name] = f"not available: {type(e).__name__}: {str(e)[:200]}"
                 break
-            for M in ms:
-                if time.monotonic() > deadline:
-                    rows.append({"N": N, "K": K, "M": M, "error": "library time budget spent"})
-                    continue
-                try:
-                    x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
-                    err = _err(mod(x).float(), x.float() @ ref_w.float().T)  # incl. its own quantization error
-                    rows.append({"N": N, "K": K, "M": M, "us": timer([lambda mod=mod, x=x: mod(x)]), "err_vs_bf16": err,
-                                 "note": "one weight copy (may sit in L2 for small shapes)"})
-                except Exception as e:  # noqa: BLE001
-                    rows.append({"N": N, "K": K, "M": M, "error": f"{type(e).__name__}: {str(e)[:200]}"})
-                log(f"{name} {N}x{K} M={M}: {rows[-1].get('us', rows[-1].get('error'))}")
-            mod = None
+
+            def measure(x, mod=mod, ref_w=ref_w):
+                err = _err(mod(x).float(), x.float() @ ref_w.float().T)  # incl. its own quantization error
+                return {"us": timer([lambda mod=mod, x=x: mod(x)]), "err_vs_bf16": err,
+                        "note": "one weight copy (may sit in L2 for small shapes)"}
+
+            rows += _lib_rows(name, N, K, ms, gen, deadline, log, measure)
+            mod = measure = None
         if name not in out:
             out[name] = rows
     out["torch int4 tinygemm g64"] = _tinygemm(shapes, ms, gen, deadline, timer, log)
@@ -332,19 +327,31 @@ def _tinygemm(shapes, ms, gen, deadline, timer, log):
             wps = [wp] + [wp.clone() for _ in range(_copies(N * K // 2) - 1)]
         except Exception as e:  # noqa: BLE001
             return f"not available: {type(e).__name__}: {str(e)[:200]}"
-        for M in ms:
-            if time.monotonic() > deadline:
-                rows.append({"N": N, "K": K, "M": M, "error": "library time budget spent"})
-                continue
-            try:
-                x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
-                y = torch.ops.aten._weight_int4pack_mm(x, wp, g, sz)
-                err = _err(y.float(), x.float() @ deq.T)
-                us = timer([lambda w=w, x=x, sz=sz, g=g: torch.ops.aten._weight_int4pack_mm(x, w, g, sz) for w in wps])
-                rows.append({"N": N, "K": K, "M": M, "us": us, "err_vs_its_dequant": err})
-            except Exception as e:  # noqa: BLE001
-                rows.append({"N": N, "K": K, "M": M, "error": f"{type(e).__name__}: {str(e)[:200]}"})
-            log(f"tinygemm {N}x{K} M={M}: {rows[-1].get('us', rows[-1].get('error'))}")
+
+        def measure(x, wp=wp, sz=sz, g=g, deq=deq, wps=wps):
+            y = torch.ops.aten._weight_int4pack_mm(x, wp, g, sz)
+            err = _err(y.float(), x.float() @ deq.T)
+            us = timer([lambda w=w, x=x, sz=sz, g=g: torch.ops.aten._weight_int4pack_mm(x, w, g, sz) for w in wps])
+            return {"us": us, "err_vs_its_dequant": err}
+
+        rows += _lib_rows("tinygemm", N, K, ms, gen, deadline, log, measure)
+    return rows
+
+
+def _lib_rows(name, N, K, ms, gen, deadline, log, measure) -> list[dict]:
+    """One library's rows for the shape (N, K) over ms: {"N", "K", "M"} + measure(x) for random bf16 x [M, K]
+    (an exception becomes the row's "error"); once the time budget is spent, rows say so and nothing runs."""
+    rows = []
+    for M in ms:
+        if time.monotonic() > deadline:
+            rows.append({"N": N, "K": K, "M": M, "error": "library time budget spent"})
+            continue
+        try:
+            x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
+            rows.append({"N": N, "K": K, "M": M, **measure(x)})
+        except Exception as e:  # noqa: BLE001
+            rows.append({"N": N, "K": K, "M": M, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+        log(f"{name} {N}x{K} M={M}: {rows[-1].get('us', rows[-1].get('error'))}")
     return rows
 
 

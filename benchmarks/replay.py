@@ -37,6 +37,7 @@ import torch
 from synodic.kernels.replay_common import LaunchPlan
 from synodic.kernels.timing import COPY_GBPS_H200, graph_us
 
+from benchmarks.ssm_decode import write_json
 from synodic.results.env import git_commit
 
 L2_BYTES = 60 * 2**20
@@ -459,10 +460,7 @@ def _write(res, path):
             what = tuple(s[key]) if key == "config" else f"{key}={tuple(s[key]) if key == 'flush_config' else s[key]}"
             print(f"| {s['op']} | {s['variant']} | {s['batch']} | {what} | {s['us']:.1f} | {s['speedup']:.2f} |")
     print()
-    print(res["table_md"])
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
-    print(f"\nwrote {path}")
+    write_json(res, path)
 
 
 if __name__ == "__main__":

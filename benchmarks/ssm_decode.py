@@ -198,10 +198,14 @@ def time_plain(p, rot, **cfg):
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3  # µs
 
 
-
-
-
-
+def write_json(res: dict, path, quiet: bool = False) -> None:
+    """Print the result's markdown table, write the result to path as JSON and say so (quiet: only write)."""
+    if not quiet:
+        print(res["table_md"])
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    if not quiet:
+        print(f"\nwrote {path}")
 
 
 def main(argv=None):
@@ -303,10 +307,7 @@ def _write(res, path):
             print(f"| {s['kernel']} | {s['state_dtype']} | {s['batch']} | {s['block']} | {s['num_warps']} "
                   f"| {s['us']:.1f} | {s['pct_hbm']:.1f} |")
     print("\n(GB/s and % use the faster of the two times)")
-    print(res["table_md"])
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
-    print(f"\nwrote {path}")
+    write_json(res, path)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import functools
-import json
 import math
 import os
 import platform
@@ -39,7 +38,7 @@ import torch
 from synodic.kernels.replay_common import LaunchPlan
 from synodic.kernels.timing import COPY_GBPS_H200, graph_us
 
-from benchmarks.ssm_decode import ROTATE_BYTES, _esize, rel_rmse
+from benchmarks.ssm_decode import ROTATE_BYTES, _esize, rel_rmse, write_json
 from synodic.results.env import git_commit
 
 MAMBA = dict(H=128, P=64, N=128, G=8)
@@ -475,11 +474,7 @@ def _write(res, path, quiet=False):
     res["table_md"] = "\n".join(lines)
     if not quiet:
         print("\n(GB/s, % and speedup use the faster of plain and CUDA-graph times)")
-        print(res["table_md"])
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
-    if not quiet:
-        print(f"\nwrote {path}")
+    write_json(res, path, quiet)
 
 
 if __name__ == "__main__":

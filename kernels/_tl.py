@@ -192,6 +192,22 @@ def _store_state(ptr, sc_ptr, off, S, offs_p, pm, mask, IS_FP8: tl.constexpr):
 
 
 @triton.jit
+def _group_tile(hc, pb, valid, HPP: tl.constexpr, REP: tl.constexpr, P: tl.constexpr, BP: tl.constexpr,
+                N: tl.constexpr, BN: tl.constexpr, LP: tl.constexpr):
+    """A head-group replay program's tile: (h0, group, offs_p, pm, offs_n, nm, offs_l) for its first head
+    h0 = hc * HPP (REP heads per group), rows pb * BP + [0, BP) of P, columns [0, BN) of N and ring positions
+    [0, LP). Masks come from scalar limits (0 on a skipped row): the Triton interpreter turns `vector &
+    scalar-bool` into int32."""
+    h0 = hc * HPP
+    grp = h0 // REP
+    offs_p = pb * BP + tl.arange(0, BP)
+    pm = offs_p < tl.where(valid, P, 0)
+    offs_n = tl.arange(0, BN)
+    nm = offs_n < tl.where(valid, N, 0)
+    return h0, grp, offs_p, pm, offs_n, nm, tl.arange(0, LP)
+
+
+@triton.jit
 def _window_cursor(wp_ptr, slot64, valid, L: tl.constexpr, min_room, MODE: tl.constexpr, ADVANCE: tl.constexpr,
                    NPROG: tl.constexpr, TICKET: tl.constexpr):
     """The head-group replay kernels' cursor: (wp, flush) of the row's slot. Flush mode (MODE 2) fires where

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._tl import _decode_cursor, _load_state, _serial_fold, _store_state, _window_cursor
+from .._tl import _decode_cursor, _group_tile, _load_state, _serial_fold, _store_state, _window_cursor
 from ..replay_common import WP_TICKET, is_fp8, next_pow2
 
 MODE_DECODE, MODE_VERIFY, MODE_FLUSH = 0, 1, 2
@@ -49,13 +49,7 @@ def _gdn_head_group_kernel(
         # Decode step (T = 1), ordered for latency like the Mamba-2 decode kernel: checkpoint tile
         # first, cursor atomic and ring reads overlapping it; flush = serial replay (register-light).
         rep: tl.constexpr = HV // Hk
-        hv0 = hc * HPP
-        hk = hv0 // rep
-        offs_v = vb * BV + tl.arange(0, BV)
-        vm = offs_v < tl.where(valid, V, 0)
-        offs_k = tl.arange(0, BK)
-        km = offs_k < tl.where(valid, K, 0)
-        offs_l = tl.arange(0, LP)
+        hv0, hk, offs_v, vm, offs_k, km, offs_l = _group_tile(hc, vb, valid, HPP, rep, V, BV, K, BK, LP)
         tile_mask = vm[:, None] & km[None, :]
         st_off = offs_v[:, None] * K + offs_k[None, :]
         rk_base = rk_ptr + (slot64 * Hk + hk) * L * K
@@ -135,14 +129,7 @@ def _gdn_head_group_kernel(
         wp, flush = _window_cursor(wp_ptr, slot64, valid, L, min_room, MODE, ADVANCE, NPROG, TICKET)
 
         rep = HV // Hk
-        hv0 = hc * HPP
-        hk = hv0 // rep
-        # masks from scalar limits (0 on a skipped row); see the Mamba-2 kernel for why
-        offs_v = vb * BV + tl.arange(0, BV)
-        vm = offs_v < tl.where(valid, V, 0)
-        offs_k = tl.arange(0, BK)
-        km = offs_k < tl.where(valid, K, 0)
-        offs_l = tl.arange(0, LP)
+        hv0, hk, offs_v, vm, offs_k, km, offs_l = _group_tile(hc, vb, valid, HPP, rep, V, BV, K, BK, LP)
         lm = offs_l < wp
         tile_mask = vm[:, None] & km[None, :]
         k_writer = ((hv0 % rep) == 0) & (vb == 0)  # one program per key head writes the ring's k

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._tl import _decode_cursor, _load_state, _serial_fold, _store_state, _window_cursor
+from .._tl import _decode_cursor, _group_tile, _load_state, _serial_fold, _store_state, _window_cursor
 from ..replay_common import WP_TICKET, is_fp8, next_pow2
 
 MODE_DECODE, MODE_VERIFY, MODE_FLUSH = 0, 1, 2
@@ -50,13 +50,7 @@ def _mamba2_head_group_kernel(
         # cursor atomic and ring reads overlap with it; the flush branch rebuilds S_t with one fp32 dot
         # (its register spills stay in that rarely taken branch).
         hpg: tl.constexpr = H // G
-        h0 = hc * HPP
-        g = h0 // hpg
-        offs_p = pb * BP + tl.arange(0, BP)
-        pm = offs_p < tl.where(valid, P, 0)
-        offs_n = tl.arange(0, BN)
-        nm = offs_n < tl.where(valid, N, 0)
-        offs_l = tl.arange(0, LP)
+        h0, g, offs_p, pm, offs_n, nm, offs_l = _group_tile(hc, pb, valid, HPP, hpg, P, BP, N, BN, LP)
         tile_mask = pm[:, None] & nm[None, :]
         st_off = offs_p[:, None] * N + offs_n[None, :]
         rB_base = rB_ptr + (slot64 * G + g) * L * N
@@ -136,15 +130,7 @@ def _mamba2_head_group_kernel(
         wp, flush = _window_cursor(wp_ptr, slot64, valid, L, min_room, MODE, ADVANCE, NPROG, TICKET)
 
         hpg = H // G
-        h0 = hc * HPP
-        g = h0 // hpg
-        # masks come from scalar limits (0 on a skipped row): `vector & scalar-bool` is avoided because
-        # the Triton interpreter turns it into int32
-        offs_p = pb * BP + tl.arange(0, BP)
-        pm = offs_p < tl.where(valid, P, 0)
-        offs_n = tl.arange(0, BN)
-        nm = offs_n < tl.where(valid, N, 0)
-        offs_l = tl.arange(0, LP)
+        h0, g, offs_p, pm, offs_n, nm, offs_l = _group_tile(hc, pb, valid, HPP, hpg, P, BP, N, BN, LP)
         lm = offs_l < wp  # wp = 0 on a skipped row
         tile_mask = pm[:, None] & nm[None, :]
         b_writer = ((h0 % hpg) == 0) & (pb == 0)  # one program per group writes the ring's B

@@ -1,5 +1,5 @@
-"""Element decoders, the in-kernel MXFP4 activation quantizer and the split-K output store, shared by the
-quant_linear kernels (`dot`, `dotp`, `gemv32`, `gemvh`; launched from `launch`)."""
+"""Element decoders, the in-kernel MXFP4 activation quantizer, the GEMV programs' tile setup and the split-K
+output store, shared by the quant_linear kernels (`dot`, `dotp`, `gemv32`, `gemvh`; launched from `launch`)."""
 from __future__ import annotations
 
 import triton
@@ -94,6 +94,29 @@ def _scale(sc, FMT: tl.constexpr):
         return _e4m3(sc)
     else:
         return _e8m0(sc)
+
+
+@triton.jit
+def _gemv_tile(x_ptr, stride_xm, N, K, K_PER_SPLIT, QBLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, G: tl.constexpr, KW: tl.constexpr):
+    """A GEMV program's tile (grid: N tiles, K splits, M tiles of BLOCK_M rows) and its K range: (pid_n, pid_k,
+    pid_m, offs_n, mn, rows, m0, x0, offs_g, offs_w, offs_q, k_lo, k_hi, g_hi): N offsets / mask / int64 rows, the
+    first x row m0 and its pointer x0, the G scale blocks, KW code words and QBLOCK codes of a K tile, the
+    split's [k_lo, k_hi) and its last scale block g_hi. Statements in the kernels' original order (their PTX)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = offs_n < N
+    rows = offs_n.to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    x0 = x_ptr + m0.to(tl.int64) * stride_xm
+    offs_g = tl.arange(0, G)
+    offs_w = tl.arange(0, KW)
+    offs_q = tl.arange(0, QBLOCK)
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    return pid_n, pid_k, pid_m, offs_n, mn, rows, m0, x0, offs_g, offs_w, offs_q, k_lo, k_hi, k_hi // QBLOCK
 
 
 @triton.jit

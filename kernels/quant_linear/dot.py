@@ -80,17 +80,25 @@ def _dot_tile(M, N, K, K_PER_SPLIT, QBLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def _dot_epilogue(acc, p_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, offs_n, mn, rows_m, mm, M, N, pid_k, tile,
-                  FMT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, SEM: tl.constexpr,
-                  OMUL: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] times 2^DSH (OMUL) and NVFP4's tensor scale, + bias (first split), stored as y[m, n];
-    tile: this output tile's split-K counter index (unique per (m, n) tile of the caller's grid)."""
+def _scale_bias(acc, p_ptr, b_ptr, offs_n, mn, pid_k, FMT: tl.constexpr, HAS_BIAS: tl.constexpr, OMUL: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] times the caller's output multiplier OMUL (2^DSH for the dot kernels, `gemvh_omul`
+    for gemvh) and NVFP4's tensor scale, + bias (first split only)."""
     acc = acc * OMUL
     if FMT == 1:
         acc = acc * tl.load(p_ptr)
     if HAS_BIAS:
         if pid_k == 0:
             acc += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[:, None]
+    return acc
+
+
+@triton.jit
+def _dot_epilogue(acc, p_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, offs_n, mn, rows_m, mm, M, N, pid_k, tile,
+                  FMT: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, SEM: tl.constexpr,
+                  OMUL: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] through `_scale_bias`, stored as y[m, n]; tile: this output tile's split-K counter
+    index (unique per (m, n) tile of the caller's grid)."""
+    acc = _scale_bias(acc, p_ptr, b_ptr, offs_n, mn, pid_k, FMT, HAS_BIAS, OMUL)
     off = rows_m[None, :] * N + offs_n[:, None]
     _store_out(acc, y_ptr, part_ptr, cnt_ptr, off, off, mn[:, None] & mm[None, :], pid_k, tile, M * N, SPLIT, SEM)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .codec import _SIGN2, _mxfp4_fake, _scale, _shl, _store_out
+from .codec import _SIGN2, _gemv_tile, _mxfp4_fake, _scale, _shl, _store_out
 
 # --- gemv32: the GEMV from int32 code words ---------------------------------------------------------------------
 #
@@ -63,20 +63,12 @@ def _qgemv32_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, 
                     ACT_Q: tl.constexpr, SPLIT: tl.constexpr, SEM: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, XMUL: tl.constexpr, OMUL: tl.constexpr):
     """CUDA-core GEMV for one row from int32 code words (w_ptr: int32, stride_wn in words)."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
     E: tl.constexpr = 8 if FMT <= 1 else 4  # codes per word
     G: tl.constexpr = BLOCK_K // QBLOCK
     WPB: tl.constexpr = QBLOCK // E
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mn = offs_n < N
-    rows = offs_n.to(tl.int64)
-    offs_g = tl.arange(0, G)
-    offs_w = tl.arange(0, BLOCK_K // E)
-    offs_q = tl.arange(0, QBLOCK)
-    k_lo = pid_k * K_PER_SPLIT
-    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
-    g_hi = k_hi // QBLOCK
+    # one row (2-D grid): the M part of the tile is unused
+    pid_n, pid_k, _, offs_n, mn, rows, _, _, offs_g, offs_w, offs_q, k_lo, k_hi, g_hi = _gemv_tile(
+        x_ptr, 0, N, K, K_PER_SPLIT, QBLOCK, 1, BLOCK_N, G, BLOCK_K // E)
     acc = tl.zeros((BLOCK_N, G, WPB), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         g = k0 // QBLOCK + offs_g

@@ -41,7 +41,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .codec import _SIGN2, _e4m3, _e5m2, _mxfp4_fake, _scale, _shl, _store_out
+from .codec import _SIGN2, _e4m3, _e5m2, _gemv_tile, _mxfp4_fake, _scale, _shl, _store_out
+from .dot import _scale_bias
 
 _MAG2 = tl.constexpr(0x0E000E00)  # fp16 bits 9..11 of both halves: an E2M1 magnitude (e1 e0 m)
 _F16_E2M1 = 14  # the fp16 halves hold E2M1 * 2^-14
@@ -289,23 +290,11 @@ def _qgemvh_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, c
     (registers as the pipeline: the kernel-level num_stages pipelines no load that feeds no tl.dot; a loop written as
     tl.range(..., num_stages=S) does, through cp.async and shared memory, but was slower at every tile and split
     timed on the H200)."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
     E: tl.constexpr = 8 if FMT <= 1 else 4  # codes per word
     G: tl.constexpr = BLOCK_K // QBLOCK
     WPB: tl.constexpr = QBLOCK // E
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mn = offs_n < N
-    rows = offs_n.to(tl.int64)
-    m0 = pid_m * BLOCK_M
-    x0 = x_ptr + m0.to(tl.int64) * stride_xm
-    offs_g = tl.arange(0, G)
-    offs_w = tl.arange(0, BLOCK_K // E)
-    offs_q = tl.arange(0, QBLOCK)
-    k_lo = pid_k * K_PER_SPLIT
-    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
-    g_hi = k_hi // QBLOCK
+    pid_n, pid_k, pid_m, offs_n, mn, rows, m0, x0, offs_g, offs_w, offs_q, k_lo, k_hi, g_hi = _gemv_tile(
+        x_ptr, stride_xm, N, K, K_PER_SPLIT, QBLOCK, BLOCK_M, BLOCK_N, G, BLOCK_K // E)
     acc0 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_N, G), dtype=tl.float32)
     if PREFETCH:
@@ -336,12 +325,7 @@ def _qgemvh_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, c
         acc = tl.sum(acc0, axis=1)[:, None]
     else:
         acc = tl.join(tl.sum(acc0, axis=1), tl.sum(acc1, axis=1))
-    acc = acc * OMUL
-    if FMT == 1:
-        acc = acc * tl.load(p_ptr)
-    if HAS_BIAS:
-        if pid_k == 0:
-            acc += tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)[:, None]
+    acc = _scale_bias(acc, p_ptr, b_ptr, offs_n, mn, pid_k, FMT, HAS_BIAS, OMUL)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     off = offs_m.to(tl.int64)[None, :] * N + offs_n[:, None]
     _store_out(acc, y_ptr, part_ptr, cnt_ptr, off, off, mn[:, None] & (offs_m < M)[None, :], pid_k,
