@@ -258,8 +258,8 @@ class Engine:
         b, G = len(batch), self.gamma
         ts = time.perf_counter()
         drafts = n_drafts = None
-        device = getattr(self.drafter, "graph_safe", False)
-        if not device and not getattr(self.drafter, "stages_drafts", False):
+        device = self.drafter.graph_safe
+        if not device and not self.drafter.stages_drafts:
             return None  # e.g. load-aware DSpark: its per-row lengths are verify work a full window would spend
         if not device:
             drafts, _, n_drafts = self.drafter.propose(batch, G, torch.zeros(b, device=self.runner.device),
@@ -272,7 +272,7 @@ class Engine:
                 return self._plain_step(batch, time.perf_counter())
         if not self.scheduler.reserve(batch, G):
             return None
-        if drafts is None and hasattr(self.drafter, "stage_host"):
+        if drafts is None:
             self.drafter.stage_host(batch, G)  # host inputs of the device drafter (lookup hints)
         td = time.perf_counter() if drafts is not None else ts  # a device drafter's time is inside the step
         out = self.runner.speculate(self.drafter, [r.slot for r in batch], [r.length - 1 for r in batch],
@@ -327,8 +327,7 @@ class Engine:
             t_dev = top_p = None
             nd = pinned(torch.tensor(n_drafts, dtype=torch.long), dev).to(dev, non_blocking=True)
         m, toks = verify(logits, win[:, 1:], None if q is None or G == 0 else q[:, :G], t_dev, top_p, uniforms, nd)
-        if hasattr(self.drafter, "decide"):  # benchmarks' forced acceptance (synodic/spec/controlled.py)
-            m, toks = self.drafter.decide(self.runner.rows[:b], self.runner.pos[:b], m, toks, nd)
+        m, toks = self.drafter.decide(self.runner.rows[:b], self.runner.pos[:b], m, toks, nd)
         self.runner.commit(m + 1)  # anchor + accepted drafts enter the state, on the device
         if self.runner.hidden_layers:
             self.drafter.on_commit(batch, self.runner.hidden, self.runner.pos[:b], m + 1)

@@ -213,13 +213,12 @@ class ModelRunner:
             self.ssm.begin_window(gamma + 1)
         logits = self._run(window, VerifyContext(ssm=self.ssm, kv=self.kv, positions=pos))
         m, tokens = verify(logits, drafts, None, None, None, None, n_drafts)
-        if hasattr(drafter, "decide"):  # benchmarks' forced acceptance (synodic/spec/controlled.py)
-            m, tokens = drafter.decide(rows, pos, m, tokens, n_drafts)
+        m, tokens = drafter.decide(rows, pos, m, tokens, n_drafts)  # (forced by benchmarks' controlled.py)
         if self.ssm is not None:
             self.ssm.commit(m + 1)
         if getattr(self.kv, "commit", None) is not None:  # window rows kept out of the hot buffer until accepted
             self.kv.commit(m + 1)
-        if hasattr(drafter, "commit_device") and self.hidden_layers:
+        if self.hidden_layers:
             drafter.commit_device(rows, self.hidden, pos, m + 1)
         return torch.cat([m[:, None], tokens], 1)
 

@@ -30,8 +30,10 @@ import torch
 
 from synodic.transfer import pinned
 
+from .runtime import Drafter
 
-class ControlledDrafter:
+
+class ControlledDrafter(Drafter):
     def __init__(self, inner, gamma: int, rates: list[float], reference: dict[int, list[int]], vocab_size: int,
                  seed: int = 0, max_slots: int = 0, max_len: int = 0, device="cpu", force: bool = False):
         if len(rates) < gamma:
@@ -41,7 +43,7 @@ class ControlledDrafter:
         self.inner, self.gamma, self.vocab = inner, gamma, vocab_size
         self.rates = np.asarray(rates[:gamma], dtype=np.float64)
         self.seed = seed
-        self.hidden_layers = getattr(inner, "hidden_layers", ())
+        self.hidden_layers = inner.hidden_layers
         ids = sorted(reference)
         self._row = {i: k for k, i in enumerate(ids)}
         n = max((len(reference[i]) for i in ids), default=0)
@@ -63,16 +65,15 @@ class ControlledDrafter:
 
     @property
     def graph_safe(self) -> bool:
-        return bool(getattr(self.inner, "graph_safe", False))
+        return bool(self.inner.graph_safe)
 
     @property
     def stages_drafts(self) -> bool:
-        return bool(getattr(self.inner, "stages_drafts", False))
+        return bool(self.inner.stages_drafts)
 
     def stage_host(self, batch, gamma: int) -> None:
         """The inner drafter's host inputs (lookup hints): it runs in full, its drafts replaced after."""
-        if hasattr(self.inner, "stage_host"):
-            self.inner.stage_host(batch, gamma)
+        self.inner.stage_host(batch, gamma)
 
     def on_prefill(self, reqs, hidden) -> None:
         self.inner.on_prefill(reqs, hidden)

@@ -7,6 +7,8 @@ was ~0.25 ms a row, the whole host side of a captured speculative step at batch 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from .runtime import Drafter
+
 
 def lookup(context: list[int], gamma: int, max_ngram: int, min_ngram: int) -> list[int]:
     """Drafts for one context: the longest suffix of n tokens (max_ngram ≥ n ≥ min_ngram) that also occurs
@@ -48,17 +50,13 @@ class NgramIndex:
         return []
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Drafter runtime for spec=ngram (the Engine's interface: see synodic/spec/runtime.py)."""
-    hidden_layers: tuple[int, ...] = ()
     stages_drafts = True  # its host drafts fill the captured step's fixed window (rows short of γ are padding)
 
     def __init__(self, gamma: int, max_ngram: int, min_ngram: int):
         self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
         self._index: dict[int, NgramIndex] = {}  # request id → its n-gram index
-
-    def on_prefill(self, reqs, hidden) -> None:
-        pass
 
     def propose(self, batch, gamma: int, temperature, generator):
         """(drafts [B, gamma] long on the device, q None (one-hot), real drafts per row [B] or None)."""
@@ -74,12 +72,6 @@ class NgramDrafter:
         n = [len(d) for d in rows]
         flat = [(d + [0] * gamma)[:gamma] for d in rows]
         return flat, None, n
-
-    def on_commit(self, batch, hidden, start, accepted) -> None:
-        pass
-
-    def step_bytes(self, batch, lengths) -> dict[str, int]:
-        return {}
 
     def summary(self) -> dict:
         return {"scheme": "ngram", "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}

@@ -10,6 +10,8 @@
                                       accepted[i] (device) window tokens were committed; hidden [B, T, k*H]
     step_bytes(batch, lengths)        the drafter's ledger entry for one step (draft_weights_read, draft_kv)
     summary()                         what results.json records about the drafter
+The optional hooks (graph_safe, stages_drafts, stage_host, decide) have their defaults on `Drafter`, which every
+drafter runtime subclasses; a graph_safe drafter also implements draft_device / commit_device.
 
 NgramDrafter (ngram.py) works on host token lists; NeuralDrafter feeds a DraftModel the target's hidden
 states, on the device, from the prefill and verify forwards that already run (no extra pass, no host copy)."""
@@ -19,30 +21,51 @@ import torch
 from synodic.transfer import pinned
 
 
-class SyntheticDrafter:
-    """Drafts from a callable (requests → γ tokens each), for tests that force chosen acceptances."""
+class Drafter:
+    """The Engine's drafter interface (the module docstring) with the optional hooks' defaults, so the engine
+    and runner call them without probing. A subclass implements propose and summary."""
     hidden_layers: tuple[int, ...] = ()
-
-    def __init__(self, fn):
-        self.fn = fn
+    graph_safe = False     # drafts inside ModelRunner.speculate's graph (draft_device / commit_device)
+    stages_drafts = False  # host drafts from propose may fill the captured step's fixed 1 + γ window
 
     def on_prefill(self, reqs, hidden) -> None:
         pass
 
     def propose(self, batch, gamma, temperature, generator):
-        return self.fn(batch), None, None
+        raise NotImplementedError
 
     def on_commit(self, batch, hidden, start, accepted) -> None:
         pass
+
+    def stage_host(self, batch, gamma: int) -> None:
+        """Before a captured step: host inputs draft_device reads (none by default)."""
+
+    def decide(self, slots, positions, m, tokens, n_drafts=None):
+        """The verify's (accepted [B], tokens [B, G+1]) on the device, as the step commits them: the verify's
+        own decision unless a benchmark wrapper forces it (synodic/spec/controlled.py)."""
+        return m, tokens
 
     def step_bytes(self, batch, lengths) -> dict[str, int]:
         return {}
 
     def summary(self) -> dict:
+        raise NotImplementedError
+
+
+class SyntheticDrafter(Drafter):
+    """Drafts from a callable (requests → γ tokens each), for tests that force chosen acceptances."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def propose(self, batch, gamma, temperature, generator):
+        return self.fn(batch), None, None
+
+    def summary(self) -> dict:
         return {"scheme": "synthetic"}
 
 
-class NeuralDrafter:
+class NeuralDrafter(Drafter):
     """Drives a synodic.spec.models.DraftModel: its context ring takes the committed tokens' target
     features, propose() drafts a block from the last committed token (the anchor)."""
 
