@@ -283,3 +283,15 @@ def test_policies_bitwise_identical_on_the_triton_path(monkeypatch):
     for name in ("hisparse", "adaptive"):
         assert all(torch.equal(a, b) for a, b in zip(runs[name][0], ref)), name
     assert runs["hisparse"][1].stats["fetched_rows"] > 0 and runs["adaptive"][1].stats["demoted_pages"] > 0
+
+
+def test_adaptive_growth_from_free_pages_scans_no_requests(monkeypatch):
+    """The scheduler asks can_grow for every running request every step: while free pages cover the growth,
+    the answer must not scan every request for reclaimable pages (that scan made a batch-256 step host-bound)."""
+    _, pol = drive(AdaptiveKV(num_blocks=200, top_k=4, block_size=2, tail_pages=1, host_num_blocks=200,
+                              index_num_blocks=200), data(5))
+    for slot in range(3):
+        pol.blocks.grow(slot, 5)
+    assert not pol.blocks.can_grow(0, 10**6)  # past the sequence limit: still refused
+    monkeypatch.setattr(pol, "_reclaimable", lambda: pytest.fail("reclaimable scanned with free pages left"))
+    assert pol.free and pol.blocks.can_grow(0, 6) and pol.blocks.can_grow(3, 5)
