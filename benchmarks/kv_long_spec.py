@@ -102,7 +102,9 @@ def host_arena(nbytes: int, device) -> tuple[torch.Tensor, str]:
     try:
         # above 1 GiB torch's caching host allocator then neither rounds a block up to a power of two nor caches it
         torch._C._accelerator_setAllocatorSettings("pinned_max_cached_size_mb:1024")
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), "pinned (cudaHostAlloc, exact size)"
+        t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        held = torch.cuda.host_memory_stats().get("allocated_bytes.current")  # the block as pinned (rounded or not)
+        return t, f"pinned (cudaHostAlloc; the host allocator holds {_gb(held)} GB)"
     except (RuntimeError, AttributeError) as e:  # fall back to registering pageable memory ourselves
         t = torch.empty(nbytes, dtype=torch.uint8)
         rt = torch.cuda.cudart()
@@ -110,6 +112,10 @@ def host_arena(nbytes: int, device) -> tuple[torch.Tensor, str]:
         if int(rc) != 0:
             raise RuntimeError(f"pinning a {nbytes / 1e9:.1f} GB host pool failed ({e}; cudaHostRegister: {rc})") from e
         return t, "pinned (cudaHostRegister)"
+
+
+def _gb(n) -> str:
+    return "?" if n is None else f"{n / 1e9:.2f}"
 
 
 # -- one variant ------------------------------------------------------------------------------------------
