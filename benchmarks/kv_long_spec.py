@@ -3,7 +3,7 @@ under forced acceptance, against plain (non-speculative) decoding, at 32K-token 
 through the real engine, on one device KV budget.
 
     python -m benchmarks.kv_long_spec --plan-only                 # sizing only (no model): check before a GPU run
-    python -m benchmarks.kv_long_spec --out long_spec.json        # GPU: dsa_mla_7b (random weights), ~5 min on an H200
+    python -m benchmarks.kv_long_spec --out long_spec.json        # GPU: dsa_mla_7b (random weights), ~4 min on an H200
     python -m benchmarks.kv_long_spec --smoke --out smoke.json    # CPU: tiny_dsa, seconds (automatic without CUDA)
 
 Variants (`--variants`, default `adaptive+spec,hisparse+spec,adaptive,hisparse`): a KV policy, speculative
