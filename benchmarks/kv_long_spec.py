@@ -91,7 +91,8 @@ def ring_bytes_planned(a, dsz: int, slots: int, max_seq: int) -> int:
     from synodic.spec.models.config import DraftConfig
     f = DraftConfig.model_fields
     W = min(a.context_window, max_seq)
-    return 2 * f["num_layers"].default * (slots + 1) * (W + 1) * f["num_kv_heads"].default * f["head_dim"].default * dsz
+    kv = 2 * f["num_layers"].default * f["num_kv_heads"].default * f["head_dim"].default * dsz
+    return (slots + 1) * (W + 1) * (kv + 8)  # K and V rows of every draft layer + the int64 position of each
 
 
 # -- host memory ----------------------------------------------------------------------------------------
@@ -601,6 +602,7 @@ def _main(a, argv, t0: float) -> dict:
     res["model"] = {"kind": a.model, "params": sum(p.numel() for p in graph.model.parameters()),
                     "weight_bytes": sum(p.numel() * p.element_size() for p in graph.model.parameters()),
                     "build_s": time.perf_counter() - ts, "drafter_ring_bytes": drafter_ring_bytes(inner),
+                    "drafter_ring_planned": P["ring"],
                     "drafter_params": sum(p.numel() for p in inner.model.parameters())}
     res["env"] = environment(dev)
     log(f"model built in {res['model']['build_s']:.1f}s; drafter ring "

@@ -24,6 +24,7 @@ def test_smoke_runs_every_variant_with_seeded_contexts(smoke):
     assert not res["skipped"]
     # the distinct prompts were prefilled once, for the reference; every measured request was replayed
     assert res["reference"]["prefill"]["real"] == res["args"]["distinct"]
+    assert res["model"]["drafter_ring_bytes"] == res["model"]["drafter_ring_planned"] > 0  # the plan's ring cost
     for r in rows.values():
         n = res["loads"][r["load"]]["requests"]
         assert r["fill"] == {**r["fill"], "real": 0, "replayed": n}
