@@ -117,12 +117,24 @@ def pages_per_request(prompt_len: int, output_len: int, block_size: int) -> int:
     return -(-(prompt_len + output_len) // block_size)
 
 
-def fixed_bytes(kind: str, sh: Shape, index_pages: int) -> int:
-    """Device bytes a policy allocates besides its KV pool pages (mirrors synodic/kv/*.py)."""
+def window_pages(window: int, block_size: int) -> int:
+    """Pages a verify window of `window` tokens can touch (kv/config.py _HostTiered.window_pages)."""
+    return 1 if window <= 1 else -(-(window - 1) // block_size) + 1
+
+
+def fixed_bytes(kind: str, sh: Shape, index_pages: int, window: int = 1) -> int:
+    """Device bytes a policy allocates besides its KV pool pages (mirrors synodic/kv/*.py). window > 1: a policy
+    built for speculative verify windows of that many tokens (staging rows; hisparse's draft pages)."""
     S1, L, i4, i8 = sh.max_slots + 1, sh.layers, 4, 8
     out = L * i8                                                           # per-layer fetched counters
     if kind == "resident":
         return out + S1 * sh.max_pages * i4                                # block table
+    out += 2 * i8                                                          # window row counters
+    if window > 1:
+        stage = S1 * window * sh.top_k                                     # window staging rows (one buffer)
+        out += -(-stage // sh.block_size) * sh.block_size * sh.row
+        if kind == "hisparse":                                             # per-slot draft pages, every layer
+            out += L * S1 * window_pages(window, sh.block_size) * sh.block_size * sh.row
     B, K = sh.hot_buffer, sh.top_k
     out += L * (index_pages + 1) * sh.block_size * (sh.index_row + i4)      # indexer keys + slot_of map
     out += L * S1 * (B + 1) * i4 + L * S1 * B * i4                          # hot_pos, lru
@@ -143,10 +155,12 @@ def page_bytes(kind: str, sh: Shape) -> int:
     return sh.block_size * sh.layers * per_token
 
 
-def plan_pool(kind: str, sh: Shape, budget: int, n_requests: int, ppr: int) -> dict:
-    """Pages of each pool for `n_requests` requests of `ppr` pages under a device budget of `budget` bytes."""
+def plan_pool(kind: str, sh: Shape, budget: int, n_requests: int, ppr: int, window: int = 1, extra: int = 0) -> dict:
+    """Pages of each pool for `n_requests` requests of `ppr` pages under a device budget of `budget` bytes.
+    window: the verify window the policy is built for; extra: other device bytes the budget must hold (a
+    drafter's context ring)."""
     index_pages = n_requests * ppr
-    fixed = fixed_bytes(kind, sh, index_pages)
+    fixed = fixed_bytes(kind, sh, index_pages, window) + extra
     pb = page_bytes(kind, sh)
     nb = (budget - fixed) // pb - 1                                         # -1: the scratch page
     out = {"num_blocks": int(nb), "page_bytes": pb, "fixed_bytes": fixed,
@@ -161,12 +175,15 @@ def plan_pool(kind: str, sh: Shape, budget: int, n_requests: int, ppr: int) -> d
         out["min_pages_per_request"] = per_req
         out["requests_fully_resident"] = int(nb // ppr) if kind == "adaptive" else 0
         out["requests_admissible"] = int(nb // per_req)
+        if kind == "hisparse" and window > 1:
+            out["draft_pages"] = window_pages(window, sh.block_size)
     return out
 
 
-def full_demand(kind: str, sh: Shape, n_requests: int, ppr: int) -> int:
+def full_demand(kind: str, sh: Shape, n_requests: int, ppr: int, window: int = 1, extra: int = 0) -> int:
     """Device bytes to hold n requests fully resident (what the low load's budget must cover)."""
-    return fixed_bytes(kind, sh, n_requests * ppr) + (n_requests * ppr + 1) * page_bytes(kind, sh)
+    return (fixed_bytes(kind, sh, n_requests * ppr, window) + extra
+            + (n_requests * ppr + 1) * page_bytes(kind, sh))
 
 
 def kv_config(kind: str, a, plan: dict):
@@ -178,7 +195,7 @@ def kv_config(kind: str, a, plan: dict):
                   index_num_blocks=plan["index_num_blocks"], top_k=a.top_k, hot_buffer=a.hot_buffer, indexer=a.indexer,
                   learned_key_dtype=a.learned_key_dtype)
     if kind == "hisparse":
-        return HiSparseKV(**tiered)
+        return HiSparseKV(**tiered, draft_pages=plan.get("draft_pages", 0))
     return AdaptiveKV(**tiered, tail_pages=a.tail_pages)
 
 

@@ -132,20 +132,12 @@ def _check_pages(graph, b: int, p: BenchPipeline) -> None:
 def reference_outputs(graph, b: int, p: BenchPipeline) -> dict[int, list[int]]:
     """The target's greedy continuation of the point's requests: a plain (non-speculative) engine run over the
     same graph, γ tokens longer than a speculative row can emit. Controlled acceptance drafts from it."""
-    from synodic.engine.engine import Engine
-    from synodic.engine.request import Request, SamplingParams
+    from synodic.spec.controlled import reference_continuations
 
     _check_pages(graph, b, p)
     reqs, _ = bench_requests(graph, b, p)
-    T = _gamma(graph) + 1
     # a row proposes with at most max_tokens - 1 outputs: drafts up to index max_tokens + γ - 2
-    refs = [Request(r.id, r.prompt_ids, SamplingParams(max_tokens=r.params.max_tokens + T - 1)) for r in reqs]
-    spec, graph.spec = graph.spec, None
-    try:
-        Engine(graph).generate(refs)
-    finally:
-        graph.spec = spec
-    return {r.id: r.output_ids for r in refs}
+    return reference_continuations(graph, reqs, _gamma(graph))
 
 
 def _rates(graph, p: BenchPipeline) -> list[float]:

@@ -19,6 +19,7 @@ class BuildContext:
     max_seq_len: int
     window: int = 1  # largest verify window (1 + drafts) the state backend and KV policy must hold
     model_kind: str = ""  # the model option's kind (a spec drafter's shipped weights are per target)
+    host_buffer: object = None  # a pinned byte buffer the host-tiered KV pools take their rows from (HostKVPool)
 
 
 @dataclass

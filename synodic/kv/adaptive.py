@@ -77,8 +77,8 @@ class AdaptiveBlocks:
 
 
 class AdaptivePolicy(HotBufferPolicy):
-    def __init__(self, model, max_slots, device, cfg, max_seq_len, window: int = 1):
-        super().__init__(model, max_slots, device, cfg, max_seq_len, window)
+    def __init__(self, model, max_slots, device, cfg, max_seq_len, window: int = 1, host_buffer=None):
+        super().__init__(model, max_slots, device, cfg, max_seq_len, window, host_buffer)
         P, S1 = cfg.num_blocks, max_slots + 1
         self.P = P
         self.tail = cfg.tail_pages

@@ -104,7 +104,8 @@ class HiSparseKV(_HostTiered):
                                f"kv.block_size={self.block_size}: expected kv.draft_pages >= {need} (kv=hisparse "
                                "keeps a window's rows in draft pages outside the hot buffer)"])
         from synodic.kv.hisparse import HiSparsePolicy
-        return HiSparsePolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len, window)
+        return HiSparsePolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len, window,
+                              getattr(ctx, "host_buffer", None))
 
 
 @register("kv")
@@ -133,4 +134,5 @@ class AdaptiveKV(_HostTiered):
                                f"kv.block_size={self.block_size}: expected kv.tail_pages >= {need} (the window's rows "
                                "must stay in resident tail pages)"])
         from synodic.kv.adaptive import AdaptivePolicy
-        return AdaptivePolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len, window)
+        return AdaptivePolicy(ctx.model, ctx.max_slots, ctx.device, self, ctx.max_seq_len, window,
+                              getattr(ctx, "host_buffer", None))

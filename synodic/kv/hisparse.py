@@ -75,8 +75,8 @@ class HiSparseBlocks:
 
 
 class HiSparsePolicy(HotBufferPolicy):
-    def __init__(self, model, max_slots, device, cfg, max_seq_len, window: int = 1):
-        super().__init__(model, max_slots, device, cfg, max_seq_len, window)
+    def __init__(self, model, max_slots, device, cfg, max_seq_len, window: int = 1, host_buffer=None):
+        super().__init__(model, max_slots, device, cfg, max_seq_len, window, host_buffer)
         self.dev_blocks = BlockManager(cfg.num_blocks, self.bs, max_slots, self.HP, device)
         self.hot_table = self.dev_blocks.table
         self.blocks = HiSparseBlocks(self)

@@ -6,6 +6,13 @@ request, one layer) sit in a few contiguous pages. Sized by its own page count, 
 device memory; pinned on a GPU run (read by the resolve kernel through unified addressing), plain
 memory on a CPU run. Page tables live on the compute device (the resolve kernel reads them).
 
+`buffer` (optional): a byte tensor the pool takes its rows from instead of allocating them, so a process that
+rebuilds policies one after another (benchmarks: `rebuild_kv(..., host_buffer=)`) pins its host memory once.
+Pinning tens of GB takes seconds per GB-range allocation, and two pools must never coexist in host RAM. Rows
+of an earlier pool left in it are never used: a row reaches attention (miss, promotion, install) only after
+this pool's prefill or backup wrote it, and the stale rows a window's first-page copy carries past the committed
+length are overwritten by the window or never selected; the scratch page (padding rows) is zeroed.
+
 Write-through backup: the new tokens' rows of every layer are copied device → host once per step, after
 the last layer has placed its row (one launch per step, not one per layer). The copy reads its own
 stacked copy of the rows, never the device slots, so slots can be rewritten at once. On a GPU it runs on
@@ -25,18 +32,38 @@ from .blocks import BlockManager
 
 class HostKVPool:
     def __init__(self, num_layers: int, num_pages: int, block_size: int, row_width: int, dtype, max_slots: int,
-                 max_blocks_per_seq: int, device):
+                 max_blocks_per_seq: int, device, buffer: torch.Tensor | None = None):
         self.device = torch.device(device)
         self.bs = block_size
         self.W = row_width
         pin = self.device.type == "cuda"
-        self.data = torch.zeros(num_layers, num_pages + 1, block_size, row_width, dtype=dtype, pin_memory=pin)
+        shape = (num_layers, num_pages + 1, block_size, row_width)
+        if buffer is None:
+            self.data = torch.zeros(*shape, dtype=dtype, pin_memory=pin)
+        else:
+            self.data = self._from_buffer(buffer, shape, dtype)
         self.blocks = BlockManager(num_pages, block_size, max_slots, max_blocks_per_seq, device)
         self.layer_rows = (num_pages + 1) * block_size   # flat rows of one layer
         self.pending = False
         if pin:
             self.stream = torch.cuda.Stream(device=self.device)
             self.event = torch.cuda.Event()
+
+    @staticmethod
+    def _from_buffer(buffer: torch.Tensor, shape: tuple, dtype) -> torch.Tensor:
+        n = 1
+        for d in shape:
+            n *= d
+        need = n * torch.empty(0, dtype=dtype).element_size()
+        if buffer.dtype != torch.uint8 or buffer.dim() != 1 or buffer.device.type != "cpu":
+            raise ValueError(f"host pool buffer: expected a 1-D uint8 CPU tensor, got {tuple(buffer.shape)} "
+                             f"{buffer.dtype} on {buffer.device}")
+        if buffer.numel() < need:
+            raise ValueError(f"host pool buffer: {buffer.numel()} bytes for a pool of {need} bytes {shape}; expected "
+                             f"a buffer of at least {need} bytes")
+        data = buffer[:need].view(dtype).view(shape)
+        data[:, -1].zero_()  # the scratch page
+        return data
 
     @property
     def table(self) -> torch.Tensor:

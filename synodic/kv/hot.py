@@ -24,7 +24,7 @@ from .window import resolve_window, staging_rows
 class HotBufferPolicy(TopKPolicy):
     uses_host = True
 
-    def __init__(self, model, max_slots, device, cfg, max_seq_len, window: int = 1):
+    def __init__(self, model, max_slots, device, cfg, max_seq_len, window: int = 1, host_buffer=None):
         super().__init__(model, max_slots, device, cfg, max_seq_len, cfg.index_num_blocks)
         from .blocks import BlockManager
         self.B = cfg.B
@@ -34,7 +34,7 @@ class HotBufferPolicy(TopKPolicy):
         S1 = max_slots + 1
         self.idx_blocks = BlockManager(cfg.index_num_blocks, self.bs, max_slots, self.max_pages, device)
         self.host = HostKVPool(self.NL, cfg.host_num_blocks, self.bs, self.W, self.dtype, max_slots,
-                               self.max_pages, device)
+                               self.max_pages, device, buffer=host_buffer)
         # every layer's pages, then a verify window's staging rows (synodic/kv/window.py), in one tensor: layer i's
         # window attention reads its pages and the staging rows through one view, and the staging rows are one
         # fixed buffer for every layer and every verify step

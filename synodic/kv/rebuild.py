@@ -27,15 +27,17 @@ def free_kv(graph) -> None:
         torch.cuda.empty_cache()
 
 
-def rebuild_kv(graph, kv_cfg, max_seq_len: int | None = None, window: int = 1):
+def rebuild_kv(graph, kv_cfg, max_seq_len: int | None = None, window: int = 1, host_buffer=None):
     """graph.kv ← kv_cfg.build(...) on graph.model (after freeing the old policy); returns the policy.
-    graph.cuda_graphs and graph.overlap are recomputed from the run config for the new policy."""
+    graph.cuda_graphs and graph.overlap are recomputed from the run config for the new policy.
+    host_buffer: a byte buffer (pinned on a GPU run) a host-tiered policy's host pool takes its rows from, so
+    successive policies reuse one pinned allocation (synodic/kv/host_pool.py)."""
     from synodic.graph import BuildContext, check_cuda_graphs, check_overlap
     free_kv(graph)
     if max_seq_len is not None:
         graph.max_seq_len = max_seq_len
     ctx = BuildContext(model=graph.model, device=graph.device, max_slots=graph.max_slots,
-                       max_seq_len=graph.max_seq_len, window=window)
+                       max_seq_len=graph.max_seq_len, window=window, host_buffer=host_buffer)
     graph.kv = kv_cfg.build(ctx)
     try:
         graph.cfg = graph.cfg.model_copy(update={"kv": kv_cfg})

@@ -20,6 +20,9 @@ overridden. This is for random-weight bf16 presets: their logits are near ties, 
 verify GEMM differs from the one-row decode's often enough that a row leaves its reference within a few steps
 and drafts from a stale continuation (measured on nemotron_h_8b with rates 0.8: position-1 acceptance 0.15).
 Forced rows cannot leave the reference, so their outputs equal it by construction (not a losslessness check).
+What forcing overrides is kept as a check instead: `verify_digest()` sums, over every real row of every forced
+step, the target's own accepted count and a hash of its own verify tokens (with the row's position): two runs
+of the same requests whose targets computed the same argmaxes (e.g. two exact KV policies) give equal digests.
 
 Two paths, the same draws: `propose` (the engine's op-by-op speculative step) replaces drafts on the host;
 for a device drafter (`graph_safe`), `draft_device` replaces them on the device from per-slot tables filled
@@ -61,7 +64,11 @@ class ControlledDrafter(Drafter):
                          "u": torch.ones(max_slots + 1, width, gamma, dtype=torch.float32, device=dev),
                          "rates": torch.tensor(self.rates, dtype=torch.float32, device=dev),
                          "k": torch.arange(gamma, device=dev),
-                         "unknown": torch.zeros((), dtype=torch.long, device=dev)}
+                         "unknown": torch.zeros((), dtype=torch.long, device=dev),
+                         # forced steps: [target-accepted drafts, hash of the target's own tokens] over real rows
+                         "raw": torch.zeros(2, dtype=torch.long, device=dev),
+                         "mix": torch.from_numpy(np.random.default_rng(0x5EED).integers(
+                             -(1 << 62), 1 << 62, gamma + 2) | 1).to(dev)}  # odd 64-bit hash mixers
 
     @property
     def graph_safe(self) -> bool:
@@ -118,6 +125,7 @@ class ControlledDrafter(Drafter):
             return m, tokens
         t = self._dev
         G = tokens.shape[1] - 1
+        self._digest(slots, positions, m, tokens)
         width = t["tgt"].shape[1]
         pos = positions.long().clamp(0, width - 1)
         kept = torch.cumprod((t["u"][slots, pos, :G] < t["rates"][:G]).long(), 1).sum(1)
@@ -125,6 +133,23 @@ class ControlledDrafter(Drafter):
             kept = torch.minimum(kept, n_drafts.long())
         ref = t["tgt"][slots[:, None], (pos[:, None] + 1 + torch.arange(G + 1, device=pos.device)).clamp(max=width - 1)]
         return kept.to(m.dtype), torch.where(ref < 0, tokens, ref)
+
+    def _digest(self, slots, positions, m, tokens) -> None:
+        """Accumulate the target's own decision of this step (before forcing) over real rows: device ops only."""
+        t = self._dev
+        real = (slots < t["tgt"].shape[0] - 1).long()
+        G1 = tokens.shape[1]
+        row = ((tokens.long() + 1) * t["mix"][:G1]).sum(1) + (m.long() + 1) * t["mix"][G1]
+        row = row * (2 * positions.long() + 1)  # int64 arithmetic wraps: a hash, summed order-free over rows
+        t["raw"] += torch.stack([(m.long() * real).sum(), (row * real).sum()])
+
+    def verify_digest(self) -> dict[str, int] | None:
+        """Forced runs: the target's own accepted drafts and the hash of its verify tokens, summed over real rows
+        and steps (see the module docstring); None when not forced."""
+        if not self.force:
+            return None
+        acc, h = self._dev["raw"].tolist()
+        return {"target_accepted": acc, "hash": h}
 
     def propose(self, batch, gamma, temperature, generator):
         drafts, _, _ = self.inner.propose(batch, gamma, temperature, generator)  # the real drafter's whole cost
@@ -159,6 +184,26 @@ class ControlledDrafter(Drafter):
     def unknown_drafts(self) -> int:
         """Drafts past a row's reference (not controlled): should be 0."""
         return self.beyond_reference + (int(self._dev["unknown"]) if self._dev is not None else 0)
+
+
+def reference_continuations(graph, requests, extra: int, on_engine=None) -> dict[int, list[int]]:
+    """Controlled acceptance's reference: the target's greedy continuation of `requests` (a plain engine run over
+    the same graph, speculation off), `extra` tokens past each request's max_tokens (a speculative row proposes
+    up to γ tokens past what it emits). on_engine(engine): called before the run (e.g. to seed contexts)."""
+    from synodic.engine.engine import Engine
+    from synodic.engine.request import Request, SamplingParams
+
+    refs = [Request(r.id, list(r.prompt_ids), SamplingParams(max_tokens=r.params.max_tokens + extra))
+            for r in requests]
+    spec, graph.spec = graph.spec, None
+    try:
+        eng = Engine(graph)
+        if on_engine is not None:
+            on_engine(eng)
+        eng.generate(refs)
+    finally:
+        graph.spec = spec
+    return {r.id: r.output_ids for r in refs}
 
 
 def conditional_rates(stats) -> list[float | None]:

@@ -96,9 +96,11 @@ def _device_bytes(pol) -> int:
     return total
 
 
+@pytest.mark.parametrize("window", [1, 4])
 @pytest.mark.parametrize("kind", bl.POLICIES)
 @pytest.mark.parametrize("indexer", ["bf16", "fp8", "learned-fp8", "learned-bf16"])
-def test_plan_matches_what_the_policy_allocates(kind, indexer):
+def test_plan_matches_what_the_policy_allocates(kind, indexer, window):
+    """window 4: a policy built for speculative verify windows (staging rows; hisparse's draft pages)."""
     from benchmarks.kv_measure import _Model
     NL, nkv, hd, slots, prompt, out, bs, k, d_i = 3, 1, 48, 3, 200, 8, 8, 8, 16
     ix, _, key_dtype = indexer.partition("-")
@@ -111,11 +113,11 @@ def test_plan_matches_what_the_policy_allocates(kind, indexer):
                   max_pages=-(-(prompt + out + 1) // bs), tail_pages=2, cuda=False)
     ppr = bl.pages_per_request(prompt, out, bs)
     budget = 400_000
-    plan = bl.plan_pool(kind, sh, budget, 3, ppr)
+    plan = bl.plan_pool(kind, sh, budget, 3, ppr, window)
     a = SimpleNamespace(block_size=bs, top_k=k, indexer="auto" if ix == "learned" else ix, hot_buffer=2 * k,
                         tail_pages=2, learned_key_dtype=key_dtype or "fp8")
     pol = bl.kv_config(kind, a, plan).build(SimpleNamespace(model=model, device=torch.device("cpu"), max_slots=slots,
-                                                            max_seq_len=prompt + out + 1))
+                                                            max_seq_len=prompt + out + 1, window=window))
     assert pol.indexer.row_bytes() == sh.index_row
     held = _device_bytes(pol)
     assert plan["planned_device_bytes"] <= budget
