@@ -103,16 +103,23 @@ def host_arena(nbytes: int, device) -> tuple[torch.Tensor, str]:
     try:
         # above 1 GiB torch's caching host allocator then neither rounds a block up to a power of two nor caches it
         torch._C._accelerator_setAllocatorSettings("pinned_max_cached_size_mb:1024")
-        t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        held = torch.cuda.host_memory_stats().get("allocated_bytes.current")  # the block as pinned (rounded or not)
-        return t, f"pinned (cudaHostAlloc; the host allocator holds {_gb(held)} GB)"
-    except (RuntimeError, AttributeError) as e:  # fall back to registering pageable memory ourselves
-        t = torch.empty(nbytes, dtype=torch.uint8)
-        rt = torch.cuda.cudart()
-        rc = rt.cudaHostRegister(t.data_ptr(), nbytes, 0)  # default flags: mapped and portable under UVA
-        if int(rc) != 0:
-            raise RuntimeError(f"pinning a {nbytes / 1e9:.1f} GB host pool failed ({e}; cudaHostRegister: {rc})") from e
-        return t, "pinned (cudaHostRegister)"
+        exact = None
+    except (ValueError, RuntimeError, AttributeError) as e:
+        # an older torch without the key would round a 72 GB pool up to 137 GB (more than the RAM): never try it
+        exact = e
+    if exact is None:
+        try:
+            t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+            held = torch.cuda.host_memory_stats().get("allocated_bytes.current")  # as pinned (rounded or not)
+            return t, f"pinned (cudaHostAlloc; the host allocator holds {_gb(held)} GB)"
+        except RuntimeError as e:
+            exact = e
+    # register pageable memory ourselves: pinned at its exact size whatever the allocator does
+    t = torch.empty(nbytes, dtype=torch.uint8)
+    rc = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0)  # default flags: mapped, portable (UVA)
+    if int(rc) != 0:
+        raise RuntimeError(f"pinning a {nbytes / 1e9:.1f} GB host pool failed ({exact}; cudaHostRegister: {rc})")
+    return t, f"pinned (cudaHostRegister; {type(exact).__name__} from the allocator path)"
 
 
 def _gb(n) -> str:
