@@ -1,0 +1,190 @@
+"""quant_linear's "kgemm" kernel: the packed GEMM for 2-256+ rows (W4A16 MXFP4 / NVFP4, W8A16 MXFP8) over the
+K-major plane layout of kmajor.py.
+
+Per K group (GROUP = E * B codes: 8 nibbles or 4 bytes per int32 word, B the format's block) a program loads
+the group's words [B, BLOCK_N] once (N contiguous: 16-byte vector loads along N) and E / 2 times builds, with one
+shift and four and / shift / or ops on the 32-bit word, two bf16 bit patterns at once (`_pair`: slot j in the low
+half, slot j + E/2 in the high one; value * 2^-R, exact, E2M1 code 1 the subnormal 2^-127). Each slot is a whole
+scale block with K-contiguous rows, so it is multiplied by its block's factor (scale * 2^(R - 64), one [BLOCK_N]
+row) and fed as is to tl.dot against the x columns it covers: E dots of K = B per group, no join, reshape or
+permute of decoded data anywhere. x * s (the DualQuant / SmoothQuant input-channel multiplier) is formed in fp32
+and rounded to bf16 before the MMA, as the other dot kernels do; the fp32 accumulator gets 2^64 (and NVFP4's
+tensor scale) once, plus bias, in the epilogue.
+
+Decode variants (constexpr ASM): 0 = plain Triton, the two halves widened to fp32 by a shift / mask (exact),
+one fp32 multiply each, then bf16; 1 = one inline-asm `mul.rn.bf16x2` per two weights straight on the 32-bit
+pair (HMUL2) and a free split into two bf16 (sm_90). Orientation (constexpr SWAP): 0 = acc[BLOCK_M, BLOCK_N] =
+dot(x, W) (x the MMA's A operand, the decoded weight its B operand through shared memory; the classic mixed-input
+GEMM); 1 = acc[BLOCK_N, BLOCK_M] = dot(W^T, x^T) (the weight the wide A side: BLOCK_M = 16 fills the narrow side
+for small M). Split K: programs share an output tile's groups; the last to finish sums the fp32 partials in split
+order (a per-tile counter; the split count is a run-time value, so one compile serves every split), or, while a
+CUDA graph is captured without enough counters, the host sums them.
+
+On the interpreter (no inline asm, and its bf16 dot is unreliable) or for fp16 / fp32 activations, operands are
+fp32 and the dot IEEE fp32 (exact up to summation order).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _pair(w, J: tl.constexpr, FMT: tl.constexpr):
+    """int32 words -> int32: bf16 bits of slot J (low 16 bits) and slot J + E/2 (high 16), value * 2^-R
+    (R = 126 for E2M1, 120 for E4M3, 112 for E5M2; 8-bit NaN / Inf codes decode finite: the quantizer writes none)."""
+    if FMT <= 1:  # nibble J at bits 4J, J + 4 at 4J + 16: magnitude -> bits 6..8, sign -> 15 of each half
+        t = w >> (4 * J)
+        return ((t & 0x70007) << 6) | ((t & 0x80008) << 12)
+    elif FMT == 2:  # byte J at 8J, J + 2 at 8J + 16: magnitude -> bits 4..10, sign -> 15
+        t = w >> (8 * J)
+        return ((t & 0x7F007F) << 4) | ((t & 0x800080) << 8)
+    else:  # E5M2: magnitude -> bits 5..11
+        t = w >> (8 * J)
+        return ((t & 0x7F007F) << 5) | ((t & 0x800080) << 8)
+
+
+@triton.jit
+def _factor(sc, FMT: tl.constexpr, SH: tl.constexpr, SHMUL: tl.constexpr):
+    """uint8 block-scale codes -> fp32 scale * 2^SH (SH = R - 64): E8M0 into the exponent bits (255 -> NaN; a
+    scale >= 2^(128 - SH) would overflow: no real weight has one), E4M3 by bit arithmetic, times 2^SH."""
+    c = sc.to(tl.int32)
+    if FMT == 1:
+        e = (c >> 3) & 15
+        m = c & 7
+        v = tl.where(e == 0, m.to(tl.float32) * 0.001953125,
+                     (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True))
+        return v * SHMUL  # E4M3 block scales are positive (the quantizer clamps them to [2^-6, 448])
+    v = (tl.minimum(c + SH, 255) << 23).to(tl.float32, bitcast=True)
+    return tl.where(c == 255, float("nan"), v)
+
+
+@triton.jit
+def _bf16x2_mul(pair, f2):
+    """Two bf16 bit patterns in one int32 times two bf16 factors (f2, packed the same way): one HMUL2, then the
+    halves as two bf16 tensors (a register split, no instruction)."""
+    return tl.inline_asm_elementwise(
+        asm="{ .reg .b32 u; mul.rn.bf16x2 u, $2, $3; mov.b32 {$0, $1}, u; }",
+        constraints="=h,=h,r,r", args=[pair, f2], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1)
+
+
+@triton.jit
+def _planes(pair, f_lo, f_hi, ASM: tl.constexpr, DT: tl.constexpr):
+    """The two weight planes of a pair tile: [B, BLOCK_N] each, times their block factors ([BLOCK_N] fp32), in DT."""
+    if ASM:
+        b_lo = f_lo.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        b_hi = f_hi.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) << 16
+        return _bf16x2_mul(pair, (b_lo | b_hi)[None, :])
+    lo = (pair << 16).to(tl.float32, bitcast=True) * f_lo[None, :]
+    hi = (pair & -65536).to(tl.float32, bitcast=True) * f_hi[None, :]
+    return lo.to(DT), hi.to(DT)
+
+
+@triton.jit
+def _x_plane(x_ptr, s_ptr, rows_m, mm, stride_xm, k0, K, HAS_S: tl.constexpr, EVEN_K: tl.constexpr,
+             SWAP: tl.constexpr, B: tl.constexpr, DT: tl.constexpr):
+    """x[:, k0 : k0 + B] times s, in DT: [BLOCK_M, B], or [B, BLOCK_M] for SWAP (loaded transposed)."""
+    kk = k0 + tl.arange(0, B)
+    mk = (kk < K) | EVEN_K
+    if SWAP:
+        xt = tl.load(x_ptr + rows_m[None, :] * stride_xm + kk[:, None], mask=mk[:, None] & mm[None, :], other=0.0)
+        if HAS_S:
+            xt = xt.to(tl.float32) * tl.load(s_ptr + kk, mask=mk, other=0.0)[:, None]
+    else:
+        xt = tl.load(x_ptr + rows_m[:, None] * stride_xm + kk[None, :], mask=mm[:, None] & mk[None, :], other=0.0)
+        if HAS_S:
+            xt = xt.to(tl.float32) * tl.load(s_ptr + kk, mask=mk, other=0.0)[None, :]
+    return xt.to(DT)
+
+
+@triton.jit
+def _mma(acc, w, xt, SWAP: tl.constexpr, DOT_PREC: tl.constexpr):
+    if SWAP:
+        return tl.dot(tl.trans(w), xt, acc, input_precision=DOT_PREC)
+    else:
+        return tl.dot(xt, w, acc, input_precision=DOT_PREC)
+
+
+@triton.jit
+def _kgemm_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, G, G_PER_SPLIT,
+                  N_SPLIT, stride_xm,
+                  FMT: tl.constexpr, B: tl.constexpr, HAS_S: tl.constexpr, HAS_P: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, DT: tl.constexpr, DOT_PREC: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr, ASM: tl.constexpr,
+                  EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, SH: tl.constexpr, SHMUL: tl.constexpr,
+                  OMUL: tl.constexpr):
+    """y[m, n] = sum_k (x[m, k] s[k]) w[n, k] (+ bias) from the plane layout (w_ptr words [G * B, N] int32,
+    sc_ptr [G * E, N] uint8, N their row stride); G groups in all, G_PER_SPLIT per K split (N_SPLIT of them;
+    SPLIT 0: one split, 1: partials summed by the host, 2: summed in-kernel). Grid: (M tiles, K splits, N tiles): an N tile's M tiles run next to each other, so its
+    weight is an L2 hit for all but the first."""
+    E: tl.constexpr = 8 if FMT <= 1 else 4  # codes (planes) per word
+    HALF: tl.constexpr = E // 2
+    GROUP: tl.constexpr = E * B
+    pid_m = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_n = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mn = offs_n < N
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mm = offs_m < M
+    rows_m = offs_m.to(tl.int64)
+    offs_i = tl.arange(0, B)
+    g_lo = pid_k * G_PER_SPLIT
+    g_hi = tl.minimum(g_lo + G_PER_SPLIT, G)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for g in range(g_lo, g_hi):
+        # int32 offsets: a weight of < 2^31 words (8 GiB)
+        w_ptrs = w_ptr + (g * B + offs_i)[:, None] * N + offs_n[None, :]
+        sc_row = sc_ptr + g * E * N + offs_n
+        if EVEN_N:
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=mn[None, :], other=0)
+        for j in tl.static_range(HALF):
+            if EVEN_N:
+                sc_lo = tl.load(sc_row + j * N)
+                sc_hi = tl.load(sc_row + (j + HALF) * N)
+            else:
+                sc_lo = tl.load(sc_row + j * N, mask=mn, other=0)
+                sc_hi = tl.load(sc_row + (j + HALF) * N, mask=mn, other=0)
+            w_lo, w_hi = _planes(_pair(w, j, FMT), _factor(sc_lo, FMT, SH, SHMUL), _factor(sc_hi, FMT, SH, SHMUL),
+                                 ASM, DT)
+            x_lo = _x_plane(x_ptr, s_ptr, rows_m, mm, stride_xm, g * GROUP + j * B, K, HAS_S, EVEN_K, SWAP, B, DT)
+            x_hi = _x_plane(x_ptr, s_ptr, rows_m, mm, stride_xm, g * GROUP + (j + HALF) * B, K, HAS_S, EVEN_K, SWAP,
+                            B, DT)
+            acc = _mma(acc, w_lo, x_lo, SWAP, DOT_PREC)
+            acc = _mma(acc, w_hi, x_hi, SWAP, DOT_PREC)
+    acc = acc * OMUL
+    if HAS_P:
+        acc = acc * tl.load(p_ptr)
+    if SWAP:
+        off = rows_m[None, :] * N + offs_n[:, None]
+        mask = mn[:, None] & mm[None, :]
+    else:
+        off = rows_m[:, None] * N + offs_n[None, :]
+        mask = mm[:, None] & mn[None, :]
+    if HAS_BIAS:
+        if pid_k == 0:
+            bias = tl.load(b_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)
+            if SWAP:
+                acc += bias[:, None]
+            else:
+                acc += bias[None, :]
+    if SPLIT >= 1:  # fp32 partials; SPLIT 2: the tile's last program sums them (the host otherwise)
+        slab = tl.program_id(0).to(tl.int64) * 0 + M * N  # int64: M * N * splits may pass 2^31
+        tl.store(part_ptr + pid_k * slab + off, acc, mask=mask)
+        if SPLIT == 2:
+            tile = pid_n * tl.num_programs(0) + pid_m
+            tl.debug_barrier()  # every thread's partial is issued before the counter moves
+            done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if done == N_SPLIT - 1:  # in split order: deterministic; then the counter is reset for the next call
+                tot = tl.load(part_ptr + off, mask=mask, other=0.0, cache_modifier=".cg")
+                for j in range(1, N_SPLIT):
+                    tot += tl.load(part_ptr + j * slab + off, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.store(y_ptr + off, tot.to(y_ptr.dtype.element_ty), mask=mask)
+                tl.atomic_xchg(cnt_ptr + tile, 0)
+    else:
+        tl.store(y_ptr + off, acc.to(y_ptr.dtype.element_ty), mask=mask)
