@@ -69,14 +69,25 @@ def _bf16x2_mul(pair, f2):
 
 
 @triton.jit
-def _planes(pair, f_lo, f_hi, ASM: tl.constexpr, DT: tl.constexpr):
-    """The two weight planes of a pair tile: [B, BLOCK_N] each, times their block factors ([BLOCK_N] fp32), in DT."""
+def _factor2(sc_lo, sc_hi, FMT: tl.constexpr, SH: tl.constexpr, SHMUL: tl.constexpr):
+    """Two rows of block-scale codes -> their bf16 factors packed as `_pair` packs weights (int32): E8M0 codes
+    straight into the bf16 exponent field (a min, a shift and an or per two; 255 reads as Inf), E4M3 through fp32."""
+    if FMT == 1:
+        b_lo = _factor(sc_lo, FMT, SH, SHMUL).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        b_hi = _factor(sc_hi, FMT, SH, SHMUL).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) << 16
+        return b_lo | b_hi
+    return (tl.minimum(sc_lo.to(tl.int32) + SH, 255) << 7) | (tl.minimum(sc_hi.to(tl.int32) + SH, 255) << 23)
+
+
+@triton.jit
+def _planes(pair, sc_lo, sc_hi, FMT: tl.constexpr, SH: tl.constexpr, SHMUL: tl.constexpr, ASM: tl.constexpr,
+            DT: tl.constexpr):
+    """The two weight planes of a pair tile: [B, BLOCK_N] each, times their blocks' factors (scale codes sc_lo /
+    sc_hi, [BLOCK_N] uint8), in DT."""
     if ASM:
-        b_lo = f_lo.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        b_hi = f_hi.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) << 16
-        return _bf16x2_mul(pair, (b_lo | b_hi)[None, :])
-    lo = (pair << 16).to(tl.float32, bitcast=True) * f_lo[None, :]
-    hi = (pair & -65536).to(tl.float32, bitcast=True) * f_hi[None, :]
+        return _bf16x2_mul(pair, _factor2(sc_lo, sc_hi, FMT, SH, SHMUL)[None, :])
+    lo = (pair << 16).to(tl.float32, bitcast=True) * _factor(sc_lo, FMT, SH, SHMUL)[None, :]
+    hi = (pair & -65536).to(tl.float32, bitcast=True) * _factor(sc_hi, FMT, SH, SHMUL)[None, :]
     return lo.to(DT), hi.to(DT)
 
 
@@ -150,8 +161,7 @@ def _kgemm_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cn
             else:
                 sc_lo = tl.load(sc_row + j * N, mask=mn, other=0)
                 sc_hi = tl.load(sc_row + (j + HALF) * N, mask=mn, other=0)
-            w_lo, w_hi = _planes(_pair(w, j, FMT), _factor(sc_lo, FMT, SH, SHMUL), _factor(sc_hi, FMT, SH, SHMUL),
-                                 ASM, DT)
+            w_lo, w_hi = _planes(_pair(w, j, FMT), sc_lo, sc_hi, FMT, SH, SHMUL, ASM, DT)
             x_lo = _x_plane(x_ptr, s_ptr, rows_m, mm, stride_xm, g * GROUP + j * B, K, HAS_S, EVEN_K, SWAP, B, DT)
             x_hi = _x_plane(x_ptr, s_ptr, rows_m, mm, stride_xm, g * GROUP + (j + HALF) * B, K, HAS_S, EVEN_K, SWAP,
                             B, DT)
