@@ -121,3 +121,25 @@ def test_kgemm_tuned_section(tmp_path):
     assert tuned_mod.lookup_gemm("NVIDIA X", "mxfp4", 64, 512, 5, root=tmp_path) == dict(BLOCK_M=32)
     assert tuned_mod.lookup_gemm("NVIDIA X", "mxfp4", 64, 512, 300, root=tmp_path, section="kgemm") is None
     tuned_mod.load.cache_clear()
+
+
+def test_quantlinear_kgemm_route(monkeypatch):
+    """KGEMM_ROWS empty: no layer builds or routes to the plane layout. Listed: the layer builds it once (non-
+    persistent buffers, resident bytes counted), its rows' weight reads are the plane layout's, and the kernel
+    on it matches the layer's torch path; CPU inputs never route to it."""
+    from synodic.quant import linear as lin
+    w = torch.randn(40, 256)
+    plain = lin.QuantLinear(w, torch.randn(40), mode="w4a16", fmt="mxfp4", dense=False)
+    assert plain._kmajor is None and "kmajor_words" not in dict(plain.named_buffers())
+    monkeypatch.setitem(lin.KGEMM_ROWS, "mxfp4", (2, 64))
+    layer = lin.QuantLinear(w, torch.randn(40), mode="w4a16", fmt="mxfp4", dense=False)
+    k = layer.kmajor()
+    assert "kmajor_words" in dict(layer.named_buffers()) and "kmajor_words" not in layer.state_dict()
+    back = unpack_kmajor(k)
+    assert torch.equal(back.data, layer.qdata) and torch.equal(back.scale, layer.qscale)
+    assert layer.resident_bytes() == layer.packed_bytes() + k.nbytes()
+    x = torch.randn(5, 256)
+    assert not layer.uses_kgemm(x)  # CPU
+    y = layer._kernel_forward(x, k)  # the kgemm path itself (interpreter)
+    ref = lin.QuantLinear.forward(layer, x)  # CPU: the torch path on the dequantized weight
+    assert rel_rmse(y, ref) < 1e-5
