@@ -116,17 +116,18 @@ def _mma(acc, w, xt, SWAP: tl.constexpr, DOT_PREC: tl.constexpr):
         return tl.dot(xt, w, acc, input_precision=DOT_PREC)
 
 
-@triton.jit
+# M and the split plan are not specialised on (value 1, multiples of 16): one compile per config for every row count
+@triton.jit(do_not_specialize=["M", "G", "G_PER_SPLIT", "N_SPLIT", "USE_CNT"])
 def _kgemm_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, G, G_PER_SPLIT,
-                  N_SPLIT, stride_xm,
+                  N_SPLIT, USE_CNT, stride_xm,
                   FMT: tl.constexpr, B: tl.constexpr, HAS_S: tl.constexpr, HAS_P: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, DT: tl.constexpr, DOT_PREC: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, DT: tl.constexpr, DOT_PREC: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr, ASM: tl.constexpr,
                   EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, SH: tl.constexpr, SHMUL: tl.constexpr,
                   OMUL: tl.constexpr):
     """y[m, n] = sum_k (x[m, k] s[k]) w[n, k] (+ bias) from the plane layout (w_ptr words [G * B, N] int32,
     sc_ptr [G * E, N] uint8, N their row stride); G groups in all, G_PER_SPLIT per K split (N_SPLIT of them;
-    SPLIT 0: one split, 1: partials summed by the host, 2: summed in-kernel). Grid: (M tiles, K splits, N tiles): an N tile's M tiles run next to each other, so its
+    USE_CNT 0: the host sums the partials, else the kernel). Grid: (M tiles, K splits, N tiles): an N tile's M tiles run next to each other, so its
     weight is an L2 hit for all but the first."""
     E: tl.constexpr = 8 if FMT <= 1 else 4  # codes (planes) per word
     HALF: tl.constexpr = E // 2
@@ -183,10 +184,13 @@ def _kgemm_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cn
                 acc += bias[:, None]
             else:
                 acc += bias[None, :]
-    if SPLIT >= 1:  # fp32 partials; SPLIT 2: the tile's last program sums them (the host otherwise)
+    # run-time branches (uniform per program), so one compile serves every split count and reduction mode
+    if N_SPLIT == 1:
+        tl.store(y_ptr + off, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:  # fp32 partials; USE_CNT: the tile's last program sums them (the host otherwise)
         slab = tl.program_id(0).to(tl.int64) * 0 + M * N  # int64: M * N * splits may pass 2^31
         tl.store(part_ptr + pid_k * slab + off, acc, mask=mask)
-        if SPLIT == 2:
+        if USE_CNT != 0:
             tile = pid_n * tl.num_programs(0) + pid_m
             tl.debug_barrier()  # every thread's partial is issued before the counter moves
             done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
@@ -196,5 +200,3 @@ def _kgemm_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cn
                     tot += tl.load(part_ptr + j * slab + off, mask=mask, other=0.0, cache_modifier=".cg")
                 tl.store(y_ptr + off, tot.to(y_ptr.dtype.element_ty), mask=mask)
                 tl.atomic_xchg(cnt_ptr + tile, 0)
-    else:
-        tl.store(y_ptr + off, acc.to(y_ptr.dtype.element_ty), mask=mask)

@@ -108,7 +108,6 @@ def quant_kgemm_triton(x2d: torch.Tensor, w: KMajorWeight, s: torch.Tensor | Non
     low = x2d.dtype == torch.bfloat16 and not interp  # bf16 operands; else fp32 ones (see kgemm.py)
     grid = (triton.cdiv(M, bm), split, triton.cdiv(N, bn))
     cnt = _counters(dev, grid[0] * grid[2]) if split > 1 and cfg.get("SEM", True) else None
-    mode = 0 if split == 1 else 2 if cnt is not None else 1
     y = torch.empty(M, N, dtype=x2d.dtype, device=dev)
     part = torch.empty(split, M, N, dtype=torch.float32, device=dev) if split > 1 else y
     p = None if w.tensor_scale is None else w.tensor_scale.reshape(1).to(torch.float32)
@@ -116,12 +115,12 @@ def quant_kgemm_triton(x2d: torch.Tensor, w: KMajorWeight, s: torch.Tensor | Non
     sh = _R[w.fmt] - _DSH
     _kgemm_kernel[grid](
         x2d, w.words, w.scale, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias,
-        y, part, dummy if cnt is None else cnt, M, N, K, G, gps, split, x2d.stride(0),
+        y, part, dummy if cnt is None else cnt, M, N, K, G, gps, split, int(cnt is not None), x2d.stride(0),
         FMT=FMT_IDS[w.fmt], B=w.block, HAS_S=s is not None, HAS_P=p is not None, HAS_BIAS=bias is not None,
-        SPLIT=mode, DT=tl.bfloat16 if low else tl.float32, DOT_PREC="tf32" if low else "ieee", BLOCK_M=bm,
+        DT=tl.bfloat16 if low else tl.float32, DOT_PREC="tf32" if low else "ieee", BLOCK_M=bm,
         BLOCK_N=bn, SWAP=int(cfg["SWAP"]), ASM=int(bool(cfg["ASM"]) and low), EVEN_N=N % bn == 0, EVEN_K=K == w.KP,
         SH=sh, SHMUL=float(2.0 ** sh), OMUL=float(2.0 ** _DSH), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
-    if mode == 1:
+    if split > 1 and cnt is None:
         return part.sum(0).to(x2d.dtype)
     return y
