@@ -2,7 +2,7 @@
 kernels (what a layer runs today) and gemlite, on the bench and preset linear shapes at 1-256 rows, in one run
 bounded to a few minutes; `python -m benchmarks.quant_gemm --kgemm` runs it.
 
-    python -m benchmarks.quant_gemm --kgemm --out kgemm.json [--budget 225] [--shapes 14336x4096,...]
+    python -m benchmarks.quant_gemm --kgemm --out kgemm.json [--budget 210] [--shapes 14336x4096,...]
         [--ms 1,2,4,8,16,32,64,128,256] [--formats mxfp4,nvfp4,mxfp8_e4m3] [--no-libs] [--workers 12]
     python -m benchmarks.quant_gemm --apply-kgemm kgemm.json      # its winners into this GPU's tuned table
 
@@ -392,7 +392,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kgemm", action="store_true", help="(the flag quant_gemm passes this mode on with)")
     ap.add_argument("--out", default="kgemm.json")
-    ap.add_argument("--budget", type=float, default=225.0, help="seconds from the start for everything")
+    ap.add_argument("--budget", type=float, default=210.0, help="seconds from the start for everything")
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--formats", default=",".join(FORMATS))

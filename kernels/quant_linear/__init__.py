@@ -60,8 +60,8 @@ def _check(x, q, s, bias, act_quant) -> None:
         raise ValueError(f"act_quant: expected None or 'mxfp4', got {act_quant!r}")
     if act_quant is not None and K % 32:
         raise ValueError(f"act_quant='mxfp4': K={K} must be a multiple of its block 32")
-    data = q.words if isinstance(q, KMajorWeight) else q.data
-    for name, t in (("q.data", data), ("q.scale", q.scale), ("s", s), ("bias", bias)):
+    data, scale = (q.words, q.factors) if isinstance(q, KMajorWeight) else (q.data, q.scale)
+    for name, t in (("q.data", data), ("q.scale", scale), ("s", s), ("bias", bias)):
         if t is not None and t.device != x.device:
             raise ValueError(f"{name}: expected device {x.device} (x's), got {t.device}")
 

@@ -6,7 +6,7 @@ the group's words [B, BLOCK_N] once (N contiguous: 16-byte vector loads along N)
 shift and four and / shift / or ops on the 32-bit word, two bf16 bit patterns at once (`_pair`: slot j in the low
 half, slot j + E/2 in the high one; value * 2^-R, exact, E2M1 code 1 the subnormal 2^-127). Each slot is a whole
 scale block with K-contiguous rows, so it is multiplied by its block's factor (scale * 2^(R - 64), one [BLOCK_N]
-row) and fed as is to tl.dot against the x columns it covers: E dots of K = B per group, no join, reshape or
+row of packed bf16 pairs, kmajor.py) and fed as is to tl.dot against the x columns it covers: E dots of K = B per group, no join, reshape or
 permute of decoded data anywhere. x * s (the DualQuant / SmoothQuant input-channel multiplier) is formed in fp32
 and rounded to bf16 before the MMA, as the other dot kernels do; the fp32 accumulator gets 2^64 (and NVFP4's
 tensor scale) once, plus bias, in the epilogue.
@@ -28,35 +28,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .codec import _shl
+
 
 @triton.jit
 def _pair(w, J: tl.constexpr, FMT: tl.constexpr):
     """int32 words -> int32: bf16 bits of slot J (low 16 bits) and slot J + E/2 (high 16), value * 2^-R
-    (R = 126 for E2M1, 120 for E4M3, 112 for E5M2; 8-bit NaN / Inf codes decode finite: the quantizer writes none)."""
+    (R = 126 for E2M1, 120 for E4M3, 112 for E5M2; 8-bit NaN / Inf codes decode finite: the quantizer writes none).
+    Magnitude and sign each moved straight to their bf16 bits (two shifts, one and-or: 3 ops per two weights)."""
     if FMT <= 1:  # nibble J at bits 4J, J + 4 at 4J + 16: magnitude -> bits 6..8, sign -> 15 of each half
-        t = w >> (4 * J)
-        return ((t & 0x70007) << 6) | ((t & 0x80008) << 12)
+        return (_shl(w, 6 - 4 * J) & 0x01C001C0) | (_shl(w, 12 - 4 * J) & -2147450880)  # 0x80008000
     elif FMT == 2:  # byte J at 8J, J + 2 at 8J + 16: magnitude -> bits 4..10, sign -> 15
-        t = w >> (8 * J)
-        return ((t & 0x7F007F) << 4) | ((t & 0x800080) << 8)
+        return (_shl(w, 4 - 8 * J) & 0x07F007F0) | (_shl(w, 8 - 8 * J) & -2147450880)
     else:  # E5M2: magnitude -> bits 5..11
-        t = w >> (8 * J)
-        return ((t & 0x7F007F) << 5) | ((t & 0x800080) << 8)
-
-
-@triton.jit
-def _factor(sc, FMT: tl.constexpr, SH: tl.constexpr, SHMUL: tl.constexpr):
-    """uint8 block-scale codes -> fp32 scale * 2^SH (SH = R - 64): E8M0 into the exponent bits (255 -> NaN; a
-    scale >= 2^(128 - SH) would overflow: no real weight has one), E4M3 by bit arithmetic, times 2^SH."""
-    c = sc.to(tl.int32)
-    if FMT == 1:
-        e = (c >> 3) & 15
-        m = c & 7
-        v = tl.where(e == 0, m.to(tl.float32) * 0.001953125,
-                     (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True))
-        return v * SHMUL  # E4M3 block scales are positive (the quantizer clamps them to [2^-6, 448])
-    v = (tl.minimum(c + SH, 255) << 23).to(tl.float32, bitcast=True)
-    return tl.where(c == 255, float("nan"), v)
+        return (_shl(w, 5 - 8 * J) & 0x0FE00FE0) | (_shl(w, 8 - 8 * J) & -2147450880)
 
 
 @triton.jit
@@ -69,25 +54,13 @@ def _bf16x2_mul(pair, f2):
 
 
 @triton.jit
-def _factor2(sc_lo, sc_hi, FMT: tl.constexpr, SH: tl.constexpr, SHMUL: tl.constexpr):
-    """Two rows of block-scale codes -> their bf16 factors packed as `_pair` packs weights (int32): E8M0 codes
-    straight into the bf16 exponent field (a min, a shift and an or per two; 255 reads as Inf), E4M3 through fp32."""
-    if FMT == 1:
-        b_lo = _factor(sc_lo, FMT, SH, SHMUL).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        b_hi = _factor(sc_hi, FMT, SH, SHMUL).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) << 16
-        return b_lo | b_hi
-    return (tl.minimum(sc_lo.to(tl.int32) + SH, 255) << 7) | (tl.minimum(sc_hi.to(tl.int32) + SH, 255) << 23)
-
-
-@triton.jit
-def _planes(pair, sc_lo, sc_hi, FMT: tl.constexpr, SH: tl.constexpr, SHMUL: tl.constexpr, ASM: tl.constexpr,
-            DT: tl.constexpr):
-    """The two weight planes of a pair tile: [B, BLOCK_N] each, times their blocks' factors (scale codes sc_lo /
-    sc_hi, [BLOCK_N] uint8), in DT."""
+def _planes(pair, f2, ASM: tl.constexpr, DT: tl.constexpr):
+    """The two weight planes of a pair tile: [B, BLOCK_N] each, times their blocks' factors (f2: [BLOCK_N] int32,
+    the two bf16 factors packed as `_pair` packs weights), in DT."""
     if ASM:
-        return _bf16x2_mul(pair, _factor2(sc_lo, sc_hi, FMT, SH, SHMUL)[None, :])
-    lo = (pair << 16).to(tl.float32, bitcast=True) * _factor(sc_lo, FMT, SH, SHMUL)[None, :]
-    hi = (pair & -65536).to(tl.float32, bitcast=True) * _factor(sc_hi, FMT, SH, SHMUL)[None, :]
+        return _bf16x2_mul(pair, f2[None, :])
+    lo = (pair << 16).to(tl.float32, bitcast=True) * (f2 << 16).to(tl.float32, bitcast=True)[None, :]
+    hi = (pair & -65536).to(tl.float32, bitcast=True) * (f2 & -65536).to(tl.float32, bitcast=True)[None, :]
     return lo.to(DT), hi.to(DT)
 
 
@@ -118,15 +91,14 @@ def _mma(acc, w, xt, SWAP: tl.constexpr, DOT_PREC: tl.constexpr):
 
 # M and the split plan are not specialised on (value 1, multiples of 16): one compile per config for every row count
 @triton.jit(do_not_specialize=["M", "G", "G_PER_SPLIT", "N_SPLIT", "USE_CNT"])
-def _kgemm_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, G, G_PER_SPLIT,
+def _kgemm_kernel(x_ptr, w_ptr, f_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, G, G_PER_SPLIT,
                   N_SPLIT, USE_CNT, stride_xm,
                   FMT: tl.constexpr, B: tl.constexpr, HAS_S: tl.constexpr, HAS_P: tl.constexpr,
                   HAS_BIAS: tl.constexpr, DT: tl.constexpr, DOT_PREC: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr, ASM: tl.constexpr,
-                  EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, SH: tl.constexpr, SHMUL: tl.constexpr,
-                  OMUL: tl.constexpr):
+                  EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, OMUL: tl.constexpr):
     """y[m, n] = sum_k (x[m, k] s[k]) w[n, k] (+ bias) from the plane layout (w_ptr words [G * B, N] int32,
-    sc_ptr [G * E, N] uint8, N their row stride); G groups in all, G_PER_SPLIT per K split (N_SPLIT of them;
+    f_ptr factors [G * E / 2, N] int32, N their row stride); G groups in all, G_PER_SPLIT per K split (N_SPLIT of them;
     USE_CNT 0: the host sums the partials, else the kernel). Grid: (M tiles, K splits, N tiles): an N tile's M tiles run next to each other, so its
     weight is an L2 hit for all but the first."""
     E: tl.constexpr = 8 if FMT <= 1 else 4  # codes (planes) per word
@@ -150,19 +122,17 @@ def _kgemm_kernel(x_ptr, w_ptr, sc_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cn
     for g in range(g_lo, g_hi):
         # int32 offsets: a weight of < 2^31 words (8 GiB)
         w_ptrs = w_ptr + (g * B + offs_i)[:, None] * N + offs_n[None, :]
-        sc_row = sc_ptr + g * E * N + offs_n
+        f_row = f_ptr + g * HALF * N + offs_n
         if EVEN_N:
             w = tl.load(w_ptrs)
         else:
             w = tl.load(w_ptrs, mask=mn[None, :], other=0)
         for j in tl.static_range(HALF):
             if EVEN_N:
-                sc_lo = tl.load(sc_row + j * N)
-                sc_hi = tl.load(sc_row + (j + HALF) * N)
+                f2 = tl.load(f_row + j * N)
             else:
-                sc_lo = tl.load(sc_row + j * N, mask=mn, other=0)
-                sc_hi = tl.load(sc_row + (j + HALF) * N, mask=mn, other=0)
-            w_lo, w_hi = _planes(_pair(w, j, FMT), sc_lo, sc_hi, FMT, SH, SHMUL, ASM, DT)
+                f2 = tl.load(f_row + j * N, mask=mn, other=0)
+            w_lo, w_hi = _planes(_pair(w, j, FMT), f2, ASM, DT)
             x_lo = _x_plane(x_ptr, s_ptr, rows_m, mm, stride_xm, g * GROUP + j * B, K, HAS_S, EVEN_K, SWAP, B, DT)
             x_hi = _x_plane(x_ptr, s_ptr, rows_m, mm, stride_xm, g * GROUP + (j + HALF) * B, K, HAS_S, EVEN_K, SWAP,
                             B, DT)

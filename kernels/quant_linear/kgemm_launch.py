@@ -16,12 +16,10 @@ import triton.language as tl
 
 from . import tuned
 from .codec import FMT_IDS
-from .dot import _DSH
 from .kgemm import _kgemm_kernel
-from .kmajor import KMajorWeight
+from .kmajor import DSH, KMajorWeight
 
 KGEMM_KEYS = {"KERNEL", "BLOCK_M", "BLOCK_N", "SPLIT_K", "SWAP", "ASM", "SEM", "num_warps", "num_stages"}
-_R = {"mxfp4": 126, "nvfp4": 126, "mxfp8_e4m3": 120, "mxfp8_e5m2": 112}  # decode gives value * 2^-R
 
 
 def kgemm_split(M: int, N: int, G: int, bm: int, bn: int, sms: int, per_sm: int = 2, min_groups: int = 4) -> int:
@@ -111,15 +109,14 @@ def quant_kgemm_triton(x2d: torch.Tensor, w: KMajorWeight, s: torch.Tensor | Non
     y = torch.empty(M, N, dtype=x2d.dtype, device=dev)
     part = torch.empty(split, M, N, dtype=torch.float32, device=dev) if split > 1 else y
     p = None if w.tensor_scale is None else w.tensor_scale.reshape(1).to(torch.float32)
-    dummy = w.scale
-    sh = _R[w.fmt] - _DSH
+    dummy = w.factors
     _kgemm_kernel[grid](
-        x2d, w.words, w.scale, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias,
+        x2d, w.words, w.factors, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias,
         y, part, dummy if cnt is None else cnt, M, N, K, G, gps, split, int(cnt is not None), x2d.stride(0),
         FMT=FMT_IDS[w.fmt], B=w.block, HAS_S=s is not None, HAS_P=p is not None, HAS_BIAS=bias is not None,
         DT=tl.bfloat16 if low else tl.float32, DOT_PREC="tf32" if low else "ieee", BLOCK_M=bm,
         BLOCK_N=bn, SWAP=int(cfg["SWAP"]), ASM=int(bool(cfg["ASM"]) and low), EVEN_N=N % bn == 0, EVEN_K=K == w.KP,
-        SH=sh, SHMUL=float(2.0 ** sh), OMUL=float(2.0 ** _DSH), num_warps=cfg["num_warps"],
+        OMUL=float(2.0 ** DSH), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     if split > 1 and cnt is None:
         return part.sum(0).to(x2d.dtype)

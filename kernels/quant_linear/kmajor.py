@@ -3,8 +3,8 @@
 The checkpoint keeps the QTensor layout (codes [N, K/2] or [N, K] uint8, even k in the low nibble; block scales
 [N, K/B]). kgemm reads
 
-    words  int32 [KP / E, N]   (E = 8 codes per word for 4-bit formats, 4 for 8-bit; N contiguous)
-    scales uint8 [KP / B, N]   (the QTensor's scale codes, transposed)
+    words   int32 [KP / E, N]       (E = 8 codes per word for 4-bit formats, 4 for 8-bit; N contiguous)
+    factors int32 [KP / (2 B), N]   (two blocks' bf16 factors scale * 2^(R - 64) per word, paired as the slots)
 
 grouped along K in groups of GROUP = E * B codes (B: the format's block, 32 for MX, 16 for NVFP4): word row
 g * B + i holds, in its code slot j (nibble j at bits 4j, or byte j at bits 8j), the code of
@@ -18,9 +18,17 @@ it covers. No interleave of nibbles back into k order, no reshape or permute of 
 that costs the "gemm" kernel its layout conversions is done here, once, by torch. Slots j and j + E/2 sit 16
 bits apart, so one 32-bit integer op chain decodes two weights (kgemm._pair).
 
+Factors, not scale codes: factor row g * E/2 + p holds, per n, the bf16 bit patterns of blocks g * E + p (low half)
+and g * E + p + E/2 (high half), scale * 2^(R - 64) (R: the decode's shift, kgemm._pair; exact in bf16 for E8M0
+scales 2^-61 .. 2^65 and every E4M3 scale). The kernel multiplies a pair of planes by one such word with one
+bf16x2 multiply and decodes no scale: 2 bytes per block instead of 1 (MXFP4 4.5 bits a weight instead of 4.25,
+NVFP4 5 instead of 4.5, MXFP8 8.5 instead of 8.25), bought because a 4-byte-per-n row is cp.async-pipelined with
+the words and lands in the MMA operand layout, where per-plane byte rows went through a shared-memory layout
+conversion and a barrier each (8 a group, offline sm_90 SASS). The codes are recovered exactly (`scale_codes`).
+
 K is padded with zero codes to a multiple of GROUP (256 codes MXFP4, 128 NVFP4 and MXFP8), the scales with the
-neutral code (1.0); the presets' K (2560, 4096, 14336, ...) need no padding. Same bytes as the QTensor plus the
-padding; `unpack_kmajor` inverts it (tests, and any path that needs the stored layout back).
+neutral code (1.0); the presets' K (2560, 4096, 14336, ...) need no padding. `unpack_kmajor` inverts the packing
+(tests, and any path that needs the stored layout back).
 """
 from __future__ import annotations
 
@@ -30,6 +38,8 @@ import torch
 
 KMAJOR_FORMATS = ("mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2")
 _ONE = {"mx": 127, "nvfp4": 0x38}  # the scale code of 1.0: E8M0 2^0, E4M3 1.0
+DSH = 64  # the factors carry 2^-DSH; the kernel's accumulator gets 2^DSH back
+R_SHIFT = {"mxfp4": 126, "nvfp4": 126, "mxfp8_e4m3": 120, "mxfp8_e5m2": 112}  # kgemm._pair gives value * 2^-R
 
 
 def codes_per_word(fmt: str) -> int:
@@ -39,12 +49,12 @@ def codes_per_word(fmt: str) -> int:
 
 @dataclass
 class KMajorWeight:
-    """A weight in the plane layout: words int32 [KP / E, N], scale uint8 [KP / B, N], NVFP4's fp32 tensor scale;
-    K the true reduction length, KP the padded one (a multiple of group = E * block)."""
+    """A weight in the plane layout: words int32 [KP / E, N], factors int32 [KP / (2 block), N], NVFP4's fp32 tensor
+    scale; K the true reduction length, KP the padded one (a multiple of group = E * block)."""
 
     fmt: str
     words: torch.Tensor
-    scale: torch.Tensor
+    factors: torch.Tensor
     tensor_scale: torch.Tensor | None
     N: int
     K: int
@@ -61,7 +71,22 @@ class KMajorWeight:
 
     def nbytes(self) -> int:
         ts = 0 if self.tensor_scale is None else self.tensor_scale.numel() * 4
-        return self.words.numel() * 4 + self.scale.numel() + ts
+        return self.words.numel() * 4 + self.factors.numel() * 4 + ts
+
+    def block_factors(self) -> torch.Tensor:
+        """fp32 [KP / B, N]: each block's scale (the factor without its 2^(R - 64))."""
+        E = codes_per_word(self.fmt)
+        f = self.factors.contiguous().view(torch.int16).reshape(-1, E // 2, self.N, 2)  # [G, p, n, lo / hi]
+        f = f.permute(0, 3, 1, 2).reshape(-1, self.N).view(torch.bfloat16).float()  # blocks g * E + half * E/2 + p
+        return f * 2.0 ** (DSH - R_SHIFT[self.fmt])
+
+    def scale_codes(self) -> torch.Tensor:
+        """uint8 [KP / B, N]: the block-scale codes the factors were made from (exact)."""
+        from synodic.quant.elements import E4M3
+        f = self.block_factors()
+        if self.fmt == "nvfp4":
+            return E4M3.encode(f)
+        return ((f.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)  # 2^-127 (code 0) is the subnormal, field 0
 
 
 def pack_kmajor(q) -> KMajorWeight:
@@ -83,7 +108,18 @@ def pack_kmajor(q) -> KMajorWeight:
         slots = slots[..., 0::2] | (slots[..., 1::2] << 4)
     words = slots.contiguous().view(torch.int32).reshape(G * B, N)  # little-endian: byte b at bits 8b
     scale = torch.nn.functional.pad(q.scale, (0, KP // B - q.scale.shape[1]), value=_ONE[q.spec.family])
-    return KMajorWeight(q.fmt, words.contiguous(), scale.t().contiguous(), q.tensor_scale, N, K, KP, B)
+    factors = _factors(scale.t(), q.fmt).reshape(G, 2, E // 2, N)  # blocks g * E + half * E/2 + p
+    factors = (factors[:, 0].to(torch.int32) & 0xFFFF) | (factors[:, 1].to(torch.int32) << 16)
+    return KMajorWeight(q.fmt, words.contiguous(), factors.reshape(G * E // 2, N).contiguous(), q.tensor_scale, N,
+                        K, KP, B)
+
+
+def _factors(codes: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Block-scale codes -> int16 bf16 bit patterns of scale * 2^(R - DSH) (exact; see the module docstring)."""
+    from synodic.quant.elements import E4M3
+    from synodic.quant.mx import e8m0_to_fp32
+    v = E4M3.decode(codes).float() if fmt == "nvfp4" else e8m0_to_fp32(codes)
+    return (v * 2.0 ** (R_SHIFT[fmt] - DSH)).to(torch.bfloat16).view(torch.int16)
 
 
 def unpack_kmajor(w: KMajorWeight):
@@ -97,7 +133,7 @@ def unpack_kmajor(w: KMajorWeight):
         by = torch.stack([by & 0xF, by >> 4], dim=-1).reshape(G, B, w.N, 8)
     codes = by.permute(2, 0, 3, 1).reshape(w.N, w.KP)[:, :w.K]  # [N, G, j, i]
     data = pack_uint4(codes) if E == 8 else codes
-    scale = w.scale.t()[:, :w.K // B]
+    scale = w.scale_codes().t()[:, :w.K // B]
     return QTensor(w.fmt, data.contiguous(), scale.contiguous(), w.tensor_scale, (w.N, w.K))
 
 
@@ -105,7 +141,6 @@ def dequant_kmajor(w: KMajorWeight, dtype: torch.dtype = torch.float32) -> torch
     """The [N, K] weight the layout holds, straight from the planes (plain torch; the kernel's reference reads
     the layout itself, not the un-packed QTensor, so a layout bug cannot cancel out)."""
     from synodic.quant.elements import E2M1, E4M3, E5M2
-    from synodic.quant.mx import e8m0_to_fp32
     E, B = codes_per_word(w.fmt), w.block
     G = w.KP // (E * B)
     wd = w.words.to(torch.int64) & 0xFFFFFFFF
@@ -114,13 +149,9 @@ def dequant_kmajor(w: KMajorWeight, dtype: torch.dtype = torch.float32) -> torch
     codes = slots.reshape(G, B, w.N, E).permute(2, 0, 3, 1).reshape(w.N, w.KP).to(torch.uint8)
     elem = {"mxfp4": E2M1, "nvfp4": E2M1, "mxfp8_e4m3": E4M3, "mxfp8_e5m2": E5M2}[w.fmt]
     v = elem.decode(codes).float().reshape(w.N, w.KP // B, B)
-    sc = w.scale.t()
-    if w.fmt == "nvfp4":
-        f = E4M3.decode(sc).float()
-        if w.tensor_scale is not None:
-            f = f * w.tensor_scale.float().reshape(())
-    else:
-        f = e8m0_to_fp32(sc)
+    f = w.block_factors().t()
+    if w.tensor_scale is not None:
+        f = f * w.tensor_scale.float().reshape(())
     return (v * f[..., None]).reshape(w.N, w.KP)[:, :w.K].to(dtype)
 
 

@@ -129,10 +129,10 @@ class QuantLinear(nn.Module):
         if self._kmajor is None or self.kmajor_words.device != self.qdata.device:
             k = pack_kmajor(self.qtensor())
             self.register_buffer("kmajor_words", k.words, persistent=False)
-            self.register_buffer("kmajor_scale", k.scale, persistent=False)
+            self.register_buffer("kmajor_factors", k.factors, persistent=False)
             self._kmajor = (k.K, k.KP, k.block)
         K, KP, block = self._kmajor
-        return KMajorWeight(self.fmt, self.kmajor_words, self.kmajor_scale, self.qtensor_scale, self.out_features, K,
+        return KMajorWeight(self.fmt, self.kmajor_words, self.kmajor_factors, self.qtensor_scale, self.out_features, K,
                             KP, block)
 
     def uses_kgemm(self, x: torch.Tensor) -> bool:

@@ -10,7 +10,7 @@ from kernel_errors import rel_rmse
 from synodic.kernels.quant_linear import KMajorWeight, kgemm_ref, pack_kmajor, quant_linear, unpack_kmajor
 from synodic.kernels.quant_linear import tuned as tuned_mod
 from synodic.kernels.quant_linear.kgemm_launch import kgemm_default_config, kgemm_split, resolve_kgemm_config
-from synodic.kernels.quant_linear.kmajor import codes_per_word, dequant_kmajor
+from synodic.kernels.quant_linear.kmajor import R_SHIFT, codes_per_word, dequant_kmajor
 
 from synodic.quant import quantize
 from synodic.quant.qtensor import dequantize
@@ -38,8 +38,17 @@ def test_kmajor_round_trip_and_slots(fmt):
     back = unpack_kmajor(g)
     assert torch.equal(back.data, q.data) and torch.equal(back.scale, q.scale) and back.shape == q.shape
     E, B = codes_per_word(fmt), q.spec.block
-    assert g.KP == 2 * E * B and g.words.shape == (g.KP // E, N) and g.scale.shape == (g.KP // B, N)
-    assert (g.scale[K // B:] == (0x38 if fmt == "nvfp4" else 127)).all()
+    assert g.KP == 2 * E * B and g.words.shape == (g.KP // E, N) and g.factors.shape == (g.KP // (2 * B), N)
+    assert (g.scale_codes()[K // B:] == (0x38 if fmt == "nvfp4" else 127)).all()
+    # factor row g * E/2 + p: blocks g * E + p (low bf16) and g * E + p + E/2 (high), scale * 2^(R - 64)
+    f = g.factors.to(torch.int64) & 0xFFFFFFFF
+    bf = lambda bits: torch.tensor(bits.tolist(), dtype=torch.int16).view(torch.bfloat16).float()  # noqa: E731
+    sh = 2.0 ** (R_SHIFT[fmt] - 64)
+    for grp, p in ((0, 0), (1, E // 2 - 1)):
+        lo, hi = f[grp * E // 2 + p] & 0xFFFF, f[grp * E // 2 + p] >> 16
+        assert torch.equal(bf(lo.to(torch.int16)), g.block_factors()[grp * E + p] * sh)
+        assert torch.equal(bf(hi.to(torch.int16)), g.block_factors()[grp * E + p + E // 2] * sh)
+    assert torch.equal(g.scale_codes()[:K // B].t(), q.scale)
     codes = torch.nn.functional.pad(q.codes(), (0, g.KP - K)).to(torch.int64)
     words = g.words.to(torch.int64) & 0xFFFFFFFF
     bits = 32 // E
@@ -47,9 +56,24 @@ def test_kmajor_round_trip_and_slots(fmt):
         slot = (words[grp * B + i] >> (bits * j)) & ((1 << bits) - 1)
         assert torch.equal(slot, codes[:, grp * E * B + j * B + i])
     assert torch.equal(dequant_kmajor(g), dequantize(q))
-    assert g.nbytes() == g.words.numel() * 4 + g.scale.numel() + (4 if fmt == "nvfp4" else 0)
+    assert g.nbytes() == g.words.numel() * 4 + g.factors.numel() * 4 + (4 if fmt == "nvfp4" else 0)
     with pytest.raises(ValueError, match="q.fmt='int4_g64'"):
         pack_kmajor(quantize(torch.randn(4, 64), "int4_g64"))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3"])
+def test_kmajor_extreme_scale_codes(fmt):
+    """E8M0 codes 0 (2^-127), 1, 127, 192 (2^65, the largest the bf16 factor holds) and 255 (NaN) survive the
+    factor packing; the planes decode them as dequantize does."""
+    from synodic.quant.qtensor import QTensor
+    q = quantize(torch.randn(5, 256), fmt)
+    sc = q.scale.clone()
+    sc[:, :5] = torch.tensor([0, 1, 127, 192, 255], dtype=torch.uint8)
+    q = QTensor(q.fmt, q.data, sc, q.tensor_scale, q.shape)
+    g = pack_kmajor(q)
+    assert torch.equal(unpack_kmajor(g).scale, sc)
+    ref, got = dequantize(q), dequant_kmajor(g)
+    assert torch.equal(got.isnan(), ref.isnan()) and torch.equal(got.nan_to_num(), ref.nan_to_num())
 
 
 CASES = [  # fmt, N, K, M, has_s, has_bias, config (None: the heuristic)
@@ -137,6 +161,7 @@ def test_quantlinear_kgemm_route(monkeypatch):
     assert "kmajor_words" in dict(layer.named_buffers()) and "kmajor_words" not in layer.state_dict()
     back = unpack_kmajor(k)
     assert torch.equal(back.data, layer.qdata) and torch.equal(back.scale, layer.qscale)
+    assert layer.kmajor().words is k.words  # built once
     assert layer.resident_bytes() == layer.packed_bytes() + k.nbytes()
     x = torch.randn(5, 256)
     assert not layer.uses_kgemm(x)  # CPU
