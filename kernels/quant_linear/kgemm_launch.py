@@ -34,18 +34,17 @@ def kgemm_split(M: int, N: int, G: int, bm: int, bn: int, sms: int, per_sm: int 
 
 def kgemm_default_config(M: int, N: int, G: int, fmt: str, sms: int = 132) -> dict:
     """The untuned heuristic: the x tile grows with M (16 / 32 / 64 / 128 rows), [.. x 128] weight tiles, 8 warps
-    from 128 rows, 256-wide N tiles above; x the A operand; the asm decode; K split for small grids. G: the
-    weight's K groups."""
+    from 128 rows; x the A operand; the asm decode; K split for small grids. G: the weight's K groups. (The x tile
+    of a 256-code MXFP4 group is BLOCK_M x 512 bytes a stage: [128 x 256] tiles exceed the 227 KB of shared memory,
+    4-warp BLOCK_N = 256 tiles spill: offline sm_90 compiles.)"""
     if M <= 16:
         bm, bn, nw, st = 16, 128, 4, 4
     elif M <= 32:
         bm, bn, nw, st = 32, 128, 4, 4
     elif M <= 64:
         bm, bn, nw, st = 64, 128, 4, 3
-    elif M <= 128:
-        bm, bn, nw, st = 128, 128, 8, 3
     else:
-        bm, bn, nw, st = 128, 256, 8, 3
+        bm, bn, nw, st = 128, 128, 8, 3
     return dict(KERNEL="kgemm", BLOCK_M=bm, BLOCK_N=bn, SWAP=0, ASM=1, SEM=True, num_warps=nw, num_stages=st,
                 SPLIT_K=kgemm_split(M, N, G, bm, bn, sms))
 
