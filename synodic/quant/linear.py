@@ -40,7 +40,7 @@ KERNEL_MAX_ROWS_FP32 = 1
 # (where dequant + matmul beats the packed kernel: docs/tuning/quant_linear.md)
 PACKED_ONLY_MAX_ROWS = {"mxfp4": 64, "nvfp4": 64, "mxfp8_e4m3": 128, "mxfp8_e5m2": 128}
 # rows per call (inclusive range, per format) that 'auto' sends to the plane-layout GEMM ("kgemm",
-# synodic.kernels.quant_linear.kgemm) on CUDA with bf16 / fp16 activations, ahead of the rules above. Empty: no
+# synodic.kernels.quant_linear.kgemm) on CUDA with bf16 activations, ahead of the rules above. Empty: no
 # layer routes to it until a GPU run (`python -m benchmarks.quant_gemm --kgemm`) shows where it beats both the bf16
 # linear and the stored-layout kernels. A layer of a listed format keeps the weight a second time in the plane
 # layout (built once, with the layer: `kmajor()`).
@@ -136,9 +136,10 @@ class QuantLinear(nn.Module):
                             KP, block)
 
     def uses_kgemm(self, x: torch.Tensor) -> bool:
-        """Whether forward(x) runs the plane-layout GEMM: backend 'auto', CUDA, bf16 / fp16, rows in KGEMM_ROWS."""
+        """Whether forward(x) runs the plane-layout GEMM: backend 'auto', CUDA, bf16 (its fast path; fp16 / fp32
+        run an fp32 dot there), rows in KGEMM_ROWS."""
         rng = KGEMM_ROWS.get(self.fmt)
-        if rng is None or self.backend != "auto" or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
+        if rng is None or self.backend != "auto" or not x.is_cuda or x.dtype != torch.bfloat16:
             return False
         return rng[0] <= x.numel() // self.in_features <= rng[1]
 
