@@ -88,8 +88,6 @@ def _warm_kgemm(fmt: str, tile_list: list[tuple]) -> int:
     for bm, bn, swap, asm, nw, st in tile_list:
         try:
             quant_linear(x, g, s, backend="triton", config=dict(BLOCK_M=bm, BLOCK_N=bn, SWAP=swap, ASM=asm,
-                                                                 num_warps=nw, num_stages=st, SPLIT_K=1))
-            quant_linear(x, g, s, backend="triton", config=dict(BLOCK_M=bm, BLOCK_N=bn, SWAP=swap, ASM=asm,
                                                                  num_warps=nw, num_stages=st, SPLIT_K=2))
         except Exception:  # noqa: BLE001 - the timing loop records the error
             pass

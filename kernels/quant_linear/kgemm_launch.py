@@ -73,6 +73,14 @@ def resolve_kgemm_config(M: int, N: int, G: int, fmt: str, config: dict | None, 
 
 
 _CNT: dict = {}
+_F32: dict = {}
+
+
+def _stand_in(device: torch.device) -> torch.Tensor:
+    t = _F32.get(device)
+    if t is None:
+        t = _F32[device] = torch.zeros(4, dtype=torch.float32, device=device)
+    return t
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor | None:
@@ -106,7 +114,8 @@ def quant_kgemm_triton(x2d: torch.Tensor, w: KMajorWeight, s: torch.Tensor | Non
     grid = (triton.cdiv(M, bm), split, triton.cdiv(N, bn))
     cnt = _counters(dev, grid[0] * grid[2]) if split > 1 and cfg.get("SEM", True) else None
     y = torch.empty(M, N, dtype=x2d.dtype, device=dev)
-    part = torch.empty(split, M, N, dtype=torch.float32, device=dev) if split > 1 else y
+    # fp32 partials, or an fp32 stand-in: the pointer's dtype is part of the compile key, one compile for any split
+    part = torch.empty(split, M, N, dtype=torch.float32, device=dev) if split > 1 else _stand_in(dev)
     p = None if w.tensor_scale is None else w.tensor_scale.reshape(1).to(torch.float32)
     dummy = w.factors
     _kgemm_kernel[grid](
