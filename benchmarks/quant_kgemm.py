@@ -81,6 +81,7 @@ def _warm_kgemm(fmt: str, tile_list: list[tuple]) -> int:
     """Worker: compile kgemm for tiles on a small weight (N, K multiples of 256: the same specialisation as every
     bench shape; M and the split are not specialised)."""
     from synodic.kernels.quant_linear import pack_kmajor, quant_linear
+
     from synodic.quant import quantize
     N, K = 256, 1024
     g = pack_kmajor(quantize(torch.randn(N, K, device="cuda") * 0.02, fmt))
@@ -99,6 +100,7 @@ def _warm_kgemm(fmt: str, tile_list: list[tuple]) -> int:
 def _warm_stored(N: int, K: int, fmt: str, ms: list[int]) -> int:
     """Worker: compile the stored-layout kernels' defaults for one shape (their K split is a constexpr)."""
     from synodic.kernels.quant_linear import quant_linear
+
     from synodic.quant import quantize
     q = quantize(torch.randn(N, K, device="cuda") * 0.02, fmt)
     s = torch.rand(K, device="cuda") + 0.5
@@ -142,6 +144,7 @@ class Cell:
 
     def __init__(self, N: int, K: int, fmt: str, gen):
         from synodic.kernels.quant_linear import pack_kmajor
+
         from synodic.quant import quantize
         self.N, self.K, self.fmt, self.gen = N, K, fmt, gen
         w = (torch.randn(N, K, device=DEV, generator=gen) * 0.02).to(torch.bfloat16)
@@ -308,7 +311,7 @@ def bench_gemlite(shapes, ms, gen, deadline, mode: str, log) -> dict:
             try:
                 x = torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
                 err = _err(mods[0](x).float(), x.float() @ w.float().T)  # incl. its own quantization error
-                us = timer([lambda m=m: m(x) for m in mods])
+                us = timer([lambda m=m, x=x: m(x) for m in mods])
                 rows.append({"N": N, "K": K, "M": M, "us": us, "err_vs_bf16": err, "s": time.monotonic() - t0})
             except Exception as e:  # noqa: BLE001
                 rows.append({"N": N, "K": K, "M": M, "error": f"{type(e).__name__}: {str(e)[:200]}"})

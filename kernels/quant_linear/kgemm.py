@@ -2,14 +2,14 @@
 K-major plane layout of kmajor.py.
 
 Per K group (GROUP = E * B codes: 8 nibbles or 4 bytes per int32 word, B the format's block) a program loads
-the group's words [B, BLOCK_N] once (N contiguous: 16-byte vector loads along N) and E / 2 times builds, with one
-shift and four and / shift / or ops on the 32-bit word, two bf16 bit patterns at once (`_pair`: slot j in the low
-half, slot j + E/2 in the high one; value * 2^-R, exact, E2M1 code 1 the subnormal 2^-127). Each slot is a whole
-scale block with K-contiguous rows, so it is multiplied by its block's factor (scale * 2^(R - 64), one [BLOCK_N]
-row of packed bf16 pairs, kmajor.py) and fed as is to tl.dot against the x columns it covers: E dots of K = B per group, no join, reshape or
-permute of decoded data anywhere. x * s (the DualQuant / SmoothQuant input-channel multiplier) is formed in fp32
-and rounded to bf16 before the MMA, as the other dot kernels do; the fp32 accumulator gets 2^64 (and NVFP4's
-tensor scale) once, plus bias, in the epilogue.
+the group's words [B, BLOCK_N] once (N contiguous: 16-byte vector loads along N; cp.async-pipelined) and E / 2
+times builds, with two shifts and two masks on the 32-bit word, two bf16 bit patterns at once (`_pair`: slot j in
+the low half, slot j + E/2 in the high one; value * 2^-R, exact, E2M1 code 1 the subnormal 2^-127). Each slot is a
+whole scale block with K-contiguous rows, so it is multiplied by its block's factor (scale * 2^(R - 64), one
+[BLOCK_N] row of packed bf16 pairs, kmajor.py) and fed as is to tl.dot against the x columns it covers: E dots of
+K = B per group, no join, reshape or permute of decoded data anywhere. x * s (the DualQuant / SmoothQuant
+input-channel multiplier) is formed in fp32 and rounded to bf16 before the MMA, as the other dot kernels do; the
+fp32 accumulator gets 2^64 (and NVFP4's tensor scale) once, plus bias, in the epilogue.
 
 Decode variants (constexpr ASM): 0 = plain Triton, the two halves widened to fp32 by a shift / mask (exact),
 one fp32 multiply each, then bf16; 1 = one inline-asm `mul.rn.bf16x2` per two weights straight on the 32-bit
@@ -35,7 +35,7 @@ from .codec import _shl
 def _pair(w, J: tl.constexpr, FMT: tl.constexpr):
     """int32 words -> int32: bf16 bits of slot J (low 16 bits) and slot J + E/2 (high 16), value * 2^-R
     (R = 126 for E2M1, 120 for E4M3, 112 for E5M2; 8-bit NaN / Inf codes decode finite: the quantizer writes none).
-    Magnitude and sign each moved straight to their bf16 bits (two shifts, one and-or: 3 ops per two weights)."""
+    Magnitude and sign each shifted straight to their bf16 bits: 4 SASS ops (2 shifts, and, and-or) per two weights."""
     if FMT <= 1:  # nibble J at bits 4J, J + 4 at 4J + 16: magnitude -> bits 6..8, sign -> 15 of each half
         return (_shl(w, 6 - 4 * J) & 0x01C001C0) | (_shl(w, 12 - 4 * J) & -2147450880)  # 0x80008000
     elif FMT == 2:  # byte J at 8J, J + 2 at 8J + 16: magnitude -> bits 4..10, sign -> 15
@@ -98,9 +98,9 @@ def _kgemm_kernel(x_ptr, w_ptr, f_ptr, p_ptr, s_ptr, b_ptr, y_ptr, part_ptr, cnt
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr, ASM: tl.constexpr,
                   EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, OMUL: tl.constexpr):
     """y[m, n] = sum_k (x[m, k] s[k]) w[n, k] (+ bias) from the plane layout (w_ptr words [G * B, N] int32,
-    f_ptr factors [G * E / 2, N] int32, N their row stride); G groups in all, G_PER_SPLIT per K split (N_SPLIT of them;
-    USE_CNT 0: the host sums the partials, else the kernel). Grid: (M tiles, K splits, N tiles): an N tile's M tiles run next to each other, so its
-    weight is an L2 hit for all but the first."""
+    f_ptr factors [G * E / 2, N] int32, N their row stride); G groups in all, G_PER_SPLIT per K split (N_SPLIT of
+    them; USE_CNT 0: the host sums the partials, else the kernel). Grid: (M tiles, K splits, N tiles): an N tile's
+    M tiles run next to each other, so its weight is an L2 hit for all but the first."""
     E: tl.constexpr = 8 if FMT <= 1 else 4  # codes (planes) per word
     HALF: tl.constexpr = E // 2
     GROUP: tl.constexpr = E * B
