@@ -113,28 +113,30 @@ def _warm_stored(N: int, K: int, fmt: str, ms: list[int]) -> int:
     return len(ms)
 
 
-def precompile(shapes, formats, ms, workers: int, log) -> dict:
+def precompile(shapes, formats, ms, workers: int, log, limit_s: float = 100.0) -> dict:
+    """Warms Triton's disk cache in `workers` spawned processes; gives up after limit_s (the workers are then
+    terminated: whatever they compiled is cached, the rest compiles in the timing loop)."""
     import concurrent.futures as cf
     import multiprocessing as mp
     t0 = time.monotonic()
-    jobs = []
     uniq = list(dict.fromkeys(t for M in ms for t in tiles(M)))
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
-        for fmt in formats:
-            for i in range(0, len(uniq), 2):
-                jobs.append(ex.submit(_warm_kgemm, fmt, uniq[i:i + 2]))
-        for N, K in shapes:
-            for fmt in formats:
-                jobs.append(ex.submit(_warm_stored, N, K, fmt, ms))
-        errs = []
-        for j in jobs:
-            try:
-                j.result()
-            except Exception as e:  # noqa: BLE001 - a failed warm-up only costs compile time later
-                errs.append(f"{type(e).__name__}: {str(e)[:200]}")
+    ex = cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
+    jobs = [ex.submit(_warm_kgemm, fmt, uniq[i:i + 2]) for fmt in formats for i in range(0, len(uniq), 2)]
+    jobs += [ex.submit(_warm_stored, N, K, fmt, ms) for N, K in shapes for fmt in formats]
+    done, pending = cf.wait(jobs, timeout=limit_s)
+    errs = []
+    for j in done:
+        try:
+            j.result()
+        except Exception as e:  # noqa: BLE001 - a failed warm-up only costs compile time later
+            errs.append(f"{type(e).__name__}: {str(e)[:200]}")
+    if pending:
+        for p in list(getattr(ex, "_processes", {}).values()):  # a hung or slow worker must not stall the run
+            p.terminate()
+    ex.shutdown(wait=not pending, cancel_futures=True)
     log(f"precompiled {len(uniq)} kgemm tiles x {len(formats)} formats and the stored kernels of {len(shapes)} "
-        f"shapes in {time.monotonic() - t0:.0f}s ({workers} workers, {len(errs)} failed jobs)")
-    return {"s": time.monotonic() - t0, "jobs": len(jobs), "errors": errs[:5]}
+        f"shapes in {time.monotonic() - t0:.0f}s ({workers} workers, {len(errs)} failed, {len(pending)} cut off)")
+    return {"s": time.monotonic() - t0, "jobs": len(jobs), "errors": errs[:5], "cut_off": len(pending)}
 
 
 # --- 2. timing ----------------------------------------------------------------------------------------------------

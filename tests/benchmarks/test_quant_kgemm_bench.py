@@ -70,3 +70,12 @@ def test_bench_shape_smoke(monkeypatch):
     assert row["M"] == 2 and row["route"] == "stored" and len(row["kgemm_tried"]) == 2
     assert all(t["err"] < 1e-2 for t in row["kgemm_tried"]) and row["stored_err"] < 1e-2
     assert "kgemm_config" in row and row["stored_config"]["KERNEL"] == "gemvh"
+
+
+def test_precompile_is_bounded():
+    """The parallel warm-up returns by its limit (slow or hung workers are terminated) and reports what it cut."""
+    import time
+    t0 = time.monotonic()
+    out = quant_kgemm.precompile([(256, 1024)], ["mxfp4"], [2], 1, lambda m: None, limit_s=0.2)
+    # spawned workers import torch for longer than 0.2 s: every job is still pending at the limit
+    assert time.monotonic() - t0 < 15 and out["cut_off"] == out["jobs"] == 6
