@@ -78,4 +78,4 @@ def test_precompile_is_bounded():
     t0 = time.monotonic()
     out = quant_kgemm.precompile([(256, 1024)], ["mxfp4"], [2], 1, lambda m: None, limit_s=0.2)
     # spawned workers import torch for longer than 0.2 s: every job is still pending at the limit
-    assert time.monotonic() - t0 < 15 and out["cut_off"] == out["jobs"] == 6
+    assert time.monotonic() - t0 < 15 and out["cut_off"] == out["jobs"] == 4  # 3 kgemm chunks + 1 stored shape
