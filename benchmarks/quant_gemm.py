@@ -19,6 +19,10 @@ GPU's tuned table's "gemm" section.
    each failure is recorded as "not available: <reason>" and the run goes on.
 Every cell is guarded: an error is recorded in its entry and the next cell runs. The JSON is rewritten after each
 shape.
+
+    python -m benchmarks.quant_gemm --kgemm --out kgemm.json [...]    # the plane-layout GEMM instead (kgemm.py):
+                                                                    # benchmarks/quant_kgemm.py, < 4 min
+    python -m benchmarks.quant_gemm --apply-kgemm kgemm.json        # its winners into the GPU's tuned table
 """
 from __future__ import annotations
 
@@ -370,6 +374,15 @@ def _pairs(text: str) -> list[tuple[int, int]]:
 
 
 def main(argv=None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if "--kgemm" in args:
+        from benchmarks.quant_kgemm import main as kgemm_main
+        return kgemm_main(args)
+    if "--apply-kgemm" in args:
+        from benchmarks.quant_kgemm import apply_section
+        i = args.index("--apply-kgemm")
+        table = args[args.index("--table") + 1] if "--table" in args else None
+        return apply_section(Path(args[i + 1]), Path(table) if table else None)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="gemm.json")
     ap.add_argument("--budget", type=float, default=170.0, help="seconds from the start; tuning stops after")

@@ -18,7 +18,10 @@ same from fp32 arithmetic, one row), "dotp" and "dot" (tl.dot, any M); the defau
 with bf16 / fp16 activations, gemv32 for one fp32 row, dotp above. Their speed against the bf16 linear per
 format and row count: docs/tuning/quant_linear.md.
 "gemm" (gemm.py; repack.py) is the packed GEMM for 2-256 rows over the weight repacked once at load (a QTensor
-passed as repack(q), a repack.GemmWeight); a layer without a dense copy runs it for 2-256 rows.
+passed as repack(q), a repack.GemmWeight); measured slower than the stored-layout kernels, not routed.
+"kgemm" (kgemm.py; kmajor.py; configs and launch in kgemm_launch.py) is the packed GEMM for 2-256+ rows over the
+K-major plane layout (a QTensor passed as pack_kmajor(q), a kmajor.KMajorWeight): no shuffle of decoded data;
+QuantLinear routes to it only from synodic.quant.linear.KGEMM_MIN_ROWS (empty until a GPU run shows a win).
 QuantLinear runs the kernel where it beats the bf16 linear (synodic.quant.linear.KERNEL_MAX_ROWS: MXFP4 and NVFP4
 up to 32 rows, MXFP8 up to 16; one row for fp32
 activations), or up to 64 / 128 rows when the layer keeps no dense copy (PACKED_ONLY_MAX_ROWS). A call without a
@@ -32,10 +35,12 @@ import os
 
 import torch
 
+from .kmajor import KMajorWeight, kgemm_ref, pack_kmajor, unpack_kmajor
 from .ref import quant_linear_ref
 from .repack import GemmWeight, repack, unrepack
 
-__all__ = ["KERNEL_FORMATS", "GemmWeight", "quant_linear", "quant_linear_ref", "repack", "unrepack"]
+__all__ = ["KERNEL_FORMATS", "GemmWeight", "KMajorWeight", "kgemm_ref", "pack_kmajor", "quant_linear",
+           "quant_linear_ref", "repack", "unpack_kmajor", "unrepack"]
 
 KERNEL_FORMATS = ("mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2")
 ACT_QUANT = (None, "mxfp4")
@@ -55,7 +60,8 @@ def _check(x, q, s, bias, act_quant) -> None:
         raise ValueError(f"act_quant: expected None or 'mxfp4', got {act_quant!r}")
     if act_quant is not None and K % 32:
         raise ValueError(f"act_quant='mxfp4': K={K} must be a multiple of its block 32")
-    for name, t in (("q.data", q.data), ("q.scale", q.scale), ("s", s), ("bias", bias)):
+    data, scale = (q.words, q.factors) if isinstance(q, KMajorWeight) else (q.data, q.scale)
+    for name, t in (("q.data", data), ("q.scale", scale), ("s", s), ("bias", bias)):
         if t is not None and t.device != x.device:
             raise ValueError(f"{name}: expected device {x.device} (x's), got {t.device}")
 
@@ -64,12 +70,15 @@ def quant_linear(x: torch.Tensor, q, s: torch.Tensor | None = None, bias: torch.
                  act_quant: str | None = None, backend: str = "auto", config: dict | None = None) -> torch.Tensor:
     """x [..., K] (bf16 / fp16 / fp32) -> y [..., N] in x.dtype. q: a QTensor (the stored layout), or a
     repack.GemmWeight (the packed GEMM's layout: KERNEL 'gemm', configs per launch.resolve_gemm_config; the
-    reference un-repacks it). `config` overrides the Triton launch
+    reference un-repacks it), or a kmajor.KMajorWeight (KERNEL 'kgemm', configs per
+    kgemm_launch.resolve_kgemm_config; the reference decodes the planes). `config` overrides the Triton launch
     config (KERNEL dot | gemv32 | dotp | gemvh, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, SEM (in-kernel
     split-K reduction), BLOCK_M (dot, dotp: rows per tile; gemvh: 1 or 2), and for dot TWO_MUL (exact decode for
     any block scale); see launch.resolve_config; for MXFP8, FP8_CVT=True decodes with the hardware fp8
     conversion in dot)."""
     _check(x, q, s, bias, act_quant)
+    if isinstance(q, KMajorWeight):
+        return _kgemm(x, q, s, bias, act_quant, backend, config)
     if isinstance(q, GemmWeight):
         return _gemm(x, q, s, bias, act_quant, backend, config)
     if backend == "auto":
@@ -116,3 +125,25 @@ def _gemm(x, g, s, bias, act_quant, backend, config) -> torch.Tensor:
         s = None
     y = quant_gemm_triton(x2d.contiguous(), g, s, bias, config)
     return y.reshape(*x.shape[:-1], g.N)
+
+
+def _kgemm(x, w, s, bias, act_quant, backend, config) -> torch.Tensor:
+    """quant_linear on a KMajorWeight: the kgemm kernel (act_quant: x quantized in torch first, the GEMM is
+    weight-only), or its reference (kmajor.kgemm_ref, which decodes the plane layout itself)."""
+    if backend == "auto":
+        backend = "triton" if x.is_cuda else "ref"
+    if backend not in ("ref", "triton"):
+        raise ValueError(f"backend: expected 'auto', 'triton' or 'ref', got {backend!r}")
+    if backend == "triton" and not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("backend: 'triton' needs CUDA tensors (or TRITON_INTERPRET=1); use 'ref' or 'auto'")
+    x2d = x.reshape(-1, w.K)
+    if act_quant is not None:
+        from synodic.quant.qtensor import fake_quant
+        x2d = fake_quant(x2d.float() if s is None else x2d.float() * s, act_quant).to(x.dtype)
+        s = None
+    if backend == "ref":
+        return kgemm_ref(x2d, w, s, bias).reshape(*x.shape[:-1], w.N)
+    from .kgemm_launch import quant_kgemm_triton
+    s = None if s is None else s.to(torch.float32).contiguous()
+    y = quant_kgemm_triton(x2d.contiguous(), w, s, bias, config)
+    return y.reshape(*x.shape[:-1], w.N)

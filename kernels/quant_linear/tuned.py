@@ -8,8 +8,9 @@ device's table has one, and the heuristic otherwise. The table is a file, not a 
 stay capturable in CUDA graphs and the same shapes always launch the same config.
 
 File: `tuned/<device name, non-alphanumerics as _>.json`, {"meta": {...}, "configs": {"fmt,N,K,M": config},
-"gemm": {"fmt,N,K,M": config}}: "configs" for the kernels over the stored layout, "gemm" for the packed GEMM over
-the repacked one (its own row buckets, GEMM_M_BUCKETS: a layer without a dense copy sends it 2-256 rows).
+"gemm": {"fmt,N,K,M": config}, "kgemm": {...}}: "configs" for the kernels over the stored layout, "gemm" for the
+packed GEMM over the repacked one (its own row buckets, GEMM_M_BUCKETS: 2-256 rows), "kgemm" for the plane-layout
+GEMM (kgemm.py over kmajor.py; the same buckets).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def load(path: Path, section: str = "configs") -> dict:
     if not path.exists():
         return {}
     data = json.loads(path.read_text())
-    configs = data.get(section, {} if section == "gemm" else None) if isinstance(data, dict) else None
+    configs = data.get(section, None if section == "configs" else {}) if isinstance(data, dict) else None
     if not isinstance(configs, dict) or not all(isinstance(v, dict) for v in configs.values()):
         raise ValueError(f"{path}: expected {{'meta': ..., {section!r}: {{'fmt,N,K,M': config}}}}")
     return configs
@@ -66,10 +67,12 @@ def gemm_bucket(M: int) -> int | None:
     return next((b for b in GEMM_M_BUCKETS if M <= b), None)
 
 
-def lookup_gemm(device_name: str, fmt: str, N: int, K: int, M: int, root: Path | None = None) -> dict | None:
-    """The tuned GEMM config for a call of M rows, or None."""
+def lookup_gemm(device_name: str, fmt: str, N: int, K: int, M: int, root: Path | None = None,
+                section: str = "gemm") -> dict | None:
+    """The tuned config for a call of M rows of a repacked-weight GEMM (section "gemm": gemm.py over repack.py;
+    "kgemm": kgemm.py over kmajor.py; the same row buckets), or None."""
     b = gemm_bucket(M)
     if b is None:
         return None
-    entry = load(table_path(device_name, root or TABLE_DIR), "gemm").get(key(fmt, N, K, b))
+    entry = load(table_path(device_name, root or TABLE_DIR), section).get(key(fmt, N, K, b))
     return dict(entry) if entry is not None else None

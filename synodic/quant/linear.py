@@ -39,6 +39,12 @@ KERNEL_MAX_ROWS_FP32 = 1
 # the same without a dense copy: above these the weight is dequantized for the call and the bf16 matmul runs
 # (where dequant + matmul beats the packed kernel: docs/tuning/quant_linear.md)
 PACKED_ONLY_MAX_ROWS = {"mxfp4": 64, "nvfp4": 64, "mxfp8_e4m3": 128, "mxfp8_e5m2": 128}
+# rows per call (inclusive range, per format) that 'auto' sends to the plane-layout GEMM ("kgemm",
+# synodic.kernels.quant_linear.kgemm) on CUDA with bf16 activations, ahead of the rules above. Empty: no
+# layer routes to it until a GPU run (`python -m benchmarks.quant_gemm --kgemm`) shows where it beats both the bf16
+# linear and the stored-layout kernels. A layer of a listed format keeps the weight a second time in the plane
+# layout (built once, with the layer: `kmajor()`).
+KGEMM_ROWS: dict[str, tuple[int, int]] = {}
 
 
 def _check(mode: str, fmt: str | None) -> tuple[str, bool]:
@@ -95,6 +101,9 @@ class QuantLinear(nn.Module):
         self.register_buffer("qdata", q.data)
         self.register_buffer("qscale", q.scale)
         self.register_buffer("qtensor_scale", q.tensor_scale)
+        self._kmajor = None  # the plane layout, built once where KGEMM_ROWS routes this format (kmajor())
+        if self.fmt in KGEMM_ROWS:
+            self.kmajor()
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kw) -> QuantLinear:
@@ -113,6 +122,27 @@ class QuantLinear(nn.Module):
         self._set(q, s, bias, dtype, dense=dense)
         return self
 
+    def kmajor(self):
+        """The weight in kgemm's plane layout (kernels/quant_linear/kmajor.py), built on first use and kept as
+        non-persistent buffers (checkpoints hold the stored layout only), so it follows the module across devices."""
+        from synodic.kernels.quant_linear import KMajorWeight, pack_kmajor
+        if self._kmajor is None or self.kmajor_words.device != self.qdata.device:
+            k = pack_kmajor(self.qtensor())
+            self.register_buffer("kmajor_words", k.words, persistent=False)
+            self.register_buffer("kmajor_factors", k.factors, persistent=False)
+            self._kmajor = (k.K, k.KP, k.block)
+        K, KP, block = self._kmajor
+        return KMajorWeight(self.fmt, self.kmajor_words, self.kmajor_factors, self.qtensor_scale, self.out_features, K,
+                            KP, block)
+
+    def uses_kgemm(self, x: torch.Tensor) -> bool:
+        """Whether forward(x) runs the plane-layout GEMM: backend 'auto', CUDA, bf16 (its fast path; fp16 / fp32
+        run an fp32 dot there), rows in KGEMM_ROWS."""
+        rng = KGEMM_ROWS.get(self.fmt)
+        if rng is None or self.backend != "auto" or not x.is_cuda or x.dtype != torch.bfloat16:
+            return False
+        return rng[0] <= x.numel() // self.in_features <= rng[1]
+
     def dense_bytes(self) -> int:
         """Bytes of the dequantized weight: the kept copy, or the layer's dtype without one."""
         if self.weight_q is not None:
@@ -120,8 +150,10 @@ class QuantLinear(nn.Module):
         return self.out_features * self.in_features * torch.empty(0, dtype=self.dtype).element_size()
 
     def resident_bytes(self) -> int:
-        """Bytes this layer's weights occupy: packed codes + scales (+ s), and the dense copy when kept."""
-        return self.packed_bytes() + (self.dense_bytes() if self.dense else 0)
+        """Bytes this layer's weights occupy: packed codes + scales (+ s), the dense copy when kept, and the plane
+        layout where KGEMM_ROWS routes the format."""
+        kb = self.kmajor().nbytes() if self.fmt in KGEMM_ROWS else 0
+        return self.packed_bytes() + (self.dense_bytes() if self.dense else 0) + kb
 
     def weight_bytes(self, rows: int = 1) -> int:
         """Bytes a decode step over `rows` rows reads for this weight: through the packed kernel, codes
@@ -129,6 +161,9 @@ class QuantLinear(nn.Module):
         one the codes read + the dense weight written and read back; plus the per-input-channel activation
         multiplier s when there is one."""
         probe = torch.empty(rows, self.in_features, device=self.qdata.device, dtype=torch.bfloat16)
+        if self.uses_kgemm(probe):
+            s = 0 if self.act_scale is None else self.act_scale.numel() * 4
+            return self.kmajor().nbytes() + s
         if self.uses_kernel(probe):
             return self.packed_bytes()
         if not self.dense:
@@ -175,6 +210,8 @@ class QuantLinear(nn.Module):
         return QTensor(self.fmt, self.qdata, self.qscale, self.qtensor_scale, (self.out_features, self.in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.uses_kgemm(x):
+            return self._kernel_forward(x, self.kmajor())
         if self.uses_kernel(x):
             return self._kernel_forward(x)
         a = x if self.act_scale is None else x.float() * self.act_scale
@@ -182,13 +219,14 @@ class QuantLinear(nn.Module):
             a = fake_quant(a, self.fmt, rule=self.rule)
         return F.linear(a.to(x.dtype), self.dense_weight(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
-    def _kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _kernel_forward(self, x: torch.Tensor, q=None) -> torch.Tensor:
+        """The packed kernel on the stored layout, or on q (the plane layout: kgemm)."""
         from synodic.kernels.quant_linear import quant_linear
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        q, s = self.qtensor(), self.act_scale
+        q, s = q if q is not None else self.qtensor(), self.act_scale
         if not self.act_quant:
             return quant_linear(x, q, s, bias, backend="triton")
-        if self.fmt == "mxfp4" and self.rule == "floor":  # x * s and the MXFP4 quantizer fused in-kernel
+        if self.fmt == "mxfp4" and self.rule == "floor":  # x * s and the MXFP4 quantizer fused (kgemm: in torch)
             return quant_linear(x, q, s, bias, act_quant="mxfp4", backend="triton")
         a = x if s is None else x.float() * s
         return quant_linear(fake_quant(a, self.fmt, rule=self.rule).to(x.dtype), q, None, bias, backend="triton")
