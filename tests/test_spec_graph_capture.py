@@ -169,3 +169,37 @@ def test_steps_without_drafts_replay_the_plain_graph():
     keys = set(graphed["eng"].runner.graphs)
     plain_keys = {k for k in keys if "spec" not in k}
     assert plain_keys and plain_keys <= set(plain["eng"].runner.graphs) and keys - plain_keys
+
+
+@pytest.mark.parametrize("emulate", [False, True])
+def test_batches_past_max_batch_step_plain_and_feed_the_ring(emulate):
+    """spec.max_batch=2 while the batch shrinks 4 → 1: the 4- and 3-row steps run the plain decode step (its own
+    graph, which also feeds the drafter's ring), the rest speculate; outputs equal plain greedy decoding's, and
+    every committed position of every request is in its drafter ring (no gap where plain steps ran)."""
+    base = ["model=tiny_mamba2", "ssm=replay"]
+    spec = [*base, "spec=dflash2", "spec.max_batch=2"]
+    with pytest.MonkeyPatch.context() as mp:
+        _kernels_as_launches(mp)
+        plain, got = serve(base, emulate), serve(spec, emulate)
+    assert got["ids"] == plain["ids"]
+    st = got["stats"]
+    assert st["plain_steps"] > 0 and st["steps"] > st["plain_steps"] and st["accepted_tokens"] > 0
+    assert all(b <= 2 for b, _ in got["shapes"])  # only steps of at most max_batch rows speculated
+    eng = got["eng"]
+    if emulate:
+        assert any("ring" in k for k in eng.runner.graphs)
+    ring = eng.drafter.model._ring["pos"]
+    for slot, (p, ids) in enumerate(zip(PROMPTS, got["ids"])):  # request i was served in slot i (4 free slots)
+        fed = len(p) + len(ids) - 1  # the last token is emitted, never fed (a last window may commit more)
+        assert ring[slot, :fed].tolist() == list(range(fed))
+
+
+def test_sampled_batches_past_max_batch_verify_no_drafts():
+    """Sampling rows past spec.max_batch: one-token verifies sampled from the target alone (nothing drafted),
+    every request served to its length."""
+    eng = Engine(build_graph(compose(["runtime.device=cpu", "model=tiny_gdn", "spec=dflash2", "spec.max_batch=1"]),
+                             max_seq_len=64))
+    reqs = [Request(i, p, SamplingParams(max_tokens=6, temperature=1.0, seed=i)) for i, p in enumerate(PROMPTS)]
+    eng.generate(reqs)
+    st = eng.spec_stats.summary()
+    assert st["drafted_tokens"] == 0 and st["steps"] > 0 and all(len(r.output_ids) == 6 for r in reqs)

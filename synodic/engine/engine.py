@@ -51,6 +51,7 @@ class Engine:
         self.prefill_tokens = graph.cfg.runtime.prefill_tokens
         self.prefill_forwards = 0  # model forwards spent on prefill (several prompts share one)
         self._use_drafter(graph.spec, getattr(graph.cfg.spec, "num_speculative_tokens", 0))
+        self.spec_max_batch = getattr(graph.cfg.spec, "max_batch", None)
         self.spec_stats = SpecStats()
 
     def _use_drafter(self, drafter, gamma: int) -> None:
@@ -221,9 +222,13 @@ class Engine:
         b = len(batch)
         ts, cap = time.perf_counter(), self.runner.capture_s
         greedy = all(r.params.temperature == 0 for r in batch)
-        out = self._spec_fixed(batch) if greedy and self.gamma else None
-        if out is None:
-            out = self._spec_eager(batch)
+        if self.spec_max_batch is not None and b > self.spec_max_batch:
+            # past spec.max_batch a verify window costs more than its accepted drafts earn: no drafts this step
+            out = self._plain_step(batch, ts) if greedy else self._spec_eager(batch, draft=False)
+        else:
+            out = self._spec_fixed(batch) if greedy and self.gamma else None
+            if out is None:
+                out = self._spec_eager(batch)
         G, n_drafts, out, td = out
         plain = G is None  # no row drafted: the plain decode step ran (_plain_step)
         now = time.perf_counter()
@@ -284,17 +289,22 @@ class Engine:
         """A greedy step where no row has drafts: the plain decode step (its captured graph with graphs on)
         instead of a verify window of padding. G None marks it; each row keeps its one target token."""
         logits = self.runner.decode([r.slot for r in batch], [r.length - 1 for r in batch],
-                                    [r.output_ids[-1] for r in batch], max(r.length for r in batch))
+                                    [r.output_ids[-1] for r in batch], max(r.length for r in batch),
+                                    ring=self.drafter if self.runner.hidden_layers else None)
         return None, [0] * len(batch), [[0, t] for t in logits.argmax(-1).tolist()], td  # the step's one host sync
 
-    def _spec_eager(self, batch) -> tuple[int, list[int], list[list[int]], float]:
+    def _spec_eager(self, batch, draft: bool = True) -> tuple[int, list[int], list[list[int]], float]:
         """Draft, verify and commit op by op (any drafter, sampling rows); returns (drafts verified G, real drafts
-        per row, rows [accepted, tokens...] read back, time the drafts were ready)."""
+        per row, rows [accepted, tokens...] read back, time the drafts were ready). draft=False: no drafts (a
+        one-token verify per row, sampled from the target alone)."""
         dev, b = self.runner.device, len(batch)
         temp = torch.tensor([r.params.temperature for r in batch], dtype=torch.float32)
         sampling = bool((temp > 0).any())
-        drafts, q, n_drafts = self.drafter.propose(batch, self.gamma, temp.to(dev, non_blocking=True),
-                                                   self._draft_gen)
+        if draft:
+            drafts, q, n_drafts = self.drafter.propose(batch, self.gamma, temp.to(dev, non_blocking=True),
+                                                       self._draft_gen)
+        else:
+            drafts, q, n_drafts = torch.zeros(b, 0, dtype=torch.long, device=dev), None, None
         G = drafts.shape[1] if isinstance(drafts, torch.Tensor) else len(drafts[0])
         G0 = max(self.gamma, G)  # (a test's synthetic drafter states its γ by its drafts)
         if n_drafts is not None:

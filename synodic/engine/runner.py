@@ -75,25 +75,32 @@ class ModelRunner:
         if self.kv is not None:
             self.kv.bind(self.rows[:bucket], self.pos[:bucket], view_blocks)
 
-    def _forward(self, bucket: int) -> torch.Tensor:
+    def _forward(self, bucket: int, ring=None) -> torch.Tensor:
         ctx = DecodeContext(ssm=self.ssm, kv=self.kv, positions=self.pos[:bucket])
-        logits = self.model(self.ids[:bucket], ctx)[:, 0]
+        if ring is None:
+            logits = self.model(self.ids[:bucket], ctx)[:, 0]
+        else:  # the drafter's context ring takes this token's target features, as a verify window's commit does
+            logits = self._run(self.ids[:bucket], ctx)[:, 0]
+            rows = self.rows[:bucket]
+            ring.commit_device(rows, self.hidden, self.pos[:bucket], torch.ones_like(rows))
         if self.ssm is not None:
             self.ssm.end_step()
         return logits
 
     @torch.inference_mode()
-    def decode(self, slots: list[int], positions: list[int], tokens: list[int] | torch.Tensor, max_len: int
-               ) -> torch.Tensor:
+    def decode(self, slots: list[int], positions: list[int], tokens: list[int] | torch.Tensor, max_len: int,
+               ring=None) -> torch.Tensor:
         """One token per row: row i feeds tokens[i] at positions[i] into slot slots[i]. Returns logits [B, V].
         tokens may be a device tensor [B] (the previous step's sampled tokens, not yet read back): the step
-        is then queued without waiting for the host."""
+        is then queued without waiting for the host. ring: a device drafter (hidden_layers set) whose context
+        ring takes each row's token features inside the step (a speculating engine's plain step)."""
         b = len(slots)
         bucket, view = self._stage(slots, positions, tokens, max_len)
         if not self.use_graphs:
-            out = self._forward(bucket)
+            out = self._forward(bucket, ring)
         else:
-            out = self._replay((bucket, view), lambda: self._forward(bucket))
+            key = (bucket, view) if ring is None else (bucket, view, "ring")
+            out = self._replay(key, lambda: self._forward(bucket, ring))
         self._after_step()
         return out[:b]
 

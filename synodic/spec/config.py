@@ -10,6 +10,8 @@ from synodic.config.errors import ConfigError
 from synodic.config.registry import Component, register
 
 _GAMMA = "γ: draft tokens proposed per step (the verify window is 1 + γ tokens)"
+_MAX_BATCH = ("speculate only in steps of at most this many rows; a larger batch runs plain decode steps (its "
+              "verify window would cost more than the drafts earn: docs/speculative.md); null: always speculate")
 
 
 @register("spec")
@@ -35,6 +37,7 @@ class NgramSpec(Component):
     max_ngram: int = Field(4, ge=1, description="longest suffix matched against the earlier context")
     min_ngram: int = Field(1, ge=1, description="shortest suffix matched; no match of any length = no drafts "
                            "for that row this step (a one-token verify)")
+    max_batch: int | None = Field(None, ge=1, description=_MAX_BATCH)
 
     @model_validator(mode="after")
     def _order(self):
@@ -62,6 +65,7 @@ class _NeuralSpec(Component):
                                                           "ring dtype; auto: the target's")
     context_window: int = Field(1024, ge=1, description="target positions kept in the drafter's context K/V "
                                 "ring per request (device memory independent of context length)")
+    max_batch: int | None = Field(None, ge=1, description=_MAX_BATCH)
 
     @property
     def window(self) -> int:
