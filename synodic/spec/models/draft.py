@@ -12,7 +12,7 @@ from torch import nn
 
 from .config import DraftConfig
 from .heads import ConfidenceHead, MarkovHead, PathSelector, sample
-from .layers import DraftLayer, RMSNorm, rope_cos_sin, tap_masks
+from .layers import DraftLayer, RMSNorm, block_starts, rope_cos_sin, tap_masks
 
 
 class DraftModel(nn.Module):
@@ -68,9 +68,13 @@ class DraftModel(nn.Module):
         """x [B, N, H] block rows at positions pos [B, N]; ctx_kv per layer (k, v) [B, M, nkv, d]; mask
         [B, N, M + N]. Returns the final-normed rows."""
         cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta, x.dtype)
-        inside = tap_masks(first, self.config.conv_taps) if self.scheme == "dflash2" else None
+        start = inside = None
+        if self.scheme == "dflash2":  # once per forward for every convolution (8 a forward)
+            start = block_starts(first)
+            if torch.is_grad_enabled():  # the torch form's masks (the fused inference kernel reads start)
+                inside = tap_masks(first, self.config.conv_taps, start)
         for layer, (k, v) in zip(self.layers, ctx_kv):
-            x = layer(x, cos, sin, k, v, mask, first, inside)
+            x = layer(x, cos, sin, k, v, mask, first, inside, start)
         return self.norm(x)
 
     def context_kv(self, ctx: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

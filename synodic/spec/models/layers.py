@@ -4,6 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from synodic.kernels.dynamic_conv import dynamic_conv, tap_inside
+
 from .config import DraftConfig
 
 
@@ -79,10 +81,15 @@ class DynamicConv(nn.Module):
         self.base = nn.Parameter(torch.zeros(hidden, taps))
         self.proj = nn.Linear(hidden, (hidden // group) * taps, bias=False)
 
-    def forward(self, x: torch.Tensor, first: torch.Tensor, inside: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, first: torch.Tensor, inside: list[torch.Tensor] | None = None,
+                start: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, N, H]; first [B, N] bool marks each block's first row (blocks are contiguous runs of rows);
-        inside: tap_masks(first, taps), when the caller shares them across its convolutions."""
+        inside / start: tap_masks(first, taps) / block_starts(first), when the caller shares them across its
+        convolutions. Without autograd one fused kernel (synodic.kernels.dynamic_conv) after the proj GEMM."""
         B, N, H = x.shape
+        if not torch.is_grad_enabled():
+            start = block_starts(first) if start is None else start
+            return dynamic_conv(x, self.proj(x), self.base, start, self.group, inside=inside)
         dyn = self.proj(x).view(B, N, H // self.group, self.taps).repeat_interleave(self.group, dim=2)
         kern = dyn + self.base
         if inside is None:
@@ -94,13 +101,16 @@ class DynamicConv(nn.Module):
         return out
 
 
-def tap_masks(first: torch.Tensor, taps: int) -> list[torch.Tensor]:
+def block_starts(first: torch.Tensor) -> torch.Tensor:
+    """[B, N] long: the first row of each row's block (first [B, N] marks block starts)."""
+    idx = torch.arange(first.shape[1], device=first.device)
+    return torch.cummax(torch.where(first, idx, 0), dim=1).values
+
+
+def tap_masks(first: torch.Tensor, taps: int, start: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Per tap j, [B, N, 1] bool: row t's input x[t - j] lies in t's block (first [B, N] marks block starts).
     The same for every convolution of a forward, so the drafter computes them once (8 convolutions a forward)."""
-    N = first.shape[1]
-    idx = torch.arange(N, device=first.device)
-    start = torch.cummax(torch.where(first, idx, 0), dim=1).values  # first row of each row's block
-    return [(idx - j >= start)[..., None] for j in range(taps)]  # (tap 0's is all True: DynamicConv skips it)
+    return tap_inside(block_starts(first) if start is None else start, taps)  # (tap 0's is all True: unused)
 
 
 class DraftLayer(nn.Module):
@@ -118,16 +128,19 @@ class DraftLayer(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, H, bias=False)
         self.convs = nn.ModuleList(DynamicConv(H, cfg.conv_group, cfg.conv_taps) for _ in range(4)) if conv else None
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, first, inside=None) -> torch.Tensor:
-        """inside: the convolutions' tap_masks(first, taps), shared by the caller's layers (computed here if None)."""
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, first, inside=None, start=None) -> torch.Tensor:
+        """inside / start: the convolutions' tap_masks(first, taps) / block_starts(first), shared by the caller's
+        layers (computed here if None)."""
         c = self.convs
         if c is not None:
-            inside = tap_masks(first, c[0].taps) if inside is None else inside
-            x = c[0](x, first, inside)
+            start = block_starts(first) if start is None else start
+            if inside is None and torch.is_grad_enabled():  # (the fused kernel reads start only)
+                inside = tap_masks(first, c[0].taps, start)
+            x = c[0](x, first, inside, start)
         a = self.attn(self.attn_norm(x), cos, sin, ctx_k, ctx_v, mask)
-        x = x + (c[1](a, first, inside) if c is not None else a)
+        x = x + (c[1](a, first, inside, start) if c is not None else a)
         if c is not None:
-            x = c[2](x, first, inside)
+            x = c[2](x, first, inside, start)
         h = self.mlp_norm(x)
         m = self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-        return x + (c[3](m, first, inside) if c is not None else m)
+        return x + (c[3](m, first, inside, start) if c is not None else m)
