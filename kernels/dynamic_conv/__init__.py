@@ -41,7 +41,7 @@ def dynamic_conv(x, dyn, base, start, group: int, *, inside=None, backend: str =
     "ref"; Triton rounds as the reference does, op for op."""
     _check(x, dyn, base, start, group)
     if pick_backend(backend, x) == "ref":
-        return dynamic_conv_ref(x, dyn, base, group, inside if inside is not None else tap_inside(start, base.shape[1]))
+        return dynamic_conv_ref(x, dyn, base, start, group, inside)
     from .triton_impl import dynamic_conv_triton
 
     return dynamic_conv_triton(x, dyn, base, start, group)

@@ -12,10 +12,12 @@ def tap_inside(start: torch.Tensor, taps: int) -> list[torch.Tensor]:
     return [(idx - j >= start)[..., None] for j in range(taps)]
 
 
-def dynamic_conv_ref(x, dyn, base, group: int, inside: list[torch.Tensor]):
-    """x [B, N, H]; dyn [B, N, (H / group) * taps] (proj(x)); base [H, taps]; inside: tap_inside(start, taps)."""
+def dynamic_conv_ref(x, dyn, base, start, group: int, inside: list[torch.Tensor] | None = None):
+    """x [B, N, H]; dyn [B, N, (H / group) * taps] (proj(x)); base [H, taps]; start [B, N]; inside:
+    tap_inside(start, taps) when the caller has it."""
     B, N, H = x.shape
     taps = base.shape[-1]
+    inside = tap_inside(start, taps) if inside is None else inside
     kern = dyn.view(B, N, H // group, taps).repeat_interleave(group, dim=2) + base
     out = x + kern[..., 0] * x  # tap 0: x[t] itself, always inside t's block (no shift, no mask)
     for j in range(1, taps):
