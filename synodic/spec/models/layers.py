@@ -19,9 +19,19 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
+_INV_FREQ: dict[tuple, torch.Tensor] = {}  # (dim, theta, device) -> inverse frequencies: constants, built once
+
+
 def rope_cos_sin(pos: torch.Tensor, dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [..., dim/2] of absolute positions pos [...] (computed in fp32)."""
-    inv = theta ** (-torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim)
+    """cos, sin [..., dim/2] of absolute positions pos [...] (computed in fp32). The inverse frequencies are
+    cached per (dim, theta, device): four launches a call otherwise, twice a speculative step."""
+    key = (dim, float(theta), pos.device)
+    inv = _INV_FREQ.get(key)
+    if inv is None:
+        with torch.inference_mode(False):  # a normal tensor, usable by a later training forward too
+            inv = theta ** (-torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim)
+        if not (pos.is_cuda and torch.cuda.is_current_stream_capturing()):  # (a capture's tensors are its pool's)
+            _INV_FREQ[key] = inv
     ang = pos.to(torch.float32)[..., None] * inv
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
