@@ -29,7 +29,7 @@ def main(argv=None) -> None:
     ap.add_argument("--specs", nargs="+", default=["dflash2", "dspark", "dflash"], help="--census: the schemes")
     ap.add_argument("--device", default=None, help="--census: runtime.device (default: cuda if present, else cpu)")
     ap.add_argument("--step", type=int, default=3, help="--census: which speculative step of the round (1-based)")
-    ap.add_argument("--over", nargs="*", default=[], help="--census: more config overrides (e.g. "
+    ap.add_argument("--over", nargs="*", default=[], help="more config overrides (e.g. "
                     "spec.num_speculative_tokens=3 spec.drafter=random model.overrides.hidden_size=256)")
     a = ap.parse_args(argv)
     if a.census:
@@ -43,7 +43,7 @@ def main(argv=None) -> None:
     from synodic.graph import build_graph, checkpoint_dir
     p = dict(GPU if torch.cuda.is_available() else SMOKE)
     over = [f"model={a.model}", f"ssm={a.ssm}", f"spec={a.spec}", f"runtime.device={p['device']}",
-            f"runtime.max_slots={a.batch}", f"runtime.cuda_graphs={a.graphs}"]
+            f"runtime.max_slots={a.batch}", f"runtime.cuda_graphs={a.graphs}", *a.over]
     cfg = compose(over)
     prompts = heldout_prompts(load_codec(checkpoint_dir(cfg.model)), a.batch, p["prompt_tokens"])
     eng = Engine(build_graph(cfg, max_seq_len=p["prompt_tokens"] + p["output_tokens"] + 16))
@@ -227,9 +227,11 @@ def census_step(eng, step, device_kernels: bool = True) -> dict:
 
 
 def _opaque_refs(launch, mode) -> list:
-    """Wrap every kernel package's torch references (kernels.<op>.<name>_ref, as the package calls them) so
-    one call counts as one launch ('triton:<name>') and its torch ops are not counted: on the CPU the census
-    runs the references, on CUDA each is one fused kernel. Returns what to put back."""
+    """Wrap every kernel package's torch references (kernels.<op>.<name>_ref, as the package calls them) and
+    Triton launchers (kernels.<op>.triton_impl.<name>_triton, imported when called; the replay kernels launch
+    otherwise and go uncounted on CUDA: use the profiler mode there) so one call counts as one
+    launch ('triton:<name>') and its own torch ops are not counted: on the CPU the census runs the references,
+    on CUDA the launchers (one fused kernel each, or a few). Returns what to put back."""
     import sys
 
     from torch.utils._python_dispatch import _pop_mode_temporarily
@@ -238,16 +240,18 @@ def _opaque_refs(launch, mode) -> list:
         if not (mname.startswith(("kernels.", "synodic.kernels.")) and mname.count(".") == mname.startswith(
                 "synodic.") + 1) or mod is None:
             continue
-        for name, fn in list(vars(mod).items()):
-            if not (name.endswith("_ref") and callable(fn) and getattr(fn, "__module__", "").endswith(".ref")):
-                continue
-
-            def wrapped(*a, _fn=fn, _name=name, **k):
-                launch(f"triton:{_name[:-4]}")
+        impl = sys.modules.get(f"{mname}.triton_impl")  # the launchers, imported by the package at call time
+        found = [(mod, n, f, n[:-4]) for n, f in vars(mod).items()
+                 if n.endswith("_ref") and callable(f) and getattr(f, "__module__", "").endswith(".ref")]
+        found += [(impl, n, f, n[:-7]) for n, f in (vars(impl).items() if impl is not None else ())
+                  if n.endswith("_triton") and callable(f) and getattr(f, "__module__", "") == impl.__name__]
+        for owner_mod, name, fn, label in found:
+            def wrapped(*a, _fn=fn, _label=label, **k):
+                launch(f"triton:{_label}")
                 with _pop_mode_temporarily():  # the reference's own ops are that one launch
                     return _fn(*a, **k)
-            undo.append((mod, name, fn))
-            setattr(mod, name, wrapped)
+            undo.append((owner_mod, name, fn))
+            setattr(owner_mod, name, wrapped)
     return undo
 
 
