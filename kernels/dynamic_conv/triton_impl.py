@@ -1,7 +1,8 @@
 """Triton kernel of `dynamic_conv`: one program per (row of the block, block of channels). Each op of the
 torch form (kernel = dyn + base, the tap products, the masked shifted taps, the running sum) is rounded to
 x's dtype where the torch form rounds, so for bf16 / fp16 the kernel's output equals the reference's bit for
-bit on the GPU (fp32 may differ by a contracted multiply-add); the win is one launch for the ~8 small kernels (repeat, add, mul, pad, ...) a convolution took."""
+bit on the GPU (fp32 may differ by a contracted multiply-add); the win is one launch for the ~8 small kernels
+(repeat, add, mul, pad, ...) a convolution took."""
 from __future__ import annotations
 
 import os
@@ -41,7 +42,8 @@ def _dynamic_conv_kernel(
         kj = _rnd(tl.load(drow + j * d_h, mask=mask, other=0.0).to(tl.float32)
                   + tl.load(base_ptr + offs * b_h + j * b_k, mask=mask, other=0.0).to(tl.float32), out_ptr,
                   ROUND_BF16)
-        xs = tl.load(x_ptr + b * x_b + (t - j) * x_n + offs * x_h, mask=mask & (offs * 0 + t >= j), other=0.0).to(tl.float32)
+        xs = tl.load(x_ptr + b * x_b + (t - j) * x_n + offs * x_h, mask=mask & (offs * 0 + t >= j),
+                     other=0.0).to(tl.float32)
         inside = (t - j >= start).to(tl.float32)
         out = _rnd(out + _rnd(kj * xs, out_ptr, ROUND_BF16) * inside, out_ptr, ROUND_BF16)
     tl.store(out_ptr + b * o_b + t * o_n + offs * o_h, out.to(out_ptr.dtype.element_ty), mask=mask)
