@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from synodic.kernels.dynamic_conv import dynamic_conv, tap_inside
+from synodic.kernels.rope_dtype import rope_dtype
 
 from .config import DraftConfig
 
@@ -37,7 +38,10 @@ def rope_cos_sin(pos: torch.Tensor, dim: int, theta: float, dtype) -> tuple[torc
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, N, heads, d]; cos/sin [B, N, d/2] (rotate-half convention)."""
+    """x [B, N, heads, d]; cos/sin [B, N, d/2] (rotate-half convention). Without autograd one fused kernel
+    (synodic.kernels.rope_dtype, rounded as these ops round)."""
+    if not torch.is_grad_enabled():
+        return rope_dtype(x, cos, sin)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     c, s = cos[:, :, None], sin[:, :, None]
