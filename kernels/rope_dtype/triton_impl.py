@@ -23,11 +23,11 @@ def _rnd(v, y_ptr, ROUND_BF16: tl.constexpr):
 
 @triton.jit
 def _rope_dtype_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, H, x_r, x_h, c_r, s_r, y_r, y_h,
-                       D: tl.constexpr, BD: tl.constexpr, BLOCK_H: tl.constexpr, ROUND_BF16: tl.constexpr):
+                       D: tl.constexpr, HALF: tl.constexpr, BD: tl.constexpr, BLOCK_H: tl.constexpr,
+                       ROUND_BF16: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     d = tl.arange(0, BD)
-    HALF: tl.constexpr = D // 2
     m = (h < H)[:, None] & (d < D)[None, :]
     lo = d < HALF
     pd = tl.where(lo, d + HALF, d - HALF)  # the partner dim
@@ -59,6 +59,6 @@ def rope_dtype_triton(x, cos, sin):
         interp = os.environ.get("TRITON_INTERPRET") == "1"
         _rope_dtype_kernel[(B * N, triton.cdiv(H, bh))](
             x3, c2, s2, y3, H, x3.stride(0), x3.stride(1), c2.stride(0), s2.stride(0), y3.stride(0), y3.stride(1),
-            D=D, BD=bd, BLOCK_H=bh, ROUND_BF16=interp and y.dtype == torch.bfloat16,
+            D=D, HALF=D // 2, BD=bd, BLOCK_H=bh, ROUND_BF16=interp and y.dtype == torch.bfloat16,
             num_warps=4 if bh * bd >= 2048 else 1)
     return y

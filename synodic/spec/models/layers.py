@@ -40,7 +40,7 @@ def rope_cos_sin(pos: torch.Tensor, dim: int, theta: float, dtype) -> tuple[torc
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B, N, heads, d]; cos/sin [B, N, d/2] (rotate-half convention). Without autograd one fused kernel
     (synodic.kernels.rope_dtype, rounded as these ops round)."""
-    if not torch.is_grad_enabled():
+    if not torch.is_grad_enabled() and cos.dtype == x.dtype:
         return rope_dtype(x, cos, sin)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
@@ -101,7 +101,7 @@ class DynamicConv(nn.Module):
         inside / start: tap_masks(first, taps) / block_starts(first), when the caller shares them across its
         convolutions. Without autograd one fused kernel (synodic.kernels.dynamic_conv) after the proj GEMM."""
         B, N, H = x.shape
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() and self.base.dtype == x.dtype:
             start = block_starts(first) if start is None else start
             return dynamic_conv(x, self.proj(x), self.base, start, self.group, inside=inside)
         dyn = self.proj(x).view(B, N, H // self.group, self.taps).repeat_interleave(self.group, dim=2)
