@@ -36,8 +36,8 @@ def _taps(x_ptr, state_ptr, s_rows, b, offs, jj, p, mask, x_b, x_t, x_c, s_k, KM
 def _conv1d_window_kernel(
     x_ptr, state_ptr, w_ptr, bias_ptr, rows_ptr, out_ptr,
     C, T, x_b, x_t, x_c, s_slot, s_c, s_k, w_c, w_k, o_b, o_t, o_c,
-    KM1: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-    ROUND_STATE: tl.constexpr, ROUND_OUT: tl.constexpr,
+    KM1: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr, ROUND_STATE: tl.constexpr, ROUND_OUT: tl.constexpr,
 ):
     b = tl.program_id(1).to(tl.int64)
     offs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -47,10 +47,11 @@ def _conv1d_window_kernel(
     s_rows = state_ptr + row * s_slot + offs[:, None] * s_c
     w = tl.load(w_ptr + offs[:, None] * w_c + jj[None, :] * w_k, mask=mask[:, None] & (jj[None, :] <= KM1),
                 other=0.0).to(tl.float32)
+    bias = tl.zeros([BLOCK_C], dtype=tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     for t in range(T):
-        win = _taps(x_ptr, state_ptr, s_rows, b, offs, jj, t + jj, mask, x_b, x_t, x_c, s_k, KM1, KM1 + 1, ROUND_STATE)
+        win = _taps(x_ptr, state_ptr, s_rows, b, offs, jj, t + jj, mask, x_b, x_t, x_c, s_k, KM1, K, ROUND_STATE)
         acc = tl.sum(win.to(tl.float32) * w, axis=1)
         if HAS_BIAS:
             acc += bias
@@ -95,7 +96,7 @@ def conv1d_window_triton(x, conv_state, weight, bias, rows, silu=True):
     _conv1d_window_kernel[(triton.cdiv(C, block), B)](
         x, conv_state, weight, bias if bias is not None else weight, rows, y,
         C, T, *x.stride(), *conv_state.stride(), *weight.stride(), *y.stride(),
-        KM1=km1, KP=triton.next_power_of_2(km1 + 1), BLOCK_C=block, HAS_BIAS=bias is not None, SILU=silu,
+        KM1=km1, K=km1 + 1, KP=triton.next_power_of_2(km1 + 1), BLOCK_C=block, HAS_BIAS=bias is not None, SILU=silu,
         ROUND_STATE=interp and conv_state.dtype == torch.bfloat16, ROUND_OUT=interp and y.dtype == torch.bfloat16,
         num_warps=nw,
     )
