@@ -29,6 +29,8 @@ def main(argv=None) -> None:
     ap.add_argument("--specs", nargs="+", default=["dflash2", "dspark", "dflash"], help="--census: the schemes")
     ap.add_argument("--device", default=None, help="--census: runtime.device (default: cuda if present, else cpu)")
     ap.add_argument("--step", type=int, default=3, help="--census: which speculative step of the round (1-based)")
+    ap.add_argument("--over", nargs="*", default=[], help="more config overrides (e.g. "
+                    "spec.num_speculative_tokens=3 spec.drafter=random model.overrides.hidden_size=256)")
     a = ap.parse_args(argv)
     if a.census:
         return census_main(a)
@@ -41,7 +43,7 @@ def main(argv=None) -> None:
     from synodic.graph import build_graph, checkpoint_dir
     p = dict(GPU if torch.cuda.is_available() else SMOKE)
     over = [f"model={a.model}", f"ssm={a.ssm}", f"spec={a.spec}", f"runtime.device={p['device']}",
-            f"runtime.max_slots={a.batch}", f"runtime.cuda_graphs={a.graphs}"]
+            f"runtime.max_slots={a.batch}", f"runtime.cuda_graphs={a.graphs}", *a.over]
     cfg = compose(over)
     prompts = heldout_prompts(load_codec(checkpoint_dir(cfg.model)), a.batch, p["prompt_tokens"])
     eng = Engine(build_graph(cfg, max_seq_len=p["prompt_tokens"] + p["output_tokens"] + 16))
@@ -78,7 +80,7 @@ def census_main(a) -> None:
     text, rows = [], {}
     for spec in a.specs:
         over = [f"model={a.model}", f"ssm={a.ssm}", f"spec={spec}", f"runtime.device={device}",
-                f"runtime.max_slots={a.batch}", "runtime.cuda_graphs=false"]
+                f"runtime.max_slots={a.batch}", "runtime.cuda_graphs=false", *a.over]
         cfg = compose(over)
         prompts = heldout_prompts(load_codec(checkpoint_dir(cfg.model)), a.batch, p["prompt_tokens"])
         eng = Engine(build_graph(cfg, max_seq_len=p["prompt_tokens"] + out_tokens + 16))
@@ -122,11 +124,19 @@ class _Scopes:
                 self.handles.append(m.register_forward_pre_hook(lambda _m, _a, p=path: self.stack.append(p)))
                 self.handles.append(m.register_forward_hook(self._leave))
         self.restore = []
-        for name in DRAFTER_CALLS:
-            fn = getattr(eng.drafter, name, None)
+        import synodic.engine.runner as runner_mod
+        runner = eng.runner
+        calls = [(eng.drafter, name, f"drafter:{name}") for name in DRAFTER_CALLS]
+        # the engine's parts of the step: acceptance (verify, the drafter's decide) and the backends' commits
+        calls += [(runner_mod, "verify", "engine:verify"), (eng.drafter, "decide", "engine:decide"),
+                  (runner.ssm, "begin_window", "engine:ssm.begin_window"), (runner.ssm, "commit", "engine:ssm.commit"),
+                  (runner.kv, "commit", "engine:kv.commit")]
+        for obj, name, label in calls:
+            fn = getattr(obj, name, None) if obj is not None else None
             if fn is not None:
-                self.restore.append((name, fn))
-                setattr(eng.drafter, name, self._scoped(f"drafter:{name}", fn))
+                own = name in vars(obj)  # an instance's (or module's) own attribute, else the class's
+                self.restore.append((obj, name, fn if own else None))
+                setattr(obj, name, self._scoped(label, fn))
 
     def _leave(self, _m, _a, _o) -> None:  # (a forward hook's return value would replace the output)
         self.stack.pop()
@@ -149,19 +159,31 @@ class _Scopes:
         owner = outer.split(".")[0].split(":")[0]
         return owner, (f"{outer} > {path}" if outer.startswith("drafter:") and path.startswith("target") else path)
 
+    def scope(self) -> str:
+        """Where a non-GEMM kernel ran: the outermost scope and the innermost module (layers as *)."""
+        if not self.stack:
+            return "engine"
+        inner = re.sub(r"\.\d+(?=\.|$)", ".*", self.stack[-1])
+        return self.stack[0] if inner == self.stack[0] else f"{self.stack[0]} > {inner}"
+
     def close(self, eng):
         for h in self.handles:
             h.remove()
-        for name, fn in self.restore:
-            setattr(eng.drafter, name, fn)
+        for obj, name, fn in reversed(self.restore):
+            if fn is None:  # it was the class's: drop the instance attribute
+                delattr(obj, name)
+            else:
+                setattr(obj, name, fn)
 
 
-def census_step(eng, step) -> dict:
+def census_step(eng, step, device_kernels: bool = True) -> dict:
     """Ops of one engine step (`step()`: Engine._spec_step on its batch, eager): each GEMM with its module
-    path, dtypes, shapes and flops; op counts by owner."""
+    path, dtypes, shapes and flops; op counts by owner; each op's kind (op_kind) by owner, and the non-GEMM
+    kernels by scope (what a device step launches besides its GEMMs). device_kernels: a kernel package's torch
+    reference counts as the one launch it is on CUDA (see _opaque_refs)."""
     from torch.utils._python_dispatch import TorchDispatchMode
     scopes = _Scopes(eng)
-    gemms, counts = [], {}
+    gemms, counts, kinds, where = [], {}, {}, {}
 
     class Census(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -176,14 +198,88 @@ def census_step(eng, step) -> dict:
                 gemms.append({"owner": owner, "module": path, "op": name,
                               "dtype": "/".join(dict.fromkeys(str(t.dtype).replace("torch.", "") for t in ts)),
                               "shapes": shapes, "flops": flops})
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            kind = op_kind(func, name, args, kwargs or {}, out)
+            kinds.setdefault(owner, {}).setdefault(kind, 0)
+            kinds[owner][kind] += 1
+            if kind == "kernel":
+                key = f"{owner} | {scopes.scope()} | {name}"
+                where[key] = where.get(key, 0) + 1
+            return out
 
+    def launch(name):  # a kernel package's torch reference stands in for one device launch (Triton on CUDA)
+        owner, _ = scopes.owner()
+        for d, k in ((counts, name), (kinds, "kernel")):
+            d.setdefault(owner, {}).setdefault(k, 0)
+            d[owner][k] += 1
+        key = f"{owner} | {scopes.scope()} | {name}"
+        where[key] = where.get(key, 0) + 1
+
+    undo = _opaque_refs(launch, Census) if device_kernels else []
     try:
         with Census():
             step()
     finally:
         scopes.close(eng)
-    return {"gemms": gemms, "ops": counts}
+        for mod, name, fn in undo:
+            setattr(mod, name, fn)
+    return {"gemms": gemms, "ops": counts, "kinds": kinds, "kernels": where}
+
+
+def _opaque_refs(launch, mode) -> list:
+    """Wrap every kernel package's torch references (kernels.<op>.<name>_ref, as the package calls them) and
+    Triton launchers (kernels.<op>.triton_impl.<name>_triton, imported when called; the replay kernels launch
+    otherwise and go uncounted on CUDA: use the profiler mode there) so one call counts as one
+    launch ('triton:<name>') and its own torch ops are not counted: on the CPU the census runs the references,
+    on CUDA the launchers (one fused kernel each, or a few). Returns what to put back."""
+    import sys
+
+    from torch.utils._python_dispatch import _pop_mode_temporarily
+    undo = []
+    for mname, mod in list(sys.modules.items()):
+        if not (mname.startswith(("kernels.", "synodic.kernels.")) and mname.count(".") == mname.startswith(
+                "synodic.") + 1) or mod is None:
+            continue
+        impl = sys.modules.get(f"{mname}.triton_impl")  # the launchers, imported by the package at call time
+        found = [(mod, n, f, n[:-4]) for n, f in vars(mod).items()
+                 if n.endswith("_ref") and callable(f) and getattr(f, "__module__", "").endswith(".ref")]
+        found += [(impl, n, f, n[:-7]) for n, f in (vars(impl).items() if impl is not None else ())
+                  if n.endswith("_triton") and callable(f) and getattr(f, "__module__", "") == impl.__name__]
+        for owner_mod, name, fn, label in found:
+            def wrapped(*a, _fn=fn, _label=label, **k):
+                launch(f"triton:{_label}")
+                with _pop_mode_temporarily():  # the reference's own ops are that one launch
+                    return _fn(*a, **k)
+            undo.append((owner_mod, name, fn))
+            setattr(owner_mod, name, wrapped)
+    return undo
+
+
+NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "detach",
+             "alias", "_unsafe_view"}
+SYNCS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal"}
+
+
+def op_kind(func, name: str, args, kwargs, out) -> str:
+    """'gemm' | 'view' (metadata only: a view, or an op that returned one of its inputs) | 'alloc' (uninitialised
+    memory) | 'sync' (reads a value back to the host) | 'kernel' (launches device work: every other op, in-place
+    ones included)."""
+    if name in GEMMS:
+        return "gemm"
+    if name in SYNCS:
+        return "sync"
+    if name in NO_KERNEL:
+        return "alloc" if name.startswith(("empty", "new_empty")) else "view"
+    schema = func._schema
+    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return "kernel"  # in place / out=
+    if func.is_view:
+        return "view"
+    outs = [t for t in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(t, torch.Tensor)]
+    ins = {t.untyped_storage().data_ptr() for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor)}
+    if outs and all(t.untyped_storage().data_ptr() in ins or t.numel() == 0 for t in outs):
+        return "view"  # e.g. .to() / .contiguous() that had nothing to do, or an empty result
+    return "kernel"
 
 
 def _flops(name: str, args) -> int:
@@ -210,6 +306,15 @@ def census_table(c: dict, title: str) -> str:
     lines.append("GEMMs by owner: " + ", ".join(
         f"{o} {len(gs)} ({sum(g['flops'] for g in gs) / 1e6:.2f} MFLOP)" for o, gs in mine.items()))
     lines.append("all ops by owner: " + ", ".join(f"{o} {sum(v.values())}" for o, v in sorted(c["ops"].items())))
+    if "kinds" in c:
+        k = c["kinds"]
+        total = sum(v.get("kernel", 0) for v in k.values())
+        lines.append(f"non-GEMM kernels per step: {total} (" + ", ".join(
+            f"{o} {v.get('kernel', 0)}" for o, v in sorted(k.items())) + "); by kind: " + "; ".join(
+            f"{o} " + " ".join(f"{n}={m}" for n, m in sorted(v.items())) for o, v in sorted(k.items())))
+        lines.append("non-GEMM kernels by scope (owner | scope | op: count), top 40:")
+        for key, n in sorted(c["kernels"].items(), key=lambda kv: -kv[1])[:40]:
+            lines.append(f"  {n:4d}  {key}")
     for o, v in sorted(c["ops"].items()):
         top = sorted(v.items(), key=lambda kv: -kv[1])[:12]
         lines.append(f"  {o}: " + " ".join(f"{k}={n}" for k, n in top))

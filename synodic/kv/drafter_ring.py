@@ -15,12 +15,13 @@ def drafter_ring_bytes(spec) -> int:
     ring = getattr(getattr(spec, "model", None), "_ring", None)
     if not isinstance(ring, dict):
         return 0
-    total = 0
+    seen = {}  # storage -> bytes: the per-layer "k" / "v" entries are views of one tensor
     for v in ring.values():
         for t in (v if isinstance(v, (list, tuple)) else [v]):
             if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
-    return total
+                st = t.untyped_storage()
+                seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
 
 
 def count_drafter_ring(graph) -> None:

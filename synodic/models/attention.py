@@ -29,6 +29,15 @@ def step_rope(ctx, pos: torch.Tensor, theta: float, rot_dim: int):
     return cache[key]
 
 
+def window_positions(ctx, T: int) -> torch.Tensor:
+    """[B, T] positions of a verify window, computed by the first attention layer and reused by the others (kept
+    in the step's ctx.rope cache beside the cos / sin: two launches a layer otherwise)."""
+    key = ("positions", T)
+    if key not in ctx.rope:
+        ctx.rope[key] = ctx.positions[:, None] + torch.arange(T, device=ctx.positions.device)
+    return ctx.rope[key]
+
+
 def rope(x: torch.Tensor, pos: torch.Tensor, theta: float, rot_dim: int, cs=None) -> torch.Tensor:
     """Rotate-half RoPE on the first rot_dim dims. x [..., T, heads, D], pos broadcastable to [..., T];
     cs: rope_cs(pos, theta, rot_dim) when already computed."""
@@ -97,7 +106,7 @@ class Attention(nn.Module):
             kw = {"index": self._index(hidden, pos, ctx).at(slice(None), 0)} if learned else {}
             o = ctx.kv.attend(self.attn_index, q[:, 0], k[:, 0], v[:, 0], **kw)[:, None]
         elif ctx is not None and ctx.mode == "verify":
-            pos = ctx.positions[:, None] + torch.arange(T, device=hidden.device)
+            pos = window_positions(ctx, T)
             q, k, v = self._qkv(hidden, pos, ctx)
             kw = {"index": self._index(hidden, pos, ctx)} if learned else {}
             o = ctx.kv.attend_window(self.attn_index, q, k, v, **kw)

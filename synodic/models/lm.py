@@ -46,7 +46,7 @@ class DecodeContext:
     kv: object
     positions: torch.Tensor
     mode: str = "decode"
-    rope: dict = field(default_factory=dict)  # the step's RoPE cos/sin, shared by its layers
+    rope: dict = field(default_factory=dict)  # the step's RoPE cos/sin (and window positions), shared by its layers
 
 
 @dataclass
@@ -57,7 +57,7 @@ class VerifyContext:
     kv: object
     positions: torch.Tensor
     mode: str = "verify"
-    rope: dict = field(default_factory=dict)  # the step's RoPE cos/sin, shared by its layers
+    rope: dict = field(default_factory=dict)  # the step's RoPE cos/sin (and window positions), shared by its layers
 
 
 class Block(nn.Module):

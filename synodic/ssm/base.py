@@ -5,9 +5,9 @@ Slots: rows 0..max_slots-1 belong to requests; row max_slots is scratch for padd
 (CUDA-graph buckets), which the SSM kernels skip through a negative slot id.
 """
 import torch
-import torch.nn.functional as F
 
 from synodic.kernels.conv1d_update import conv1d_update, new_conv_state
+from synodic.kernels.conv1d_window import conv1d_window, conv1d_window_commit
 
 
 class StateBackend:
@@ -43,20 +43,15 @@ class StateBackend:
 
     def conv_window(self, i: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """Causal conv over a verify window x [B, T, C] from the committed conv state, without
-        committing: the window inputs are kept until `commit` knows how many were accepted."""
-        k = weight.shape[-1]
-        full = torch.cat([self.conv[i][self._conv_rows], x.transpose(1, 2).to(self.conv[i].dtype)], dim=-1)
-        self._window[i] = full
-        y = torch.stack([(full[..., t:t + k] * weight).sum(-1) for t in range(x.shape[1])], dim=1)
-        return F.silu(y + bias).to(x.dtype)
+        committing: the window inputs are kept until `commit` knows how many were accepted (one fused
+        kernel each way)."""
+        self._window[i] = x
+        return conv1d_window(x, self.conv[i], weight, bias, self._conv_rows, backend=self.kernel)
 
     def commit(self, accepted: torch.Tensor) -> None:
         """After a verify: keep `accepted` [B] (device, 1..T) window tokens per row; no host sync."""
-        for i, full in self._window.items():
-            km1 = self.conv[i].shape[-1]
-            idx = accepted.long()[:, None] + torch.arange(km1, device=full.device)  # last k-1 kept inputs
-            kept = full.gather(-1, idx[:, None, :].expand(-1, full.shape[1], -1))
-            self.conv[i].index_copy_(0, self._conv_rows, kept)
+        for i, x in self._window.items():
+            conv1d_window_commit(x, self.conv[i], self._conv_rows, accepted, backend=self.kernel)
         self._window = {}
         self._commit_state(accepted)
 

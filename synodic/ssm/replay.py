@@ -74,7 +74,8 @@ class ReplayStateBackend(StateBackend):
             raise ValueError(f"verify window T={T} exceeds ssm.ring_len={self.L}")
         for c, m in zip(self.cache, self.layers):
             if hasattr(m, "P"):
-                mamba2_replay_flush(**c, A=-torch.exp(m.A_log.float()), slot_ids=self.slot_ids, L=self.L,
+                mamba2_replay_flush(**c, A=m.A(),  # (cached: three launches a layer otherwise)
+                                    slot_ids=self.slot_ids, L=self.L,
                                     min_room=T, advance=False, backend=self.kernel)
             else:
                 gdn_replay_flush(**c, slot_ids=self.slot_ids, L=self.L, min_room=T, advance=False,

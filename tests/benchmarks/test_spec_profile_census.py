@@ -24,3 +24,26 @@ def test_census_attributes_every_gemm(tmp_path, spec, drafter_only):
     assert all(g["module"].startswith(("target", "drafter")) and g["flops"] > 0 and g["dtype"] for g in gemms)
     text = out.read_text()
     assert f"spec={spec}" in text and "GEMMs by owner: drafter" in text and "all ops by owner:" in text
+
+
+def test_census_counts_kernels_not_views(tmp_path):
+    """The step's non-GEMM kernels: a kernel package's reference counts as its one launch (the verify window's
+    conv and its commit once per SSM layer, DFlash2's dynamic conv once per convolution), views and no-op casts
+    count as no kernel, and the total stays under the bound the fused step meets (394 before the conv / commit /
+    dynamic-conv kernels, 258 with them: tiny_mamba2, γ = 3)."""
+    out = tmp_path / "census.txt"
+    main(["--census", "--specs", "dflash2", "--device", "cpu", "--over", "spec.num_speculative_tokens=3",
+          "--out", str(out)])
+    c = json.loads(out.with_suffix(".json").read_text())["dflash2"]
+    ssm_layers = "M-M*-M-M*-".count("M")  # tiny_mamba2's pattern
+    per = {}
+    for key, n in c["kernels"].items():
+        name = key.split(" | ")[-1]
+        per[name] = per.get(name, 0) + n
+    assert per["triton:conv1d_window"] == per["triton:conv1d_window_commit"] == ssm_layers
+    assert per["triton:dynamic_conv"] == 2 * 4  # two draft layers, four convolutions each
+    assert not {"view", "unsqueeze", "select", "slice", "expand"} & set(per)
+    kinds = c["kinds"]
+    total = sum(v.get("kernel", 0) for v in kinds.values())
+    assert total == sum(c["kernels"].values()) and total <= 300
+    assert "non-GEMM kernels per step:" in out.read_text()

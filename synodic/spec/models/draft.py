@@ -12,7 +12,7 @@ from torch import nn
 
 from .config import DraftConfig
 from .heads import ConfidenceHead, MarkovHead, PathSelector, sample
-from .layers import DraftLayer, RMSNorm, rope_cos_sin, tap_masks
+from .layers import DraftLayer, RMSNorm, block_starts, rope_cos_sin, tap_masks
 
 
 class DraftModel(nn.Module):
@@ -68,9 +68,13 @@ class DraftModel(nn.Module):
         """x [B, N, H] block rows at positions pos [B, N]; ctx_kv per layer (k, v) [B, M, nkv, d]; mask
         [B, N, M + N]. Returns the final-normed rows."""
         cos, sin = rope_cos_sin(pos, self.config.head_dim, self.config.rope_theta, x.dtype)
-        inside = tap_masks(first, self.config.conv_taps) if self.scheme == "dflash2" else None
+        start = inside = None
+        if self.scheme == "dflash2":  # once per forward for every convolution (8 a forward)
+            start = block_starts(first)
+            if torch.is_grad_enabled():  # the torch form's masks (the fused inference kernel reads start)
+                inside = tap_masks(first, self.config.conv_taps, start)
         for layer, (k, v) in zip(self.layers, ctx_kv):
-            x = layer(x, cos, sin, k, v, mask, first, inside)
+            x = layer(x, cos, sin, k, v, mask, first, inside, start)
         return self.norm(x)
 
     def context_kv(self, ctx: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -139,11 +143,15 @@ class DraftModel(nn.Module):
         slot of a captured step's padding rows."""
         c = self.config
         W = context_window
-        shape = (max_slots + 1, W + 1, c.num_kv_heads, c.head_dim)
+        # one tensor [layers, k/v, slots, rows, heads, dim]: a step gathers and appends every layer's K and V in
+        # one index op each way; "k" / "v" are its per-layer views
+        kv = torch.zeros(len(self.layers), 2, max_slots + 1, W + 1, c.num_kv_heads, c.head_dim, device=device,
+                         dtype=dtype)
         self._ring = {
             "window": W,
-            "k": [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers],
-            "v": [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers],
+            "kv": kv,
+            "k": [kv[i, 0] for i in range(len(self.layers))],
+            "v": [kv[i, 1] for i in range(len(self.layers))],
             "pos": torch.full((max_slots + 1, W + 1), -1, device=device, dtype=torch.long),
         }
 
@@ -156,13 +164,12 @@ class DraftModel(nn.Module):
         scratch row. A row at position p lands at ring index p % window (t <= window)."""
         r = self._ring
         W = r["window"]
-        dtype = r["k"][0].dtype
+        dtype = r["kv"].dtype
         ctx = self.fuse(hidden).to(dtype)
         idx = torch.where(valid, positions % W, W)
         s = slots[:, None].expand_as(idx)
-        for (k, v), kr, vr in zip(self.context_kv(ctx, positions), r["k"], r["v"]):
-            kr[s, idx] = k.to(dtype)
-            vr[s, idx] = v.to(dtype)
+        rows = torch.stack([t for kv in self.context_kv(ctx, positions) for t in kv])  # [2 * layers, B, t, ...]
+        r["kv"][:, :, s, idx] = rows.view(len(self.layers), 2, *rows.shape[1:]).to(dtype)
         r["pos"][s, idx] = torch.where(valid, positions, -1)
 
     @torch.no_grad()
@@ -176,7 +183,7 @@ class DraftModel(nn.Module):
         r = self._ring
         W = r["window"]
         B = anchors.shape[0]
-        x = self.block_inputs(anchors, gamma, hints).to(r["k"][0].dtype)
+        x = self.block_inputs(anchors, gamma, hints).to(r["kv"].dtype)
         off = torch.arange(gamma + 1, device=anchors.device)
         pos = positions[:, None] + off
         first = (off == 0).expand(B, gamma + 1)
@@ -185,7 +192,8 @@ class DraftModel(nn.Module):
         ctx_ok = (rp >= 0) & (rp < p) & (rp >= p - W)
         mask = torch.cat([ctx_ok[:, None].expand(B, gamma + 1, W + 1),
                           torch.ones(B, gamma + 1, gamma + 1, dtype=torch.bool, device=anchors.device)], dim=-1)
-        ctx_kv = [(k[slots], v[slots]) for k, v in zip(r["k"], r["v"])]
+        ctx = r["kv"][:, :, slots]  # every layer's context K and V rows in one gather
+        ctx_kv = [(ctx[i, 0], ctx[i, 1]) for i in range(len(self.layers))]
         h = self.run_layers(x, pos, first, ctx_kv, mask)[:, 1:]
         return self.decode(h, anchors, temperature, generator)
 

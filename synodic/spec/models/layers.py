@@ -4,6 +4,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from synodic.kernels.dynamic_conv import dynamic_conv, tap_inside
+from synodic.kernels.rope_dtype import rope_dtype
+
 from .config import DraftConfig
 
 
@@ -17,15 +20,28 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
+_INV_FREQ: dict[tuple, torch.Tensor] = {}  # (dim, theta, device) -> inverse frequencies: constants, built once
+
+
 def rope_cos_sin(pos: torch.Tensor, dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [..., dim/2] of absolute positions pos [...] (computed in fp32)."""
-    inv = theta ** (-torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim)
+    """cos, sin [..., dim/2] of absolute positions pos [...] (computed in fp32). The inverse frequencies are
+    cached per (dim, theta, device): four launches a call otherwise, twice a speculative step."""
+    key = (dim, float(theta), pos.device)
+    inv = _INV_FREQ.get(key)
+    if inv is None:
+        with torch.inference_mode(False):  # a normal tensor, usable by a later training forward too
+            inv = theta ** (-torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim)
+        if not (pos.is_cuda and torch.cuda.is_current_stream_capturing()):  # (a capture's tensors are its pool's)
+            _INV_FREQ[key] = inv
     ang = pos.to(torch.float32)[..., None] * inv
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, N, heads, d]; cos/sin [B, N, d/2] (rotate-half convention)."""
+    """x [B, N, heads, d]; cos/sin [B, N, d/2] (rotate-half convention). Without autograd one fused kernel
+    (synodic.kernels.rope_dtype, rounded as these ops round)."""
+    if not torch.is_grad_enabled() and cos.dtype == x.dtype:
+        return rope_dtype(x, cos, sin)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     c, s = cos[:, :, None], sin[:, :, None]
@@ -79,10 +95,15 @@ class DynamicConv(nn.Module):
         self.base = nn.Parameter(torch.zeros(hidden, taps))
         self.proj = nn.Linear(hidden, (hidden // group) * taps, bias=False)
 
-    def forward(self, x: torch.Tensor, first: torch.Tensor, inside: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, first: torch.Tensor, inside: list[torch.Tensor] | None = None,
+                start: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, N, H]; first [B, N] bool marks each block's first row (blocks are contiguous runs of rows);
-        inside: tap_masks(first, taps), when the caller shares them across its convolutions."""
+        inside / start: tap_masks(first, taps) / block_starts(first), when the caller shares them across its
+        convolutions. Without autograd one fused kernel (synodic.kernels.dynamic_conv) after the proj GEMM."""
         B, N, H = x.shape
+        if not torch.is_grad_enabled() and self.base.dtype == x.dtype:
+            start = block_starts(first) if start is None else start
+            return dynamic_conv(x, self.proj(x), self.base, start, self.group, inside=inside)
         dyn = self.proj(x).view(B, N, H // self.group, self.taps).repeat_interleave(self.group, dim=2)
         kern = dyn + self.base
         if inside is None:
@@ -94,13 +115,16 @@ class DynamicConv(nn.Module):
         return out
 
 
-def tap_masks(first: torch.Tensor, taps: int) -> list[torch.Tensor]:
+def block_starts(first: torch.Tensor) -> torch.Tensor:
+    """[B, N] long: the first row of each row's block (first [B, N] marks block starts)."""
+    idx = torch.arange(first.shape[1], device=first.device)
+    return torch.cummax(torch.where(first, idx, 0), dim=1).values
+
+
+def tap_masks(first: torch.Tensor, taps: int, start: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Per tap j, [B, N, 1] bool: row t's input x[t - j] lies in t's block (first [B, N] marks block starts).
     The same for every convolution of a forward, so the drafter computes them once (8 convolutions a forward)."""
-    N = first.shape[1]
-    idx = torch.arange(N, device=first.device)
-    start = torch.cummax(torch.where(first, idx, 0), dim=1).values  # first row of each row's block
-    return [(idx - j >= start)[..., None] for j in range(taps)]  # (tap 0's is all True: DynamicConv skips it)
+    return tap_inside(block_starts(first) if start is None else start, taps)  # (tap 0's is all True: unused)
 
 
 class DraftLayer(nn.Module):
@@ -118,16 +142,19 @@ class DraftLayer(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, H, bias=False)
         self.convs = nn.ModuleList(DynamicConv(H, cfg.conv_group, cfg.conv_taps) for _ in range(4)) if conv else None
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, first, inside=None) -> torch.Tensor:
-        """inside: the convolutions' tap_masks(first, taps), shared by the caller's layers (computed here if None)."""
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, first, inside=None, start=None) -> torch.Tensor:
+        """inside / start: the convolutions' tap_masks(first, taps) / block_starts(first), shared by the caller's
+        layers (computed here if None)."""
         c = self.convs
         if c is not None:
-            inside = tap_masks(first, c[0].taps) if inside is None else inside
-            x = c[0](x, first, inside)
+            start = block_starts(first) if start is None else start
+            if inside is None and torch.is_grad_enabled():  # (the fused kernel reads start only)
+                inside = tap_masks(first, c[0].taps, start)
+            x = c[0](x, first, inside, start)
         a = self.attn(self.attn_norm(x), cos, sin, ctx_k, ctx_v, mask)
-        x = x + (c[1](a, first, inside) if c is not None else a)
+        x = x + (c[1](a, first, inside, start) if c is not None else a)
         if c is not None:
-            x = c[2](x, first, inside)
+            x = c[2](x, first, inside, start)
         h = self.mlp_norm(x)
         m = self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-        return x + (c[3](m, first, inside) if c is not None else m)
+        return x + (c[3](m, first, inside, start) if c is not None else m)
