@@ -24,8 +24,8 @@ def serve(overrides, prompts=PROMPTS, max_tokens=14, window=1, drafter=None, max
     logits = []
     decode = eng.runner.decode
 
-    def record(*a):
-        out = decode(*a)
+    def record(*a, **k):
+        out = decode(*a, **k)
         logits.append(out.clone())
         return out
     eng.runner.decode = record

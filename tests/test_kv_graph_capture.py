@@ -138,8 +138,8 @@ def serve(policy, device="cpu", graphs=False, emulate=False):
     logits, entries, keys = [], [], []
     decode, add = run.decode, eng.ledger.add
 
-    def record(slots, *a):
-        out = decode(slots, *a)
+    def record(slots, *a, **k):
+        out = decode(slots, *a, **k)
         logits.append(out.clone())
         keys.append((len(slots), run._bucket(len(slots)), *eng.graph.kv.graph_key()))
         return out
