@@ -110,8 +110,9 @@ def run(cfg, run_dir: Path) -> dict:
     spec = spec_summary(engine)
     if spec is not None:
         acc = spec["mean_acceptance_length"]
-        con.print(f"spec={cfg.spec.kind} · acceptance length {acc or 0:.2f} · drafted {spec['drafted_tokens']} · "
-                  f"accepted {spec['accepted_tokens']} · by position "
+        con.print(f"spec={cfg.spec.kind} · acceptance length {'-' if acc is None else f'{acc:.2f}'} · drafted "
+                  f"{spec['drafted_tokens']} · accepted {spec['accepted_tokens']} · plain steps "
+                  f"{spec['plain_steps']} of {spec['steps']} · by position "
                   + " ".join("-" if a is None else f"{a:.2f}" for a in spec["acceptance_rate_by_position"]))
     out = {"requests": [request_record(r, codec) for r in requests], "metrics": m, "ledger": led, "spec": spec,
             "tokenizer": codec.name, "weights": str(graph.ckpt_dir or "random"),
