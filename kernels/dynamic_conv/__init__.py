@@ -38,7 +38,8 @@ def _check(x, dyn, base, start, group) -> None:
 def dynamic_conv(x, dyn, base, start, group: int, *, inside=None, backend: str = "auto") -> torch.Tensor:
     """out [B, N, H] in x.dtype (see the module docstring). inside: tap_inside(start, taps) when the caller
     already has it (the reference's masks). backend: "auto" (Triton on CUDA, reference otherwise) | "triton" |
-    "ref"; Triton rounds as the reference does, op for op."""
+    "ref"; Triton rounds as the reference does op for op under the interpreter; compiled, its products and sums
+    contract to FMAs (about one ulp of x's dtype apart)."""
     _check(x, dyn, base, start, group)
     if pick_backend(backend, x) == "ref":
         return dynamic_conv_ref(x, dyn, base, start, group, inside)

@@ -3,7 +3,8 @@ target's, in fp32 with an optional QK-norm):
 
     y[..., :d/2] = x1 * cos - x2 * sin,   y[..., d/2:] = x2 * cos + x1 * sin,   x1, x2 = the halves of x
 
-x [B, N, heads, d] (d even); cos / sin [B, N, d/2] in x's dtype. Each product and sum rounds to x's dtype.
+x [B, N, heads, d] (d even); cos / sin [B, N, d/2] in x's dtype. Each product and sum rounds to x's dtype (the
+reference and the interpreter; compiled, a product and sum may contract to one FMA, about one ulp apart).
 """
 from __future__ import annotations
 

@@ -32,8 +32,10 @@ def test_triton_matches_ref(B, N, H, group, taps, dtype, device):
     y = dynamic_conv(x, dyn, base, start, group, backend="triton")
     y_ref = dynamic_conv(x, dyn, base, start, group, backend="ref")
     assert y.shape == (B, N, H) and y.dtype == dtype
-    if dtype == torch.bfloat16:
-        assert torch.equal(y, y_ref)  # rounded op for op as the torch form
+    if dtype == torch.bfloat16 and y.device.type == "cpu":
+        assert torch.equal(y, y_ref)  # rounded op for op as the torch form (the interpreter does no FMA)
+    elif dtype == torch.bfloat16:  # compiled, products and sums contract to FMAs: one bf16 rounding apart at most
+        assert rel_max(y, y_ref) < 1e-2
     else:
         assert rel_max(y, y_ref) < 1e-6
 
@@ -49,7 +51,8 @@ def test_module_inference_equals_autograd_form(device):
     first[:, [0, 4]] = True
     with torch.no_grad():
         fused = conv(x, first)
-    assert torch.equal(fused, conv(x, first).detach())
+    ref = conv(x, first).detach()
+    assert torch.equal(fused, ref) if x.device.type == "cpu" else rel_max(fused, ref) < 1e-5  # FMAs when compiled
 
 
 def test_errors(device):

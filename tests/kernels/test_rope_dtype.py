@@ -24,8 +24,10 @@ def test_triton_matches_ref(B, N, H, D, dtype, device):
     y = rope_dtype(x, cos, sin, backend="triton")
     y_ref = rope_dtype(x, cos, sin, backend="ref")
     assert y.shape == x.shape and y.dtype == dtype
-    if dtype == torch.bfloat16:
-        assert torch.equal(y, y_ref)  # rounded op for op as the torch form
+    if dtype == torch.bfloat16 and y.device.type == "cpu":
+        assert torch.equal(y, y_ref)  # rounded op for op as the torch form (the interpreter does no FMA)
+    elif dtype == torch.bfloat16:  # compiled, products and sums contract to FMAs: one bf16 rounding apart at most
+        assert rel_max(y, y_ref) < 1e-2
     else:
         assert rel_max(y, y_ref) < 1e-6
 
@@ -36,7 +38,8 @@ def test_apply_rope_inference_equals_autograd_form(device):
     cos, sin = rope_cos_sin(torch.arange(6, device=device).view(2, 3), 32, 10000.0, x.dtype)
     with torch.no_grad():
         fused = apply_rope(x, cos, sin)
-    assert torch.equal(fused, apply_rope(x, cos, sin))
+    ref = apply_rope(x, cos, sin)
+    assert torch.equal(fused, ref) if x.device.type == "cpu" else rel_max(fused, ref) < 1e-5  # FMAs when compiled
 
 
 def test_errors(device):
