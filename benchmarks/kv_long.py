@@ -494,14 +494,17 @@ def plot(res: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write(res: dict, out: Path, with_plot: bool = False) -> None:
-    res["targets"] = targets(res)
+def write(res: dict, out: Path, with_plot: bool = False, report=None) -> None:
+    """JSON, markdown table and (with_plot) png of a run. report: (targets, report_md, plot) of another
+    benchmark of this family (kv_long_spec), this module's by default."""
+    targets_of, md_of, plot_of = report or (targets, report_md, plot)
+    res["targets"] = targets_of(res)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=str))
-    out.with_suffix(".md").write_text(report_md(res))
+    out.with_suffix(".md").write_text(md_of(res))
     if with_plot:
         try:
-            plot(res, out.with_suffix(".png"))
+            plot_of(res, out.with_suffix(".png"))
         except ImportError as e:  # the JSON and the table are what count
             print(f"no plot: {e}")
 

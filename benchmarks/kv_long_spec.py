@@ -367,15 +367,7 @@ def plot(res: dict, path: Path) -> None:
 
 
 def write(res: dict, out: Path, with_plot: bool = False) -> None:
-    res["targets"] = targets(res)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1, default=str))
-    out.with_suffix(".md").write_text(report_md(res))
-    if with_plot:
-        try:
-            plot(res, out.with_suffix(".png"))
-        except ImportError as e:
-            print(f"no plot: {e}")
+    kl.write(res, out, with_plot, report=(targets, report_md, plot))
 
 
 # -- main -------------------------------------------------------------------------------------------------
