@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -452,7 +453,13 @@ def report_md(res: dict) -> str:
                    "ran smaller batches (queued requests) than the others, a batch-size-dependent GEMM reduction can "
                    "flip a near-tied greedy token without any KV placement difference; hisparse=adaptive run the "
                    "same batches.")
-    out += ["", table_md(res), "", "Targets (issue 6):", ""]
+    return "\n".join(out + report_tail(res, table_md(res), 6)) + "\n"
+
+
+def report_tail(res: dict, table: str, issue: int) -> list[str]:
+    """The end of every report of this family (kv_long_spec too): the table, the targets (value, target, met) of
+    the given issue, and what was skipped."""
+    out = ["", table, "", f"Targets (issue {issue}):", ""]
     for k, t in res["targets"].items():
         v = t["value"]
         vs = "—" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
@@ -460,35 +467,43 @@ def report_md(res: dict) -> str:
         out.append(f"- {k}: {vs} (target {t['target']}{met})")
     if res.get("skipped"):
         out += ["", "Skipped: " + "; ".join(res["skipped"])]
-    return "\n".join(out) + "\n"
+    return out
 
 
 def plot(res: dict, path: Path) -> None:
+    plot_bars(res, path, LOADS, "kv", POLICIES,
+              ("decode output tokens/s (labels: admitted / offered)", "host fetches, % of selected rows"),
+              f"{res['args']['model']}: prompt {res['args']['prompt_len']}, device KV budget "
+              f"{res['budget']['bytes'] / 1e9:.3g} GB",
+              label=lambda r, ld: f"{r['max_running']}/{res['loads'][ld]['requests']}")
+
+
+def plot_bars(res: dict, path: Path, loads, key: str, names, titles, suptitle: str, label=None) -> None:
+    """Two bar charts per load, one bar per name (the rows' `key`: kv policy or kv_long_spec's variant): decode
+    tokens/s and the host fetch fraction. label(row, load): text over the tokens/s bar (none by default)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rows = {(r["load"], r["kv"]): r for r in res["rows"] if "error" not in r}
-    loads = [ld for ld in LOADS if ld in res["loads"]]
+    rows = {(r["load"], r[key]): r for r in res["rows"] if "error" not in r}
+    loads = [ld for ld in loads if ld in res["loads"]]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    w = 0.8 / len(POLICIES)
-    for j, kind in enumerate(POLICIES):
-        xs = [i + (j - 1) * w for i in range(len(loads))]
-        tps = [rows[(ld, kind)]["decode_tokens_per_s"] if (ld, kind) in rows else 0 for ld in loads]
-        ff = [100 * rows[(ld, kind)]["fetch_fraction"] if (ld, kind) in rows else 0 for ld in loads]
-        bars = axes[0].bar(xs, tps, w, label=kind)
+    w = 0.8 / max(1, len(names))
+    for j, name in enumerate(names):
+        xs = [i + (j - (len(names) - 1) / 2) * w for i in range(len(loads))]
+        tps = [rows[(ld, name)]["decode_tokens_per_s"] if (ld, name) in rows else 0 for ld in loads]
+        ff = [100 * rows[(ld, name)]["fetch_fraction"] if (ld, name) in rows else 0 for ld in loads]
+        bars = axes[0].bar(xs, tps, w, label=name)
         for x, ld, bar in zip(xs, loads, bars):
-            if (ld, kind) in rows:
-                axes[0].annotate(f"{rows[(ld, kind)]['max_running']}/{res['loads'][ld]['requests']}",
-                                 (x, bar.get_height()), ha="center", va="bottom", fontsize=8)
-        axes[1].bar(xs, ff, w, label=kind)
-    titles = ("decode output tokens/s (labels: admitted / offered)", "host fetches, % of selected rows")
+            if label and (ld, name) in rows:
+                axes[0].annotate(label(rows[(ld, name)], ld), (x, bar.get_height()), ha="center", va="bottom",
+                                 fontsize=8)
+        axes[1].bar(xs, ff, w, label=name)
     for ax, title in zip(axes, titles):
         ax.set_xticks(range(len(loads)))
         ax.set_xticklabels([f"{ld} ({res['loads'][ld]['requests']} req)" for ld in loads])
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{res['args']['model']}: prompt {res['args']['prompt_len']}, device KV budget "
-                 f"{res['budget']['bytes'] / 1e9:.3g} GB", fontsize=10)
+    fig.suptitle(suptitle, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -580,19 +595,24 @@ def heldout_prompts(codec, n: int, length: int) -> list[list[int]]:
 
 
 def main(argv=None) -> dict:
+    return run_main(parse, _main, argv)
+
+
+def run_main(parse_of, main_of, argv) -> dict:
+    """parse_of(argv), then main_of(args, argv, t0) with torch's CPU threads set for the run (--threads; one thread
+    for a CPU smoke run) and given back after: the entry point of every benchmark of this family."""
     t0 = time.perf_counter()
-    a = parse(argv)
+    a = parse_of(argv)
     threads = torch.get_num_threads()
     if a.threads or (a.smoke and a.device == "cpu"):
         torch.set_num_threads(a.threads or 1)
     try:
-        return _main(a, argv, t0)
+        return main_of(a, argv, t0)
     finally:
         torch.set_num_threads(threads)
 
 
 def _main(a, argv, t0: float) -> dict:
-    import sys
     log = Log(t0)
     out = Path(a.out)
     from synodic.config.compose import compose
@@ -666,10 +686,7 @@ def _main(a, argv, t0: float) -> dict:
     for w in warn:
         log(f"warning: {w}", style="yellow")
 
-    res = {"bench": "kv_long (issue 6)", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-           "command": "python -m benchmarks.kv_long " + " ".join(sys.argv[1:] if argv is None else argv),
-           "args": {k: v for k, v in vars(a).items()}, "shape": {**asdict(sh), "row": sh.row,
-                                                                 "index_row": sh.index_row, "pages_per_request": ppr},
+    res = {**result_head("kv_long (issue 6)", "benchmarks.kv_long", a, argv, sh, ppr),
            "loads": {}, "rows": [], "skipped": [], "warnings": warn, "warmup": []}
     log(f"bench_long: model={a.model} device={a.device} prompt={a.prompt_len} output={a.output_len} "
         f"top_k={a.top_k} B={a.hot_buffer} block={a.block_size} indexer={ix} ({sh.index_row} B/token/layer) loads="
@@ -804,6 +821,14 @@ def _main(a, argv, t0: float) -> dict:
     log.text(report_md(res))
     log(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}", style="bold")
     return res
+
+
+def result_head(bench: str, module: str, a, argv, sh: Shape, ppr: int) -> dict:
+    """The first keys of a run's JSON in this family: what ran, when, the command line, its arguments, the shape."""
+    return {"bench": bench, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "command": f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv),
+            "args": dict(vars(a)),
+            "shape": {**asdict(sh), "row": sh.row, "index_row": sh.index_row, "pages_per_request": ppr}}
 
 
 def estimate_s(history: list[dict], n_req: int, a, plan: dict, ppr: int) -> float | None:

@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 import traceback
 from dataclasses import asdict
@@ -330,40 +329,15 @@ def report_md(res: dict) -> str:
         out.append(f"- {name}: {ld['requests']} requests; " + "; ".join(
             f"{v} pool {p['num_blocks']} pages ({100 * p['pool_over_demand']:.0f} %)" for v, p in ld["plans"].items())
             + "".join(f"; {k} identical: {e['all']}" for k, e in ident.items()))
-    out += ["", table_md(res), "", "Targets (issue 32):", ""]
-    for k, t in res["targets"].items():
-        v = t["value"]
-        vs = "—" if v is None else f"{v:.4f}"
-        met = "" if t.get("met") is None else ", met" if t["met"] else ", MISSED"
-        out.append(f"- {k}: {vs} (target {t['target']}{met})")
-    if res.get("skipped"):
-        out += ["", "Skipped: " + "; ".join(res["skipped"])]
-    return "\n".join(out) + "\n"
+    return "\n".join(out + kl.report_tail(res, table_md(res), 32)) + "\n"
 
 
 def plot(res: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows = {(r["load"], r["variant"]): r for r in res["rows"] if "error" not in r}
-    loads = [ld for ld in LOADS if ld in res["loads"]]
-    vs = res["args"]["variants"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    w = 0.8 / max(1, len(vs))
-    for j, v in enumerate(vs):
-        xs = [i + (j - (len(vs) - 1) / 2) * w for i in range(len(loads))]
-        axes[0].bar(xs, [rows[(ld, v)]["decode_tokens_per_s"] if (ld, v) in rows else 0 for ld in loads], w, label=v)
-        axes[1].bar(xs, [100 * rows[(ld, v)]["fetch_fraction"] if (ld, v) in rows else 0 for ld in loads], w, label=v)
-    for ax, title in zip(axes, ("decode output tokens/s", "host fetches, % of selected rows")):
-        ax.set_xticks(range(len(loads)))
-        ax.set_xticklabels([f"{ld} ({res['loads'][ld]['requests']} req)" for ld in loads])
-        ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{res['args']['model']}: prompt {res['args']['prompt_len']}, γ {res['args']['gamma']} "
-                 f"({res['args']['acceptance']}), device KV budget {res['budget']['bytes'] / 1e9:.3g} GB", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    a = res["args"]
+    kl.plot_bars(res, path, LOADS, "variant", a["variants"],
+                 ("decode output tokens/s", "host fetches, % of selected rows"),
+                 f"{a['model']}: prompt {a['prompt_len']}, γ {a['gamma']} ({a['acceptance']}), device KV budget "
+                 f"{res['budget']['bytes'] / 1e9:.3g} GB")
 
 
 def write(res: dict, out: Path, with_plot: bool = False) -> None:
@@ -441,15 +415,7 @@ def parse(argv):
 
 
 def main(argv=None) -> dict:
-    t0 = time.perf_counter()
-    a = parse(argv)
-    threads = torch.get_num_threads()
-    if a.threads or (a.smoke and a.device == "cpu"):
-        torch.set_num_threads(a.threads or 1)
-    try:
-        return _main(a, argv, t0)
-    finally:
-        torch.set_num_threads(threads)
+    return kl.run_main(parse, _main, argv)
 
 
 def plan(a, arch, dsz: int) -> dict:
@@ -582,10 +548,7 @@ def _main(a, argv, t0: float) -> dict:
     from synodic.results.env import environment
     from synodic.spec.controlled import reference_continuations
 
-    res = {"bench": "kv_long_spec (issue 32)", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-           "command": "python -m benchmarks.kv_long_spec " + " ".join(sys.argv[1:] if argv is None else argv),
-           "args": dict(vars(a)), "shape": {**asdict(sh), "row": sh.row, "index_row": sh.index_row,
-                                            "pages_per_request": P["ppr"]},
+    res = {**kl.result_head("kv_long_spec (issue 32)", "benchmarks.kv_long_spec", a, argv, sh, P["ppr"]),
            "max_tokens_spec": mts, "max_tokens_plain": max_tokens(a, False),
            "budget": {"bytes": P["budget"], "source": P["source"]}, "loads": {}, "rows": [], "skipped": [],
            "warnings": warn, "warmup": []}
