@@ -804,9 +804,7 @@ def _main(a, argv, t0: float) -> dict:
                     f"{100 * row['fetch_fraction']:.2f} % · preempt {row['preemptions']} · run {row['run_s']:.1f}s",
                     style="green")
             except Exception as e:  # noqa: BLE001 - one failing variant must not lose the others
-                free_kv(graph)
-                row = {**base, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
-                log(f"{label}: FAILED {row['error']}", style="red")
+                row = failed_row(graph, base, e, log, label)
             res["rows"].append(row)
             if outs:
                 res["loads"][ld]["identical"] = compare_outputs(outs)
@@ -821,6 +819,16 @@ def _main(a, argv, t0: float) -> dict:
     log.text(report_md(res))
     log(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}", style="bold")
     return res
+
+
+def failed_row(graph, base: dict, e: Exception, log: Log, label: str) -> dict:
+    """The row of a run that raised (called in its except block): its policy freed so the next run has the
+    memory, the error and the end of its traceback kept, the failure logged."""
+    from synodic.kv.rebuild import free_kv
+    free_kv(graph)
+    row = {**base, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+    log(f"{label}: FAILED {row['error']}", style="red")
+    return row
 
 
 def result_head(bench: str, module: str, a, argv, sh: Shape, ppr: int) -> dict:

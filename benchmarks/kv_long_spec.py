@@ -42,7 +42,6 @@ import argparse
 import json
 import math
 import time
-import traceback
 from dataclasses import asdict
 from pathlib import Path
 
@@ -653,9 +652,7 @@ def _main(a, argv, t0: float) -> dict:
                     f"{row['host_fetch_bytes_per_step'] / 1e6:.1f} MB/step · demoted {row['demoted_pages']}",
                     style="green")
             except Exception as e:  # noqa: BLE001 - one failing variant must not lose the others
-                free_kv(graph)
-                row = {**base, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
-                log(f"{label}: FAILED {row['error']}", style="red")
+                row = kl.failed_row(graph, base, e, log, label)
             res["rows"].append(row)
             res["loads"][ld]["identical"] = identity([r for r in res["rows"] if r["load"] == ld and "error" not in r],
                                                      outs)
