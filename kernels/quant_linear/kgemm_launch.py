@@ -51,19 +51,13 @@ def kgemm_default_config(M: int, N: int, G: int, fmt: str, sms: int = 132) -> di
 
 def resolve_kgemm_config(M: int, N: int, G: int, fmt: str, config: dict | None, sms: int = 132) -> dict:
     """`config` over the heuristic; a config that changes the tile without SPLIT_K gets its split here."""
+    from .launch import check_launch_keys, check_tile
     config = dict(config or {})
-    bad = sorted(set(config) - KGEMM_KEYS)
-    if bad:
-        raise ValueError(f"config {bad[0]}={config[bad[0]]!r}: not a kgemm launch key; expected one of "
-                         f"{', '.join(sorted(KGEMM_KEYS))}")
-    if config.get("KERNEL", "kgemm") != "kgemm":
-        raise ValueError(f"config KERNEL={config['KERNEL']!r}: a KMajorWeight runs KERNEL='kgemm'")
+    check_launch_keys(config, KGEMM_KEYS, "kgemm", "a KMajorWeight")
     cfg = dict(kgemm_default_config(M, N, G, fmt, sms), **config)
     if "SPLIT_K" not in config and set(config) & {"BLOCK_M", "BLOCK_N"}:
         cfg["SPLIT_K"] = kgemm_split(M, N, G, cfg["BLOCK_M"], cfg["BLOCK_N"], sms)
-    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    if bm < 16 or bm & (bm - 1) or bn < 16 or bn & (bn - 1):
-        raise ValueError(f"config BLOCK_M={bm}, BLOCK_N={bn}: expected powers of two >= 16")
+    check_tile(cfg)
     for k in ("SWAP", "ASM"):
         if cfg[k] not in (0, 1, False, True):
             raise ValueError(f"config {k}={cfg[k]!r}: expected 0 or 1")
@@ -72,7 +66,7 @@ def resolve_kgemm_config(M: int, N: int, G: int, fmt: str, config: dict | None, 
     return cfg
 
 
-_CNT: dict = {}
+_CNT: dict = {}  # kgemm's own split-K counters (launch._counters grows them)
 _F32: dict = {}
 
 
@@ -83,22 +77,10 @@ def _stand_in(device: torch.device) -> torch.Tensor:
     return t
 
 
-def _counters(device: torch.device, n: int) -> torch.Tensor | None:
-    """Per-output-tile split-K counters (int32, zero between calls: the last program resets its own); grown
-    outside CUDA-graph capture only, None while capturing with too few (then the host sums)."""
-    t = _CNT.get(device)
-    if t is None or t.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        t = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _CNT[device] = t
-    return t
-
-
 def quant_kgemm_triton(x2d: torch.Tensor, w: KMajorWeight, s: torch.Tensor | None, bias: torch.Tensor | None,
                        config: dict | None = None) -> torch.Tensor:
     """x2d [M, K] (contiguous rows) -> [M, N] in x2d.dtype; s fp32 [K] or None; bias [N] or None."""
-    from .launch import _device_name, _sms
+    from .launch import _counters, _device_name, _sms
     M, K = x2d.shape
     N, dev = w.N, x2d.device
     E = 8 if FMT_IDS[w.fmt] <= 1 else 4
@@ -112,7 +94,7 @@ def quant_kgemm_triton(x2d: torch.Tensor, w: KMajorWeight, s: torch.Tensor | Non
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     low = x2d.dtype == torch.bfloat16 and not interp  # bf16 operands; else fp32 ones (see kgemm.py)
     grid = (triton.cdiv(M, bm), split, triton.cdiv(N, bn))
-    cnt = _counters(dev, grid[0] * grid[2]) if split > 1 and cfg.get("SEM", True) else None
+    cnt = _counters(dev, grid[0] * grid[2], _CNT) if split > 1 and cfg.get("SEM", True) else None
     y = torch.empty(M, N, dtype=x2d.dtype, device=dev)
     # fp32 partials, or an fp32 stand-in: the pointer's dtype is part of the compile key, one compile for any split
     part = torch.empty(split, M, N, dtype=torch.float32, device=dev) if split > 1 else _stand_in(dev)

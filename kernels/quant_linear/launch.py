@@ -208,15 +208,17 @@ def _code_shift(fmt: str, cvt: bool) -> int:
 _CNT: dict = {}
 
 
-def _counters(device: torch.device, n: int) -> torch.Tensor | None:
+def _counters(device: torch.device, n: int, store: dict | None = None) -> torch.Tensor | None:
     """Per-output-tile split-K counters (int32, zero between calls: the last program resets its own).
-    Grown outside CUDA-graph capture only; None while capturing with too few (then the host sums)."""
-    t = _CNT.get(device)
+    Grown outside CUDA-graph capture only; None while capturing with too few (then the host sums).
+    store: the per-device buffers (this module's by default; kgemm_launch keeps its own)."""
+    store = _CNT if store is None else store
+    t = store.get(device)
     if t is None or t.numel() < n:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
         t = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _CNT[device] = t
+        store[device] = t
     return t
 
 
@@ -392,12 +394,7 @@ def resolve_gemm_config(M: int, N: int, KP: int, fmt: str, config: dict | None, 
     the unit, the smallest tile)."""
     from .repack import MAX_BLOCK_K, unit_codes
     config = dict(config or {})
-    bad = sorted(set(config) - GEMM_KEYS)
-    if bad:
-        raise ValueError(f"config {bad[0]}={config[bad[0]]!r}: not a gemm launch key; expected one of "
-                         f"{', '.join(sorted(GEMM_KEYS))}")
-    if config.get("KERNEL", "gemm") != "gemm":
-        raise ValueError(f"config KERNEL={config['KERNEL']!r}: a repacked weight runs KERNEL='gemm'")
+    check_launch_keys(config, GEMM_KEYS, "gemm", "a repacked weight")
     cfg = dict(gemm_default_config(M, N, KP, fmt, sms), **config)
     if "SPLIT_K" not in config and set(config) & {"BLOCK_M", "BLOCK_N", "BLOCK_K"}:
         cfg["SPLIT_K"] = gemm_split(M, N, KP, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], sms)
@@ -410,12 +407,28 @@ def resolve_gemm_config(M: int, N: int, KP: int, fmt: str, config: dict | None, 
         cfg["BLOCK_K"] = bk
         if "SPLIT_K" not in config:
             cfg["SPLIT_K"] = gemm_split(M, N, KP, cfg["BLOCK_M"], cfg["BLOCK_N"], bk, sms)
-    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-    if bm < 16 or bm & (bm - 1) or bn < 16 or bn & (bn - 1):
-        raise ValueError(f"config BLOCK_M={bm}, BLOCK_N={bn}: expected powers of two >= 16")
+    check_tile(cfg)
     if cfg["SWAP"] not in (0, 1):
         raise ValueError(f"config SWAP={cfg['SWAP']!r}: expected 0 or 1")
     return cfg
+
+
+def check_launch_keys(config: dict, keys: set, kernel: str, weight: str) -> None:
+    """A config for a single-kernel weight (gemm, kgemm): only that kernel's launch keys, and KERNEL (if given)
+    that kernel; one-line errors naming key and value."""
+    bad = sorted(set(config) - keys)
+    if bad:
+        raise ValueError(f"config {bad[0]}={config[bad[0]]!r}: not a {kernel} launch key; expected one of "
+                         f"{', '.join(sorted(keys))}")
+    if config.get("KERNEL", kernel) != kernel:
+        raise ValueError(f"config KERNEL={config['KERNEL']!r}: {weight} runs KERNEL='{kernel}'")
+
+
+def check_tile(cfg: dict) -> None:
+    """The MMA tile of gemm / kgemm: BLOCK_M and BLOCK_N powers of two >= 16."""
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    if bm < 16 or bm & (bm - 1) or bn < 16 or bn & (bn - 1):
+        raise ValueError(f"config BLOCK_M={bm}, BLOCK_N={bn}: expected powers of two >= 16")
 
 
 def quant_gemm_triton(x2d: torch.Tensor, g, s: torch.Tensor | None, bias: torch.Tensor | None,
