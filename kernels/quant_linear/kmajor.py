@@ -36,8 +36,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .repack import check_weight, padded_codes, padded_scale
+
 KMAJOR_FORMATS = ("mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2")
-_ONE = {"mx": 127, "nvfp4": 0x38}  # the scale code of 1.0: E8M0 2^0, E4M3 1.0
 DSH = 64  # the factors carry 2^-DSH; the kernel's accumulator gets 2^DSH back
 R_SHIFT = {"mxfp4": 126, "nvfp4": 126, "mxfp8_e4m3": 120, "mxfp8_e5m2": 112}  # kgemm._pair gives value * 2^-R
 
@@ -91,24 +92,19 @@ class KMajorWeight:
 
 def pack_kmajor(q) -> KMajorWeight:
     """QTensor (a KMAJOR_FORMATS format, 2-D) -> KMajorWeight on q's device (a few torch ops over the codes)."""
-    if q.fmt not in KMAJOR_FORMATS:
-        raise ValueError(f"q.fmt={q.fmt!r}: the kgemm layout holds {', '.join(KMAJOR_FORMATS)}")
-    if len(q.shape) != 2:
-        raise ValueError(f"q: expected a 2-D (N, K) weight, got shape {q.shape}")
+    check_weight(q, KMAJOR_FORMATS, "the kgemm layout holds")
     N, K = q.shape
     E, B = codes_per_word(q.fmt), q.spec.block
     group = E * B
     KP = -(-K // group) * group
     G = KP // group
-    codes = q.codes() if E == 8 else q.data
-    codes = torch.nn.functional.pad(codes.to(torch.uint8), (0, KP - K))
+    codes = padded_codes(q, KP)
     # [N, G, j, i] -> [G, i, N, j]: word (g * B + i, n), slot j
     slots = codes.reshape(N, G, E, B).permute(1, 3, 0, 2)
     if E == 8:  # byte b of the word = slot 2b (low nibble) | slot 2b + 1 (high nibble)
         slots = slots[..., 0::2] | (slots[..., 1::2] << 4)
     words = slots.contiguous().view(torch.int32).reshape(G * B, N)  # little-endian: byte b at bits 8b
-    scale = torch.nn.functional.pad(q.scale, (0, KP // B - q.scale.shape[1]), value=_ONE[q.spec.family])
-    factors = _factors(scale.t(), q.fmt).reshape(G, 2, E // 2, N)  # blocks g * E + half * E/2 + p
+    factors = _factors(padded_scale(q, KP).t(), q.fmt).reshape(G, 2, E // 2, N)  # blocks g * E + half * E/2 + p
     factors = (factors[:, 0].to(torch.int32) & 0xFFFF) | (factors[:, 1].to(torch.int32) << 16)
     return KMajorWeight(q.fmt, words.contiguous(), factors.reshape(G * E // 2, N).contiguous(), q.tensor_scale, N,
                         K, KP, B)

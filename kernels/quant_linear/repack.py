@@ -62,25 +62,41 @@ def _perm_dims(packed: bool) -> tuple[int, ...]:
     return (0, 1, 2, 5, 3, 4, 6) if packed else (0, 1, 4, 2, 3, 5)
 
 
-def repack(q) -> GemmWeight:
-    """QTensor (a GEMM_FORMATS format) -> GemmWeight, on q's device (one pass of torch ops over the codes)."""
-    if q.fmt not in GEMM_FORMATS:
-        raise ValueError(f"q.fmt={q.fmt!r}: the packed GEMM reads {', '.join(GEMM_FORMATS)}")
+def check_weight(q, formats: tuple[str, ...], layout: str) -> None:
+    """q: a 2-D (N, K) QTensor in one of the formats a layout (this GEMM's, kmajor's) holds; `layout` words the
+    error ("the packed GEMM reads")."""
+    if q.fmt not in formats:
+        raise ValueError(f"q.fmt={q.fmt!r}: {layout} {', '.join(formats)}")
     if len(q.shape) != 2:
         raise ValueError(f"q: expected a 2-D (N, K) weight, got shape {q.shape}")
+
+
+def padded_codes(q, KP: int) -> torch.Tensor:
+    """uint8 [N, KP]: q's element codes, one a byte (4-bit ones unpacked), zero codes past K."""
+    codes = q.codes() if q.fmt in ("mxfp4", "nvfp4") else q.data
+    return torch.nn.functional.pad(codes.to(torch.uint8), (0, KP - q.shape[1]))
+
+
+def padded_scale(q, KP: int) -> torch.Tensor:
+    """q's block scale codes [N, KP / block], the blocks past K at scale 1.0 (their codes are zero)."""
+    return torch.nn.functional.pad(q.scale, (0, KP // q.spec.block - q.scale.shape[1]), value=_ONE[q.spec.family])
+
+
+def repack(q) -> GemmWeight:
+    """QTensor (a GEMM_FORMATS format) -> GemmWeight, on q's device (one pass of torch ops over the codes)."""
+    check_weight(q, GEMM_FORMATS, "the packed GEMM reads")
     N, K = q.shape
     packed = q.fmt in ("mxfp4", "nvfp4")
     block = q.spec.block
     KP = -(-K // unit_codes(q.fmt)) * unit_codes(q.fmt)
-    codes = q.codes() if packed else q.data
-    codes = torch.nn.functional.pad(codes.to(torch.uint8), (0, KP - K))
+    codes = padded_codes(q, KP)
     U = KP // unit_codes(q.fmt)
     if packed:  # [N, U, half, c, h, t, p]: k = 128 u + 64 half + 16 c + 8 h + 2 t + p
         v = codes.reshape(N, U, 2, 4, 2, 4, 2).permute(*_perm_dims(True)).reshape(N, U, 2, UNIT_BYTES)
         data = v[:, :, 0] | (v[:, :, 1] << 4)
     else:
         data = codes.reshape(N, U, 4, 2, 4, 2).permute(*_perm_dims(False))
-    scale = torch.nn.functional.pad(q.scale, (0, KP // block - q.scale.shape[1]), value=_ONE[q.spec.family])
+    scale = padded_scale(q, KP)
     return GemmWeight(q.fmt, data.reshape(N, -1).contiguous(), scale.contiguous(), q.tensor_scale, N, K, KP, block)
 
 
