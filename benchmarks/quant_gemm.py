@@ -105,10 +105,15 @@ class Cell:
 
 
 def _timer(fast: bool):
+    return graph_timer(warmup_ms=10 if fast else 20, rep_ms=40 if fast else 60)
+
+
+def graph_timer(warmup_ms: float, rep_ms: float):
+    """fns -> us per call: CUDA-graph timing over >= 24 calls cycling through fns (the weight copies)."""
     from synodic.kernels.timing import graph_us
 
     def t(fns):
-        return graph_us(fns, calls=max(len(fns), 24), warmup_ms=10 if fast else 20, rep_ms=40 if fast else 60)
+        return graph_us(fns, calls=max(len(fns), 24), warmup_ms=warmup_ms, rep_ms=rep_ms)
     return t
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import math
 import os
 import platform
 import statistics
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.quant_gemm import _err, _f, _guard, _pairs, graph_timer
 from benchmarks.quant_linear import _copies
 
 DEV = "cuda"  # the CPU smoke test sets "cpu" (interpreter kernels, NaN times)
@@ -165,23 +165,7 @@ class Cell:
 
 
 def _timer():
-    from synodic.kernels.timing import graph_us
-
-    def t(fns):
-        return graph_us(fns, calls=max(len(fns), 24), warmup_ms=8, rep_ms=30)
-    return t
-
-
-def _err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    e = ((y.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
-    return e if math.isfinite(e) else float("inf")
-
-
-def _guard(fn, *a, **kw) -> dict:
-    try:
-        return fn(*a, **kw)
-    except Exception as e:  # noqa: BLE001 - one failing variant must not end the run
-        return {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    return graph_timer(warmup_ms=8, rep_ms=30)
 
 
 def bf16_us(N: int, K: int, M: int, gen, timer) -> float:
@@ -264,10 +248,6 @@ def bench_shape(N, K, ms, formats, gen, deadline, log) -> list[dict]:
         del cell
         torch.cuda.empty_cache()
     return rows
-
-
-def _f(v, nd: int = 1) -> str:
-    return "-" if v is None else f"{v:.{nd}f}"
 
 
 # --- 3. gemlite ---------------------------------------------------------------------------------------------------
@@ -388,10 +368,6 @@ def apply_section(result: Path, table: Path | None) -> None:
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
     print(f"{path}: {len(doc['kgemm_section'])} kgemm entries merged")
-
-
-def _pairs(text: str) -> list[tuple[int, int]]:
-    return [tuple(int(v) for v in p.lower().split("x")) for p in text.split(",") if p]
 
 
 def main(argv=None) -> None:
