@@ -7,23 +7,13 @@ import json
 import pytest
 import torch
 from kernel_errors import rel_rmse
+from quant_cases import FORMATS, make
 from synodic.kernels.quant_linear import quant_linear, repack, unrepack
 from synodic.kernels.quant_linear import tuned as tuned_mod
 from synodic.kernels.quant_linear.launch import gemm_default_config, resolve_gemm_config
 from synodic.kernels.quant_linear.repack import unit_codes
 
 from synodic.quant import quantize
-
-FORMATS = ("mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2")
-
-
-def make(N, K, M, seed, device="cpu"):
-    gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(N, K, generator=gen) * torch.exp(torch.randn(K, generator=gen))  # uneven columns
-    x = torch.randn(M, K, generator=gen)
-    s = torch.rand(K, generator=gen) + 0.5
-    b = torch.randn(N, generator=gen)
-    return w.to(device), x.to(device), s.to(device), b.to(device)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

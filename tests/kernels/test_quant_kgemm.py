@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from kernel_errors import rel_rmse
+from quant_cases import FORMATS, make
 from synodic.kernels.quant_linear import KMajorWeight, kgemm_ref, pack_kmajor, quant_linear, unpack_kmajor
 from synodic.kernels.quant_linear import tuned as tuned_mod
 from synodic.kernels.quant_linear.kgemm_launch import kgemm_default_config, kgemm_split, resolve_kgemm_config
@@ -14,17 +15,6 @@ from synodic.kernels.quant_linear.kmajor import R_SHIFT, codes_per_word, dequant
 
 from synodic.quant import quantize
 from synodic.quant.qtensor import dequantize
-
-FORMATS = ("mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2")
-
-
-def make(N, K, M, seed, device="cpu"):
-    gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(N, K, generator=gen) * torch.exp(torch.randn(K, generator=gen))  # uneven columns
-    x = torch.randn(M, K, generator=gen)
-    s = torch.rand(K, generator=gen) + 0.5
-    b = torch.randn(N, generator=gen)
-    return w.to(device), x.to(device), s.to(device), b.to(device)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
