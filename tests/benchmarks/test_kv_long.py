@@ -1,11 +1,11 @@
 """The long-context KV-residency benchmark (synodic/kv/bench_long.py) in its CPU smoke form: every policy
 at every load, exact outputs, the fetch and admission orderings it exists to show; and the pool sizing
 it reports matches what the policies really allocate."""
-import json
 from types import SimpleNamespace
 
 import pytest
 import torch
+from kv_long_written import assert_written
 
 from benchmarks import kv_long as bl
 
@@ -29,13 +29,7 @@ def test_smoke_covers_every_policy_and_load(smoke):
         assert r["decode_tokens_per_s"] > 0 and r["tpot_ms"] > 0 and r["ttft_ms"] > 0
         assert r["cuda_graphs"] is False and r["prefills"] >= r["requests"]
     # written next to each other, and the table has a line per (load, policy)
-    saved = json.loads(out.read_text())
-    assert saved["rows"] == json.loads(json.dumps(res["rows"], default=str))
-    md = out.with_suffix(".md").read_text()
-    for ld in bl.LOADS:
-        for k in bl.POLICIES:
-            assert f"| {ld} | {k} |" in md
-    assert out.with_suffix(".png").stat().st_size > 0
+    assert_written(res, out, [(ld, k) for ld in bl.LOADS for k in bl.POLICIES])
 
 
 def test_smoke_outputs_identical_across_policies(smoke):

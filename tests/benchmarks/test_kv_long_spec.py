@@ -1,9 +1,8 @@
 """Long-context speculation under KV residency (benchmarks/kv_long_spec.py) in its CPU smoke form: every variant at
 both loads, forced acceptance, contexts seeded by the fill, identical outputs (plain) and target verify digests
 (forced) across policies, the fetch accounting the targets read; and the GPU plan fits the machine."""
-import json
-
 import pytest
+from kv_long_written import assert_written
 
 from benchmarks import kv_long_spec as ls
 
@@ -37,13 +36,7 @@ def test_smoke_runs_every_variant_with_seeded_contexts(smoke):
             assert r["verify_digest"]["hash"] != 0
         else:
             assert r["tokens_per_row_step"] == 1.0
-    saved = json.loads(out.read_text())
-    assert saved["rows"] == json.loads(json.dumps(res["rows"], default=str))
-    md = out.with_suffix(".md").read_text()
-    for ld in ls.LOADS:
-        for v in variants:
-            assert f"| {ld} | {v} |" in md
-    assert out.with_suffix(".png").stat().st_size > 0
+    assert_written(res, out, [(ld, v) for ld in ls.LOADS for v in variants])
 
 
 def test_smoke_identical_across_policies(smoke):
