@@ -825,8 +825,11 @@ def failed_row(graph, base: dict, e: Exception, log: Log, label: str) -> dict:
     """The row of a run that raised (called in its except block): its policy freed so the next run has the
     memory, the error and the end of its traceback kept, the failure logged."""
     from synodic.kv.rebuild import free_kv
-    free_kv(graph)
     row = {**base, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+    # the traceback's finished frames hold the failed run's engine (and through it the pool): drop their
+    # locals, or free_kv returns nothing and every later variant runs out of memory
+    traceback.clear_frames(e.__traceback__)
+    free_kv(graph)
     log(f"{label}: FAILED {row['error']}", style="red")
     return row
 

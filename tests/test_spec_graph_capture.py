@@ -153,6 +153,27 @@ def test_real_cuda_graphs_spec_equals_plain_greedy(ssm):
     assert outs["dflash2", True] == outs["dflash2", False] == outs["none", False]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kv", [["kv=hisparse", *TIERED, "kv.num_blocks=64"],
+                                ["kv=adaptive", *TIERED, "kv.num_blocks=40", "kv.tail_pages=3"]],
+                         ids=["hisparse", "adaptive"])
+def test_real_cuda_graphs_tiered_kv_spec_equals_plain_greedy(kv):
+    """The verify window's host-KV path (misses staged, installed into the hot buffer) under a real capture:
+    a captured step may not copy a non-pinned host tensor (a Python scalar index_put is one)."""
+    outs = {}
+    for spec, graphs in (("none", False), ("dflash2", False), ("dflash2", True)):
+        drafter = ["spec.drafter=random"] if spec != "none" else []
+        cfg = compose([*SMALL, "ssm=replay", *kv, f"spec={spec}", *drafter, "runtime.device=cuda",
+                       f"runtime.cuda_graphs={str(graphs).lower()}"])
+        eng = Engine(build_graph(cfg, max_seq_len=64))
+        reqs = [Request(i, p, SamplingParams(max_tokens=n)) for i, (p, n) in enumerate(zip(PROMPTS, MAX_TOKENS))]
+        eng.generate(reqs)
+        outs[spec, graphs] = [r.output_ids for r in reqs]
+        if graphs:
+            assert any("spec" in k for k in eng.runner.graphs)
+    assert outs["dflash2", True] == outs["dflash2", False] == outs["none", False]
+
+
 def test_steps_without_drafts_replay_the_plain_graph():
     """spec=ngram on prompts without repeats under emulated capture: the steps where no row has a match replay
     the plain decode step's graph (the keys a spec=none run captures), the rest the speculative step's; the

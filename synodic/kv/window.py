@@ -130,7 +130,10 @@ def _install(p, i, rows, hit, s, u, in_u, hot_row, u_stage, stage) -> None:
     old = p.hot_pos[i][rl].long().gather(1, vj.clamp_max(B - 1))
     ev = inst & (old >= 0)
     oc = old.clamp_min(0)
-    sof[torch.where(ev, p.idx_blocks.table[rl[:, None], oc // bs].long() * bs + oc % bs, dummy_sof)] = -1
+    # index_fill_, not `sof[idx] = -1`: a Python scalar there is a CPU tensor copied to the GPU, which a
+    # CUDA graph capture refuses
+    sof.index_fill_(0, torch.where(ev, p.idx_blocks.table[rl[:, None], oc // bs].long() * bs + oc % bs,
+                                   dummy_sof).flatten(), -1)
     # the missed positions enter it, their rows staging -> hot row
     ucl = uj.clamp(0, p.max_pages * bs - 1)
     sof[torch.where(inst, p.idx_blocks.table[rl[:, None], ucl // bs].long() * bs + ucl % bs, dummy_sof)] = \

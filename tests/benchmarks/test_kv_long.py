@@ -163,3 +163,26 @@ def test_no_overlap_runs_synced_steps_with_the_same_tokens_and_fetches(smoke, tm
         assert r["overlapped_steps"] == 0 < on[r["kv"]]["overlapped_steps"]
         assert r["host_fetched_rows"] == on[r["kv"]]["host_fetched_rows"] > 0
         assert r["output_tokens"] == on[r["kv"]]["output_tokens"]
+
+
+def test_failed_row_frees_what_the_failed_run_held():
+    """A variant that raises must not keep its engine (and so its pool) alive through the traceback's frames,
+    or every later variant runs out of device memory."""
+    import weakref
+
+    class Pool:
+        pass
+    graph = SimpleNamespace(kv=None, device=torch.device("cpu"))
+    logs = []
+
+    def run():
+        pool = Pool()
+        ref.append(weakref.ref(pool))
+        raise RuntimeError("capture refused")
+    ref = []
+    try:
+        run()
+    except RuntimeError as e:
+        row = bl.failed_row(graph, {"variant": "x"}, e, lambda *a, **k: logs.append(a), "x")
+        assert ref[0]() is None, "the failed run's locals outlive failed_row"
+    assert row["error"] == "RuntimeError: capture refused" and "capture refused" in row["traceback"] and logs
