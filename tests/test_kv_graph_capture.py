@@ -47,7 +47,7 @@ class OpTrace(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.ops, self.fresh, self.paused = [], set(), 0
+        self.ops, self.fresh, self.lifted, self.paused = [], set(), set(), 0
 
     def __enter__(self):
         OpTrace.active, self._tolist = self, torch.Tensor.tolist
@@ -81,9 +81,14 @@ class OpTrace(TorchDispatchMode):
             assert name not in SYNC_OPS, f"host sync in a captured step: {func}"
             assert not (name == "where" and len(args) == 1), "host sync in a captured step: where(cond)"
             assert not (name.startswith("lift_fresh") and args[0].dim()), "host data copied in a captured step"
+            if name.startswith("lift_fresh"):  # a Python scalar made a tensor: on a GPU it lives on the host
+                self.lifted.add(out.untyped_storage().data_ptr())
             if name in INDEX_OPS:
                 idx = [t for t in tree_leaves(args[1]) if isinstance(t, torch.Tensor)]
                 assert not any(t.dtype == torch.bool for t in idx), f"boolean-mask indexing in a captured step: {func}"
+                val = args[2] if name != "index" and len(args) > 2 else None
+                assert not (isinstance(val, torch.Tensor) and val.untyped_storage().data_ptr() in self.lifted), \
+                    f"a Python scalar stored through an index in a captured step (a host-to-device copy): {func}"
             self.record(name, (args, kwargs), out)
         return out
 

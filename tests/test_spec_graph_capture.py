@@ -12,8 +12,10 @@ import test_kv_graph_capture as cap
 import torch
 
 import synodic.kv.host_pool as host_pool
+import synodic.kv.hisparse as hisparse
 import synodic.kv.hot as hot
 import synodic.kv.topk as topk
+import synodic.kv.window as window
 import synodic.models.attention as attention
 import synodic.models.gdn as gdn
 import synodic.ssm.base as ssm_base
@@ -37,6 +39,9 @@ CASES = {
     "random_adaptive_replay": [*SMALL, "ssm=replay", "ssm.ring_len=8", "spec=dspark", "spec.drafter=random",
                                "spec.num_speculative_tokens=3", "kv=adaptive", *TIERED, "kv.num_blocks=40",
                                "kv.tail_pages=3"],
+    "random_hisparse_replay": [*SMALL, "ssm=replay", "spec=dflash2", "spec.drafter=random",
+                               "spec.num_speculative_tokens=3", "kv=hisparse", *TIERED, "kv.num_blocks=64",
+                               "kv.draft_pages=3"],
 }
 PROMPTS = [[5, 9, 200, 31, 7, 5, 9], [100, 3], [42] * 9, [1, 2, 3, 1, 2, 3, 1, 2]]
 MAX_TOKENS = [17, 9, 13, 5]  # the batch shrinks 4 → 3 (padded to 4) → 2 → 1
@@ -72,7 +77,7 @@ def _kernels_as_launches(mp):
     mp.setattr(hot, "kv_resolve", cap.opaque(hot.kv_resolve, "kv_resolve"))
     mp.setattr(topk, "sparse_attention", cap.opaque(topk.sparse_attention, "sparse_attention"))
     mp.setattr(host_pool, "copy_rows", cap.opaque(host_pool.copy_rows, "copy_rows"))
-    for mod in (ssm_base, ssm_eager, ssm_replay, gdn, attention, mamba2_window, gdn_window):
+    for mod in (ssm_base, ssm_eager, ssm_replay, gdn, attention, mamba2_window, gdn_window, window, hisparse):
         for name, fn in list(vars(mod).items()):
             if (callable(fn) and not isinstance(fn, type) and not name.startswith("_")
                     and getattr(fn, "__module__", "").startswith("synodic.kernels")):
@@ -154,7 +159,7 @@ def test_real_cuda_graphs_spec_equals_plain_greedy(ssm):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("kv", [["kv=hisparse", *TIERED, "kv.num_blocks=64"],
+@pytest.mark.parametrize("kv", [["kv=hisparse", *TIERED, "kv.num_blocks=64", "kv.draft_pages=5"],
                                 ["kv=adaptive", *TIERED, "kv.num_blocks=40", "kv.tail_pages=3"]],
                          ids=["hisparse", "adaptive"])
 def test_real_cuda_graphs_tiered_kv_spec_equals_plain_greedy(kv):

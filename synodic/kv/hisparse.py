@@ -84,7 +84,6 @@ class HiSparsePolicy(HotBufferPolicy):
         self.draft_base = cfg.num_blocks + 1   # slot r's draft pages: draft_base + r * DP + 0..DP-1
         self._win = 1                           # tokens per row of the current step's window
         self._committable = None                # (rows, first positions, draft table, T) of the last window step
-        self._draft_rows = 0                    # host rows copied into draft pages since the ledger last read
 
     def _extra_pages(self, cfg, S1: int) -> int:
         return S1 * cfg.draft_pages
@@ -107,7 +106,7 @@ class HiSparsePolicy(HotBufferPolicy):
         self._win = T
         _, dst, src = self._draft()
         copy_rows(self.kv[i].view(-1, self.W), dst, self.host.layer(i).view(-1, self.W), src)
-        self._draft_rows += dst.numel()
+        self._win_rows[2] += (self.rows != self.S).sum() * self.bs  # real rows only (padding rows copy scratch)
 
     def _draft(self):
         """(page table [S1, max_pages] mapping each bound row's window pages to its draft pages, else -1;
@@ -118,8 +117,12 @@ class HiSparsePolicy(HotBufferPolicy):
             lp = lp0[:, None] + d
             pages = self.draft_base + self.rows.long()[:, None] * self.DP + d
             ok = lp < self.max_pages
-            table = torch.full((self.S + 1, self.max_pages), -1, dtype=torch.int32, device=self.device)
-            table[self.rows.long()[:, None].expand_as(lp)[ok], lp[ok]] = pages[ok].int()
+            # fixed shapes (a mask index would sync the host inside a capture): pages past max_pages write the
+            # flat table's one spare entry, dropped by the view
+            n = (self.S + 1) * self.max_pages
+            flat = torch.full((n + 1,), -1, dtype=torch.int32, device=self.device)
+            flat[torch.where(ok, self.rows.long()[:, None] * self.max_pages + lp, n)] = torch.where(ok, pages, -1).int()
+            table = flat[:n].view(self.S + 1, self.max_pages)
             off = torch.arange(self.bs, device=self.device)
             dst = (pages[:, :1] * self.bs + off).flatten()
             src = self.host.rows(self.rows[:, None], lp0[:, None] * self.bs + off).flatten()
@@ -205,9 +208,8 @@ class HiSparsePolicy(HotBufferPolicy):
     def running_requests(self) -> int:
         return max(1, len(self.dev_blocks.owned))
 
-    def extra_bytes(self, lengths):
-        draft, self._draft_rows = self._draft_rows * self.row_bytes(), 0
-        return {"_h2d_extra": draft, "kv_draft_copy_bytes": draft}
+    def draft_copy_bytes(self, nbytes):
+        return {"_h2d_extra": nbytes, "kv_draft_copy_bytes": nbytes}
 
     def occupancy(self):
         return {**super().occupancy(), "kv_host_bytes": self.host_bytes_held()}

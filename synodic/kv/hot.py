@@ -45,8 +45,10 @@ class HotBufferPolicy(TopKPolicy):
         self._pool = torch.zeros(self.NL * self.P1 + self.stage_pages, self.bs, self.W, dtype=self.dtype,
                                  device=device)
         self.kv = [self._pool[i * self.P1:(i + 1) * self.P1] for i in range(self.NL)]
-        self._win_rows = torch.zeros(2, dtype=torch.long, device=device)  # window rows: per-query, fetched
-        self._win_seen = [0, 0]
+        # window rows: per-query, fetched, host rows copied into draft pages (kv=hisparse); device counters, so
+        # a replayed graph of a speculative step is counted like an eager one
+        self._win_rows = torch.zeros(3, dtype=torch.long, device=device)
+        self._win_seen = [0, 0, 0]
         self._win_snaps: deque = deque(maxlen=8)  # per queued step: (copy of _win_rows, event or None)
         self.hot_pos = torch.full((self.NL, S1, self.B + 1), -1, dtype=torch.int32, device=device)
         self.lru = torch.arange(self.B, dtype=torch.int32, device=device).repeat(self.NL, S1, 1)
@@ -169,7 +171,7 @@ class HotBufferPolicy(TopKPolicy):
         ids, fetched, per_query = resolve_window(self, i, sel, self.window_table(), self.window_fast(),
                                                  self.shared_retrieval)
         self._fetched[i] += fetched.sum()
-        self._win_rows += torch.stack([per_query.sum(), fetched.sum()])
+        self._win_rows[:2] += torch.stack([per_query.sum(), fetched.sum()])
         return ids
 
     def after_step(self) -> None:
@@ -179,7 +181,7 @@ class HotBufferPolicy(TopKPolicy):
         if self.window <= 1:
             return
         if self.device.type == "cuda":
-            host = torch.empty(2, dtype=torch.long, pin_memory=True)
+            host = torch.empty(3, dtype=torch.long, pin_memory=True)
             host.copy_(self._win_rows, non_blocking=True)
             ev = torch.cuda.Event()
             ev.record()
@@ -199,14 +201,18 @@ class HotBufferPolicy(TopKPolicy):
         if ev is not None:
             ev.synchronize()
         now = snap.tolist()
-        per_query, fetched = (a - b for a, b in zip(now, self._win_seen))
+        per_query, fetched, draft = (a - b for a, b in zip(now, self._win_seen))
         self._win_seen = now
         rb = self.row_bytes()
         self.stats["window_fetched_rows"] += fetched
         self.stats["window_per_query_rows"] += per_query
         return {"kv_window_fetch_bytes": fetched * rb, "kv_window_per_query_fetch_bytes": per_query * rb,
                 "kv_window_shared_saved_bytes": (per_query - fetched) * rb,
-                "kv_window_shared_retrieval": int(self.shared_retrieval)}
+                "kv_window_shared_retrieval": int(self.shared_retrieval), **self.draft_copy_bytes(draft * rb)}
+
+    def draft_copy_bytes(self, nbytes: int) -> dict[str, int]:
+        """Ledger keys of the host → draft-page copies (a policy with draft pages); "_h2d_extra" adds to kv_h2d_bytes."""
+        return {}
 
     def _resolve(self, i, sel, rows, pos, res_table, fast_path, src_table=None, src=None):
         ids, n_miss = kv_resolve(

@@ -380,10 +380,10 @@ class TopKPolicy(KVPolicy):
             out[f"kv_miss_rate_layer{i}"] = f / sel if sel else 0.0
             self.stats_layers["selected"][i] += sel
             self.stats_layers["fetched"][i] += f
-        extra = self.extra_bytes(lengths)
-        out["kv_h2d_bytes"] += extra.pop("_h2d_extra", 0)
+        extra, win = self.extra_bytes(lengths), self.window_bytes()
+        out["kv_h2d_bytes"] += extra.pop("_h2d_extra", 0) + win.pop("_h2d_extra", 0)
         out.update(extra)
-        out.update(self.window_bytes())
+        out.update(win)
         self.stats["steps"] += 1
         self.stats["selected_rows"] += sel * self.NL
         self.stats["fetched_rows"] += sum(fetched)
