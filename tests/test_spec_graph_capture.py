@@ -160,7 +160,7 @@ def test_real_cuda_graphs_spec_equals_plain_greedy(ssm):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kv", [["kv=hisparse", *TIERED, "kv.num_blocks=64", "kv.draft_pages=5"],
-                                ["kv=adaptive", *TIERED, "kv.num_blocks=40", "kv.tail_pages=3"]],
+                                ["kv=adaptive", *TIERED, "kv.num_blocks=40", "kv.tail_pages=5"]],
                          ids=["hisparse", "adaptive"])
 def test_real_cuda_graphs_tiered_kv_spec_equals_plain_greedy(kv):
     """The verify window's host-KV path (misses staged, installed into the hot buffer) under a real capture:

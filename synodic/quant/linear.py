@@ -66,6 +66,12 @@ def _check_backend(backend: str) -> str:
     return backend
 
 
+def scale_rows(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """x * s (s per input channel, fp32) in x's dtype: one kernel that rounds the fp32 product once, the same
+    bits as (x.float() * s).to(x.dtype), which takes three (at 256 rows, 112 linears, ~2 ms of a step)."""
+    return torch.mul(x, s, out=torch.empty_like(x))
+
+
 class QuantLinear(nn.Module):
     def __init__(
         self,
@@ -214,9 +220,10 @@ class QuantLinear(nn.Module):
             return self._kernel_forward(x, self.kmajor())
         if self.uses_kernel(x):
             return self._kernel_forward(x)
-        a = x if self.act_scale is None else x.float() * self.act_scale
         if self.act_quant:
-            a = fake_quant(a, self.fmt, rule=self.rule)
+            a = fake_quant(x if self.act_scale is None else x.float() * self.act_scale, self.fmt, rule=self.rule)
+        else:
+            a = x if self.act_scale is None else scale_rows(x, self.act_scale)
         return F.linear(a.to(x.dtype), self.dense_weight(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
     def _kernel_forward(self, x: torch.Tensor, q=None) -> torch.Tensor:

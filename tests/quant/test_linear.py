@@ -81,3 +81,14 @@ def test_without_dense_copy(linear, mode, fmt):
     assert torch.equal(lean(x), ql(x))
     assert torch.equal(lean(x.bfloat16()), ql(x.bfloat16()))
     assert "dense=False" in repr(lean)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_scale_rows_is_the_fp32_product_rounded_once(dtype):
+    """The dense path's activation multiplier in one kernel gives the bits of the three-kernel form."""
+    from synodic.quant.linear import scale_rows
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(37, 259, generator=g) * 7).to(dtype)
+    s = torch.rand(259, generator=g) * 3 + 0.01
+    got = scale_rows(x, s)
+    assert got.dtype == dtype and torch.equal(got, (x.float() * s).to(dtype))
