@@ -11,8 +11,8 @@ import synodic.kernels.mamba2_window as mamba2_window
 import test_kv_graph_capture as cap
 import torch
 
-import synodic.kv.host_pool as host_pool
 import synodic.kv.hisparse as hisparse
+import synodic.kv.host_pool as host_pool
 import synodic.kv.hot as hot
 import synodic.kv.topk as topk
 import synodic.kv.window as window
@@ -200,8 +200,9 @@ def test_steps_without_drafts_replay_the_plain_graph():
 @pytest.mark.parametrize("emulate", [False, True])
 def test_batches_past_max_batch_step_plain_and_feed_the_ring(emulate):
     """spec.max_batch=2 while the batch shrinks 4 → 1: the 4- and 3-row steps run the plain decode step (its own
-    graph, which also feeds the drafter's ring), the rest speculate; outputs equal plain greedy decoding's, and
-    every committed position of every request is in its drafter ring (no gap where plain steps ran)."""
+    graph, which also feeds the drafter's ring; overlapped as a plain engine's), the rest speculate; outputs equal
+    plain greedy decoding's, and every committed position of every request is in its drafter ring (no gap where
+    plain steps ran)."""
     base = ["model=tiny_mamba2", "ssm=replay"]
     spec = [*base, "spec=dflash2", "spec.max_batch=2"]
     with pytest.MonkeyPatch.context() as mp:
@@ -212,6 +213,7 @@ def test_batches_past_max_batch_step_plain_and_feed_the_ring(emulate):
     assert st["plain_steps"] > 0 and st["steps"] > st["plain_steps"] and st["accepted_tokens"] > 0
     assert all(b <= 2 for b, _ in got["shapes"])  # only steps of at most max_batch rows speculated
     eng = got["eng"]
+    assert eng.overlapped_steps > 0  # the plain steps are queued ahead of the read-back, as without a drafter
     if emulate:
         assert any("ring" in k for k in eng.runner.graphs)
     ring = eng.drafter.model._ring["pos"]

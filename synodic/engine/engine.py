@@ -30,6 +30,7 @@ class _Step:
     logits: torch.Tensor               # valid until the next step runs (a graph's output buffer)
     tokens: torch.Tensor | None        # greedy tokens on the device (all rows greedy), else None
     pending: PendingTokens | None
+    queued_s: float = 0.0              # when it was queued (a speculative engine's plain steps count verify time)
 
 
 class Engine:
@@ -124,17 +125,21 @@ class Engine:
                 if not admitted and not sched.running and not was_running and sched.waiting:
                     sched.finish(sched.waiting.popleft(), "rejected_kv_capacity", release=False)
                 continue
-            if self.drafter is not None:
+            if self.drafter is not None and not self._past_max_batch(batch):
                 self._spec_step(batch, on_token, progress)
                 continue
+            # plain decode steps, overlapped; past spec.max_batch they also feed the drafter's context ring
+            ring = self.drafter if self.drafter is not None and self.runner.hidden_layers else None
             ts, cap = time.perf_counter(), self.runner.capture_s
-            step = self._launch(batch, [r.output_ids[-1] for r in batch], 0)
+            step = self._launch(batch, [r.output_ids[-1] for r in batch], 0, ring)
             self.synced_steps += 1
             while step is not None:
                 nxt = None
                 keep = self._chain_rows(step)
+                if keep is not None and self.drafter is not None and not self._past_max_batch(keep):
+                    keep = None  # the batch shrank to spec.max_batch: speculation resumes after this step
                 if keep is not None:
-                    nxt = self._launch([step.batch[i] for i in keep], self._gather(step.tokens, keep), 1)
+                    nxt = self._launch([step.batch[i] for i in keep], self._gather(step.tokens, keep), 1, ring)
                     self.overlapped_steps += 1
                 self._finish(step, on_token, progress)
                 step = nxt
@@ -155,15 +160,23 @@ class Engine:
             groups += [rs[i:i + per] for i in range(0, len(rs), per)]
         return groups
 
-    def _launch(self, batch: list[Request], tokens, ahead: int) -> _Step:
+    def _past_max_batch(self, rows: list) -> bool:
+        """Whether a greedy speculative engine steps these rows (requests, or indices of a step's rows) plainly:
+        more than spec.max_batch of them, where a verify window costs more than its drafts earn. Sampled batches
+        past it take _spec_step's one-token verify."""
+        if self.spec_max_batch is None or len(rows) <= self.spec_max_batch:
+            return False
+        return all(isinstance(r, int) or r.params.temperature == 0 for r in rows)
+
+    def _launch(self, batch: list[Request], tokens, ahead: int, ring=None) -> _Step:
         """Queue one decode step; ahead = 1 when it follows a step whose tokens are not appended yet (the loop
-        keeps at most one such step in flight)."""
+        keeps at most one such step in flight). ring: the drafter whose context ring the step feeds."""
         logits = self.runner.decode([r.slot for r in batch], [r.length - 1 + ahead for r in batch], tokens,
-                                    max(r.length for r in batch) + ahead)
+                                    max(r.length for r in batch) + ahead, ring=ring)
         if any(r.params.temperature > 0 for r in batch):
-            return _Step(batch, logits, None, None)
+            return _Step(batch, logits, None, None, time.perf_counter())
         toks = logits.argmax(-1)
-        return _Step(batch, logits, toks, PendingTokens(toks))
+        return _Step(batch, logits, toks, PendingTokens(toks), time.perf_counter())
 
     def _chain_rows(self, step: _Step) -> list[int] | None:
         """Rows of `step` (indices) whose next step may be queued before `step`'s tokens are known: not finished,
@@ -205,6 +218,9 @@ class Engine:
         for r, tok in zip(batch, toks):
             if not r.done:  # a row that stopped at the previous step also ran this one
                 self._append(r, tok, now, on_token)
+        if self.drafter is not None:  # a plain step past spec.max_batch: one kept token per row, nothing drafted
+            self.accepted += [1] * live
+            self.spec_stats.add([0] * live, [0] * live, live, 0.0, now - step.queued_s, plain=True)
         if progress is not None:
             progress(live)
 

@@ -211,7 +211,8 @@ class HotBufferPolicy(TopKPolicy):
                 "kv_window_shared_retrieval": int(self.shared_retrieval), **self.draft_copy_bytes(draft * rb)}
 
     def draft_copy_bytes(self, nbytes: int) -> dict[str, int]:
-        """Ledger keys of the host → draft-page copies (a policy with draft pages); "_h2d_extra" adds to kv_h2d_bytes."""
+        """Ledger keys of the host → draft-page copies (a policy with draft pages); "_h2d_extra" adds to
+        kv_h2d_bytes."""
         return {}
 
     def _resolve(self, i, sel, rows, pos, res_table, fast_path, src_table=None, src=None):
