@@ -295,3 +295,28 @@ def test_adaptive_growth_from_free_pages_scans_no_requests(monkeypatch):
     assert not pol.blocks.can_grow(0, 10**6)  # past the sequence limit: still refused
     monkeypatch.setattr(pol, "_reclaimable", lambda: pytest.fail("reclaimable scanned with free pages left"))
     assert pol.free and pol.blocks.can_grow(0, 6) and pol.blocks.can_grow(3, 5)
+
+
+def test_short_views_select_every_position_without_scoring(monkeypatch):
+    """While the view (view_blocks · block_size) is at most top_k, every position a query sees is in its top-k: the
+    policies then attend over all of them without scoring or sorting, bitwise identically to each other, and equal
+    (to rounding: the columns come in position order, not score order) to the scored selection."""
+    from synodic.kv.indexer import KeyIndexer as KI
+    from synodic.kv.topk import TopKPolicy
+    wide = dict(top_k=64, block_size=2)                                       # 64 >= MAXLEN: every view is short
+    tiered = dict(wide, hot_buffer=64, host_num_blocks=200, index_num_blocks=200)
+    cfgs = {"resident": ResidentKV(num_blocks=200, **wide), "hisparse": HiSparseKV(num_blocks=200, **tiered),
+            "adaptive": AdaptiveKV(num_blocks=200, tail_pages=1, promote_free_fraction=0.1, **tiered)}
+    tensors = data(4)
+
+    def no_scores(*a, **k):
+        raise AssertionError("a short view scored its keys")
+    with monkeypatch.context() as m:
+        m.setattr(KI, "decode_scores", no_scores)
+        fast = {name: drive(cfg, tensors)[0] for name, cfg in cfgs.items()}
+    for name in ("hisparse", "adaptive"):
+        assert all(torch.equal(a, b) for a, b in zip(fast[name], fast["resident"])), name
+    monkeypatch.setattr(TopKPolicy, "selects_all", lambda self: False)
+    scored, _ = drive(cfgs["resident"], tensors)
+    assert len(scored) == len(fast["resident"])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(fast["resident"], scored))

@@ -177,3 +177,22 @@ def test_neural_drafter_step_commits_the_kv_window(kind):
     eng, reqs, _ = serve([*PRESSURE[kind], *neural], PROMPTS, max_tokens=12)
     assert [r.output_ids for r in reqs] == [r.output_ids for r in plain]
     assert eng.ledger.summary()["bytes_per_step"]["kv_window_per_query_fetch_bytes"] > 0
+
+
+@pytest.mark.parametrize("kind", ["hisparse", "adaptive"])
+def test_short_views_skip_scoring_in_verify_windows(kind, monkeypatch):
+    """top_k >= every view: plain and speculative steps select all visible positions without scoring (the indexer
+    only writes keys), and speculative greedy output still equals plain greedy output."""
+    from synodic.kv.indexer import KeyIndexer
+
+    def no_scores(*a, **k):
+        raise AssertionError("a short view scored its keys")
+    monkeypatch.setattr(KeyIndexer, "decode_scores", no_scores)
+    wide = ["kv.top_k=64", "kv.block_size=2"]
+    _, plain, _ = serve(["kv=resident", *wide, "kv.num_blocks=128"], PROMPTS, max_tokens=16)
+    ref = {r.id: r.output_ids for r in plain}
+    eng, reqs, _ = serve([f"kv={kind}", *wide, "kv.hot_buffer=64", "kv.host_num_blocks=256", "kv.index_num_blocks=256",
+                          "kv.num_blocks=128", "kv.draft_pages=3" if kind == "hisparse" else "kv.tail_pages=3"], PROMPTS, max_tokens=16,
+                         window=4, drafter=corrupting_drafter(ref, 3))
+    assert [r.output_ids for r in reqs] == [ref[r.id] for r in reqs]
+    assert eng.spec_stats.accepted > 0

@@ -16,7 +16,6 @@ import torch
 from synodic.kernels.kv_resolve import kv_resolve
 
 from .host_pool import HostKVPool
-from .indexer import KeyIndexer
 from .topk import TopKPolicy
 from .window import resolve_window, staging_rows
 
@@ -161,9 +160,7 @@ class HotBufferPolicy(TopKPolicy):
             self._index_write(i, iqk[t][1], t)
         if i == self.NL - 1:  # every layer has placed its rows: one backup copy for the step
             self._flush_backup()
-        pages = self._per_step("pages", lambda: self.index_table()[self.rows, : self.view_blocks].long())
-        sel = torch.stack([KeyIndexer.select(self.indexer.decode_scores(i, iqk[t][0], pages), self._pos(t),
-                                             self.top_k) for t in range(T)], 1)
+        sel = torch.stack([self._select(i, iqk[t][0], self._pos(t), t) for t in range(T)], 1)
         ids = self.window_ids(i, sel)
         return torch.stack([self._attend_rows(i, q[:, t], ids[t]) for t in range(T)], 1)
 

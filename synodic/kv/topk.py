@@ -211,10 +211,25 @@ class TopKPolicy(KVPolicy):
                              "(q_I, w, k_I) from the attention layer")
         return (index.q, index.w), index.k
 
-    def _step(self, i: int, q: torch.Tensor, iq, pos: torch.Tensor) -> torch.Tensor:
+    def _select(self, i: int, iq, pos: torch.Tensor, t: int = 0) -> torch.Tensor:
+        """Layer i's top-k positions [N, top_k] int32 (-1 padded) of the queries at `pos` (window offset t)."""
+        if self.selects_all():
+            return self._per_step(("all", t), lambda: self._all_positions(pos))
         pages = self._per_step("pages", lambda: self.index_table()[self.rows, : self.view_blocks].long())
-        sel = KeyIndexer.select(self.indexer.decode_scores(i, iq, pages), pos, self.top_k)
-        return self._attend_rows(i, q, self.resolve(i, sel, pos))
+        return KeyIndexer.select(self.indexer.decode_scores(i, iq, pages), pos, self.top_k)
+
+    def selects_all(self) -> bool:
+        """Whether the bound step's top-k is every position its queries see: pos < view_blocks · bs <= top_k. The
+        selection is then all of them (ascending), the same for every layer, so no layer scores or sorts (short
+        contexts); view_blocks is part of every graph key."""
+        return self.view_blocks * self.bs <= self.top_k
+
+    def _all_positions(self, pos: torch.Tensor) -> torch.Tensor:
+        j = torch.arange(self.top_k, dtype=torch.int32, device=pos.device)
+        return torch.where(j <= pos[:, None], j, -1)
+
+    def _step(self, i: int, q: torch.Tensor, iq, pos: torch.Tensor, t: int = 0) -> torch.Tensor:
+        return self._attend_rows(i, q, self.resolve(i, self._select(i, iq, pos, t), pos))
 
     def _index_write(self, i: int, k: torch.Tensor, t: int = 0) -> None:
         """Index keys of the bound rows at positions + t."""
@@ -257,7 +272,7 @@ class TopKPolicy(KVPolicy):
         for t in range(T):
             self.place_newest(i, self._kv_row(k_new[:, t], v_new[:, t]), self._pos(t), t)
             self._index_write(i, iqk[t][1], t)
-        return torch.stack([self._step(i, q[:, t], iqk[t][0], self._pos(t)) for t in range(T)], 1)
+        return torch.stack([self._step(i, q[:, t], iqk[t][0], self._pos(t), t) for t in range(T)], 1)
 
     def check_window(self, T: int) -> None:
         pass
