@@ -260,6 +260,8 @@ def test_fetch_measurement_runs():
     assert ada["fetch_fraction"] < his["fetch_fraction"]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="drives CPU tensors through the Triton interpreter; on a GPU "
+                    "the real-CUDA capture tests (tests/test_spec_graph_capture.py) run the Triton path")
 def test_policies_bitwise_identical_on_the_triton_path(monkeypatch):
     """The GPU code path (Triton resolve, sparse attention and row copies; here under the interpreter)
     keeps the same guarantee: same kernel, same rows in the same order → identical bits."""
