@@ -191,8 +191,9 @@ def test_short_views_skip_scoring_in_verify_windows(kind, monkeypatch):
     wide = ["kv.top_k=64", "kv.block_size=2"]
     _, plain, _ = serve(["kv=resident", *wide, "kv.num_blocks=128"], PROMPTS, max_tokens=16)
     ref = {r.id: r.output_ids for r in plain}
-    eng, reqs, _ = serve([f"kv={kind}", *wide, "kv.hot_buffer=64", "kv.host_num_blocks=256", "kv.index_num_blocks=256",
-                          "kv.num_blocks=128", "kv.draft_pages=3" if kind == "hisparse" else "kv.tail_pages=3"], PROMPTS, max_tokens=16,
-                         window=4, drafter=corrupting_drafter(ref, 3))
+    tiered = ["kv.hot_buffer=64", "kv.host_num_blocks=256", "kv.index_num_blocks=256", "kv.num_blocks=128",
+              "kv.draft_pages=3" if kind == "hisparse" else "kv.tail_pages=3"]
+    eng, reqs, _ = serve([f"kv={kind}", *wide, *tiered], PROMPTS, max_tokens=16, window=4,
+                         drafter=corrupting_drafter(ref, 3))
     assert [r.output_ids for r in reqs] == [ref[r.id] for r in reqs]
     assert eng.spec_stats.accepted > 0
