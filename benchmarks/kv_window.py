@@ -3,6 +3,8 @@ window's misses fetched once per (request, layer) (`kv.shared_retrieval=true`) v
 
     python -m benchmarks.kv_window --out kv_window.json            # GPU: dsa_mla_7b, about a minute on one H200
     python -m benchmarks.kv_window --smoke --out smoke.json        # CPU: tiny_dsa, seconds (automatic without CUDA)
+    python -m benchmarks.kv_window --model tiny_mamba2 --weights auto --prompts heldout --drafts greedy ...
+        # a trained model on held-out text, every draft accepted: the windows' real query overlap
 
 The model is built once; per mode a fresh `kv=hisparse` (or `--kv adaptive`) policy is built on it for windows of
 T = 1 + gamma tokens (`rebuild_kv`), the same greedy prompts are prefilled and decoded through the engine with a
@@ -61,12 +63,24 @@ def kv_config(a, shared: bool):
     return compose([f"model={a.model}", *over]).kv
 
 
-def run_mode(graph, a, shared: bool, prompts) -> tuple[dict, list[list[int]]]:
+def greedy_continuations(graph, prompts, n: int) -> list[list[int]]:
+    """Each prompt's plain greedy continuation of n tokens under the benchmark's KV policy (the --drafts greedy
+    reference: top-k attention changes the tokens, so the reference is computed with it)."""
+    from synodic.engine.engine import Engine
+    from synodic.engine.request import Request, SamplingParams
+    reqs = [Request(i, list(p), SamplingParams(max_tokens=n)) for i, p in enumerate(prompts)]
+    Engine(graph, max_running=len(reqs)).generate(reqs)
+    return [list(r.output_ids) for r in reqs]
+
+
+def run_mode(graph, a, shared: bool, prompts, ref=None) -> tuple[dict, list[list[int]]]:
     from synodic.engine.engine import Engine
     from synodic.engine.request import Request, SamplingParams
     from synodic.kv.rebuild import rebuild_kv
     pol = rebuild_kv(graph, kv_config(a, shared), window=a.gamma + 1)
-    reqs = [Request(i, list(p), SamplingParams(max_tokens=a.steps + 1)) for i, p in enumerate(prompts)]
+    T = a.gamma + 1
+    reqs = [Request(i, list(p), SamplingParams(max_tokens=a.steps * T if ref else a.steps + 1))
+            for i, p in enumerate(prompts)]
     eng = Engine(graph, max_running=len(reqs))
     steps: list[dict] = []
     add = eng.ledger.add
@@ -77,7 +91,11 @@ def run_mode(graph, a, shared: bool, prompts) -> tuple[dict, list[list[int]]]:
         return add(tokens, entry)
     eng.ledger.add = record
     gamma = a.gamma
-    eng.generate(reqs, drafter=lambda batch: [[1] * gamma for _ in batch])
+    if ref is None:  # every draft rejected: the window's queries sit at one constant token
+        eng.generate(reqs, drafter=lambda batch: [[1] * gamma for _ in batch])
+    else:  # every draft accepted: the window's queries are the tokens a plain decode reads
+        eng.generate(reqs, drafter=lambda batch: [ref[r.id][len(r.output_ids):len(r.output_ids) + gamma]
+                                                  for r in batch])
     _sync(graph.device)
     win = [s for s in steps if "kv_window_fetch_bytes" in s]
     timed = win[WARMUP_STEPS:] or win
@@ -102,6 +120,11 @@ def parse(argv):
     ap.add_argument("--weights", default="random", help="model.weights: random (default: selections of consecutive "
                     "queries overlap little, the worst case for sharing), auto, or a checkpoint directory (e.g. one "
                     "with a distilled indexer, benchmarks.kv_locality --save-distilled)")
+    ap.add_argument("--prompts", choices=("random", "heldout"), default="random",
+                    help="random token ids, or held-out corpus text (for trained weights)")
+    ap.add_argument("--drafts", choices=("constant", "greedy"), default="constant",
+                    help="constant: token 1 every draft (all rejected); greedy: the target's own greedy continuation "
+                    "(all accepted, so the window's queries are real text)")
     for k in ("model", "device"):
         ap.add_argument(f"--{k}")
     for k in ("prompt_len", "requests", "steps", "top_k", "hot_buffer", "block_size", "gamma"):
@@ -120,15 +143,25 @@ def main(argv=None) -> dict:
     graph = build(a)
     g = torch.Generator().manual_seed(0)
     V = graph.model.config.vocab_size
-    prompts = torch.randint(3, V, (a.requests, a.prompt_len), generator=g).tolist()
+    if a.prompts == "heldout":
+        from benchmarks.spec_decode import heldout_prompts
+        prompts = heldout_prompts(graph.codec, a.requests, a.prompt_len)
+    else:
+        prompts = torch.randint(3, V, (a.requests, a.prompt_len), generator=g).tolist()
+    ref = None
+    if a.drafts == "greedy":
+        from synodic.kv.rebuild import rebuild_kv
+        rebuild_kv(graph, kv_config(a, True), window=a.gamma + 1)
+        ref = greedy_continuations(graph, prompts, a.steps * (a.gamma + 1) + a.gamma)
     rows, outs = {}, {}
     for shared in (True, False):
-        rows[shared], outs[shared] = run_mode(graph, a, shared, prompts)
+        rows[shared], outs[shared] = run_mode(graph, a, shared, prompts, ref)
         print(json.dumps({k: v for k, v in rows[shared].items() if k != "stats"}), flush=True)
     on, off = rows[True], rows[False]
     ratio = (on["window_fetch_bytes_per_step"] / off["window_fetch_bytes_per_step"]
              if off["window_fetch_bytes_per_step"] else None)
-    res = {"benchmark": "kv_window", "model": a.model, "weights": a.weights, "device": str(graph.device), "kv": a.kv,
+    res = {"benchmark": "kv_window", "model": a.model, "weights": a.weights, "prompts": a.prompts,
+           "drafts": a.drafts, "device": str(graph.device), "kv": a.kv,
            "config": {k: getattr(a, k) for k in ("prompt_len", "requests", "steps", "top_k", "hot_buffer",
                                                   "block_size", "gamma")},
            "shared": on, "per_query": off,
