@@ -428,6 +428,26 @@ def combine_replicas(rows: list[dict]) -> dict:
 PLACEMENT = ("kind", "replicas", "gpus_per_replica", "cpus_per_replica", "address", "router", "max_restarts")
 
 
+def _compose_variants(cfg, base: list[str]) -> list:
+    """Each variant's config (the run's overrides, then the variant's); every bad variant is one line naming it
+    (Hydra's and the schema's errors alike), raised together before anything runs."""
+    from synodic.config.compose import compose
+    from synodic.config.errors import ConfigError
+    from synodic.config.hydra_errors import format_hydra_error
+    vcfgs, bad = [], []
+    for i, v in enumerate(cfg.pipeline.variants):
+        where = f"pipeline.variants[{i}]={v!r}"
+        try:
+            vcfgs.append(compose(base + v.split()) if v else cfg)
+        except ConfigError as e:
+            bad += [f"{where}: {line}" for line in e.lines]
+        except Exception as e:  # noqa: BLE001 - Hydra's own errors (unknown option, grammar) for this variant
+            bad += [f"{where}: {line}" for line in format_hydra_error(e, v.split())]
+    if bad:
+        raise ConfigError(bad)
+    return vcfgs
+
+
 def _check_variants(cfg, vcfgs) -> None:
     """The replicas are started once for every variant: a variant may change what each replica builds (model,
     ssm, kv, spec, quant, runtime.device, max_slots, ...), not where or how many replicas run."""
@@ -446,13 +466,12 @@ def run(cfg, run_dir: Path) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from synodic.config.compose import compose
     from synodic.results.writer import markdown_table
 
     p = cfg.pipeline
     con = Console()
     base = _task_overrides()
-    vcfgs = [compose(base + v.split()) if v else cfg for v in p.variants]
+    vcfgs = _compose_variants(cfg, base)
     if p.acceptance != "real" and all(c.spec.kind == "none" for c in vcfgs):
         from synodic.config.errors import ConfigError
         raise ConfigError([f"pipeline.acceptance={p.acceptance!r}: no variant speculates (every spec=none); expected "

@@ -174,6 +174,8 @@ SUBPROCESS = [
     ["pipeline=train", "pipeline.lr=inf"], ["workload.path=/nonexistent/prompts.txt"],
     ["pipeline=bench", "runtime.max_slots=2", "pipeline.batch_sizes=[4]"], ["+kv.nope=1"],
     ["pipeline=eval", "pipeline.quant_grid=[foo:rtn]"],
+    ["pipeline=bench", "pipeline.variants=['spec=bogus']"],
+    ["pipeline=bench", "pipeline.variants=['', 'spec=dflash2 spec.max_batch=0', 'spec.nope=1']"],
 ]
 
 
@@ -187,6 +189,21 @@ def test_run_py(argv, tmp_path):
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr and all(x.startswith("error: ") for x in lines), p.stderr
     assert not (tmp_path / "results.json").exists()
+
+
+def test_bench_variant_errors_name_the_variant(tmp_path):
+    """A bad variant is a Hydra option error or a schema error of a config composed inside the pipeline: each is
+    one line naming the variant, all reported together."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("SYNODIC_TRACEBACK", None)
+    p = subprocess.run([sys.executable, str(ROOT / "run.py"), "pipeline=bench",
+                        "pipeline.variants=['spec=bogus', '', 'spec=dflash2 spec.max_batch=0']",
+                        f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, cwd=tmp_path, env=env,
+                       timeout=120)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 2, p.stderr
+    assert lines[0].startswith("error: pipeline.variants[0]='spec=bogus': spec='bogus': unknown option"), lines
+    assert lines[1].startswith("error: pipeline.variants[2]='spec=dflash2 spec.max_batch=0': spec.max_batch=0"), lines
 
 
 @pytest.mark.parametrize("mod", ["synodic.train", "synodic.data"])
