@@ -28,6 +28,10 @@ def test_grid_expansion_and_a_bad_trial_refuse_the_sweep():
     with pytest.raises(ConfigError) as e:
         validate_trials(expand_grid({"ssm.ring_len": [8, 1]}, [*BASE, "ssm=replay"]), "pipeline.grid")
     assert len(e.value.lines) == 1 and "trial 1" in e.value.lines[0] and "ssm.ring_len=1" in e.value.lines[0]
+    with pytest.raises(ConfigError) as e:  # Hydra's own error for a trial, in synodic's one-line form
+        validate_trials(expand_grid({"spec": ["none", "bogus"]}, BASE), "pipeline.grid")
+    assert e.value.lines == [f"pipeline.grid: trial 1 ({' '.join([*BASE, 'spec=bogus'])}): spec='bogus': unknown "
+                             "option; expected one of dflash, dflash2, dspark, ngram, none"]
 
 
 def test_multirun_with_a_bad_job_fails_before_the_first_job():

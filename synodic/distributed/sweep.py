@@ -43,6 +43,7 @@ class Trial:
 def validate_trials(trial_overrides: list[list[str]], key: str, noun: str = "trial") -> list[Trial]:
     """Every trial composed and validated before any runs; one line per bad trial, naming its overrides."""
     from synodic.config.compose import compose
+    from synodic.config.hydra_errors import format_hydra_error
     from synodic.config.schema import config_hash
     trials, problems = [], []
     for i, over in enumerate(trial_overrides):
@@ -52,7 +53,7 @@ def validate_trials(trial_overrides: list[list[str]], key: str, noun: str = "tri
             problems += [f"{key}: {noun} {i} ({' '.join(over)}): {line}" for line in e.lines]
             continue
         except Exception as e:  # noqa: BLE001 - Hydra's own errors (unknown option, grammar) for this trial
-            problems.append(f"{key}: {noun} {i} ({' '.join(over)}): {str(e).splitlines()[0]}")
+            problems += [f"{key}: {noun} {i} ({' '.join(over)}): {line}" for line in format_hydra_error(e, over)]
             continue
         if cfg.pipeline.kind in ("sweep", "ablate"):
             problems.append(f"{key}: {noun} {i} ({' '.join(over)}): pipeline={cfg.pipeline.kind} inside a sweep; "
