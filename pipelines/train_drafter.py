@@ -68,6 +68,20 @@ def _prompts(tok, n: int, length: int, heldout: bool, gen):
     return torch.tensor(out)
 
 
+def _check_export_dir(path: str) -> None:
+    import os
+
+    from synodic.config.errors import ConfigError
+    d = Path(path)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError([f"pipeline.export_to={path!r}: cannot create the directory ({e.strerror}); expected a "
+                           "writable directory"]) from None
+    if not d.is_dir() or not os.access(d, os.W_OK):
+        raise ConfigError([f"pipeline.export_to={path!r}: not a writable directory; expected a writable directory"])
+
+
 def _data(target, tok, p, device, run_dir: Path):
     """Training and held-out sequences (the target's own continuations), cached in the run directory so a
     resumed run trains on the very same text."""
@@ -83,10 +97,14 @@ def _data(target, tok, p, device, run_dir: Path):
     train_p = _prompts(tok, p.prompts, p.prompt_len, False, gen)
     n_g = p.prompts - int(round(p.prompts * p.sampled_fraction))
     sgen = torch.Generator(device=device).manual_seed(p.seed)
-    chunks = [continuations(target, train_p[i:min(i + 512, n_g)].to(device), p.new_tokens, 0.0).cpu()
-              for i in range(0, n_g, 512)]
-    chunks += [continuations(target, train_p[i:min(i + 512, p.prompts)].to(device), p.new_tokens, 1.0, sgen).cpu()
-               for i in range(n_g, p.prompts, 512)]
+    chunks = []
+    for lo, hi, temp in [(i, min(i + 512, n_g), 0.0) for i in range(0, n_g, 512)] + \
+            [(i, min(i + 512, p.prompts), 1.0) for i in range(n_g, p.prompts, 512)]:
+        # minutes on a CPU: a line per chunk of prompts the target continues
+        print(f"training data: continuing prompts {lo}-{hi} of {p.prompts} ({'greedy' if temp == 0 else 'sampled'},"
+              f" {p.new_tokens} tokens each)", flush=True)
+        chunks.append(continuations(target, train_p[lo:hi].to(device), p.new_tokens, temp,
+                                    None if temp == 0 else sgen).cpu())
     held_p = _prompts(tok, p.eval_prompts, p.prompt_len, True, gen).to(device)
     held = continuations(target, held_p, p.new_tokens, 0.0).cpu()
     held_s = continuations(target, held_p, p.new_tokens, 1.0, sgen).cpu()
@@ -129,6 +147,8 @@ def run(cfg, run_dir: Path) -> dict:
         raise ConfigError([f"pipeline.new_tokens={p.new_tokens} with spec.num_speculative_tokens="
                            f"{cfg.spec.num_speculative_tokens}: expected pipeline.new_tokens > "
                            f"{cfg.spec.num_speculative_tokens} (a held-out block needs all its labels)"])
+    if p.export_to:  # checked before the training it would otherwise fail after
+        _check_export_dir(p.export_to)
     ckpt = shipped_dir(cfg.model.kind)
     if ckpt is None:
         raise ConfigError([f"model={cfg.model.kind} with pipeline=train_drafter: expected a model with shipped "

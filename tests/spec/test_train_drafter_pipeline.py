@@ -35,3 +35,19 @@ def test_train_drafter_writes_a_loadable_drafter_and_resumes(tmp_path, capsys):
     assert "resuming from" in capsys.readouterr().out
     assert again["metrics"]["final_loss"] == m["final_loss"]
     assert again["metrics"]["acceptance_length"] == m["acceptance_length"]
+
+
+def test_unwritable_export_dir_is_refused_before_training(tmp_path, monkeypatch):
+    """pipeline.export_to is checked first: a path that cannot be a directory fails in one line, before the target
+    continues a single prompt (training data, then training, would otherwise run to the end and fail there)."""
+    import pytest
+
+    import synodic.pipelines.train_drafter as td
+    from synodic.config.errors import ConfigError
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setattr(td, "_data", lambda *a, **k: pytest.fail("training data generated before the check"))
+    cfg = compose(["runtime.device=cpu", "pipeline=train_drafter", "spec=dflash2", "pipeline.device=cpu",
+                   f"pipeline.export_to={tmp_path / 'file' / 'sub'}"])
+    with pytest.raises(ConfigError) as e:
+        run(cfg, tmp_path)
+    assert len(e.value.lines) == 1 and e.value.lines[0].startswith("pipeline.export_to=")
