@@ -12,7 +12,7 @@ random anchors of the held-out continuations and the tokens per step a greedy de
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from synodic.config.registry import Component, register
 
@@ -47,6 +47,15 @@ class TrainDrafterPipeline(Component):
     export_to: str | None = Field(None, description="also save the trained drafter in this directory (e.g. "
                                   "synodic/assets/drafters/<model>/<scheme> to ship it as spec.drafter=auto)")
 
+    @field_validator("export_to")
+    @classmethod
+    def _export_to(cls, v: str | None) -> str | None:  # checked before the training it would fail after
+        from synodic.config.files import writable_dir_problem
+        why = None if v is None else writable_dir_problem(v)
+        if why:
+            raise ValueError(why)
+        return v
+
 
 def _prompts(tok, n: int, length: int, heldout: bool, gen):
     """n windows of `length` tokens from random documents of the corpus's train (or held-out) split."""
@@ -66,20 +75,6 @@ def _prompts(tok, n: int, length: int, heldout: bool, gen):
         s = int(torch.randint(0, len(ids) - length, (1,), generator=gen))
         out.append(ids[s:s + length])
     return torch.tensor(out)
-
-
-def _check_export_dir(path: str) -> None:
-    import os
-
-    from synodic.config.errors import ConfigError
-    d = Path(path)
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError([f"pipeline.export_to={path!r}: cannot create the directory ({e.strerror}); expected a "
-                           "writable directory"]) from None
-    if not d.is_dir() or not os.access(d, os.W_OK):
-        raise ConfigError([f"pipeline.export_to={path!r}: not a writable directory; expected a writable directory"])
 
 
 def _data(target, tok, p, device, run_dir: Path):
@@ -147,8 +142,6 @@ def run(cfg, run_dir: Path) -> dict:
         raise ConfigError([f"pipeline.new_tokens={p.new_tokens} with spec.num_speculative_tokens="
                            f"{cfg.spec.num_speculative_tokens}: expected pipeline.new_tokens > "
                            f"{cfg.spec.num_speculative_tokens} (a held-out block needs all its labels)"])
-    if p.export_to:  # checked before the training it would otherwise fail after
-        _check_export_dir(p.export_to)
     ckpt = shipped_dir(cfg.model.kind)
     if ckpt is None:
         raise ConfigError([f"model={cfg.model.kind} with pipeline=train_drafter: expected a model with shipped "

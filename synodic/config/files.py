@@ -131,6 +131,12 @@ def writable_dir_problem(path: str | Path) -> str | None:
         return f"{probe} is a file; expected a writable directory"
     if not os.access(probe, os.W_OK | os.X_OK):
         return f"{probe} is not writable; expected a writable directory"
+    import tempfile
+    try:  # access() says yes to root almost everywhere (e.g. /proc): create and drop one file to be sure
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        return f"{probe} is not writable ({e.strerror}); expected a writable directory"
     return None
 
 

@@ -37,17 +37,14 @@ def test_train_drafter_writes_a_loadable_drafter_and_resumes(tmp_path, capsys):
     assert again["metrics"]["acceptance_length"] == m["acceptance_length"]
 
 
-def test_unwritable_export_dir_is_refused_before_training(tmp_path, monkeypatch):
-    """pipeline.export_to is checked first: a path that cannot be a directory fails in one line, before the target
-    continues a single prompt (training data, then training, would otherwise run to the end and fail there)."""
+def test_unwritable_export_dir_is_refused_before_training(tmp_path):
+    """pipeline.export_to is checked when the config is composed, in one line: before the target continues a
+    single prompt (training data, then training, would otherwise run to the end and fail there)."""
     import pytest
 
-    import synodic.pipelines.train_drafter as td
     from synodic.config.errors import ConfigError
     (tmp_path / "file").write_text("x")
-    monkeypatch.setattr(td, "_data", lambda *a, **k: pytest.fail("training data generated before the check"))
-    cfg = compose(["runtime.device=cpu", "pipeline=train_drafter", "spec=dflash2", "pipeline.device=cpu",
-                   f"pipeline.export_to={tmp_path / 'file' / 'sub'}"])
-    with pytest.raises(ConfigError) as e:
-        run(cfg, tmp_path)
-    assert len(e.value.lines) == 1 and e.value.lines[0].startswith("pipeline.export_to=")
+    for bad in (tmp_path / "file" / "sub", "/proc/nope"):  # a file on the way; a place root may not create in
+        with pytest.raises(ConfigError) as e:
+            compose(["pipeline=train_drafter", "spec=dflash2", f"pipeline.export_to={bad}"])
+        assert len(e.value.lines) == 1 and e.value.lines[0].startswith("pipeline.export_to="), e.value.lines
