@@ -15,9 +15,11 @@ def small_machine(monkeypatch):
 @pytest.mark.parametrize("override,key", [("runtime.max_slots=100000", "runtime.max_slots=100000"),
                                           ("kv.num_blocks=100000000", "kv.num_blocks=100000000"),
                                           ("workload.max_tokens=1000000000", "workload.max_tokens=1000000000"),
-                                          ("model=nemotron_h_8b", "model='nemotron_h_8b'")])
+                                          ("model=nemotron_h_8b", "model='nemotron_h_8b'"),
+                                          ("pipeline.max_tokens=1000000000", "pipeline.max_tokens=1000000000")])
 def test_too_big_is_refused_naming_the_key(override, key):
-    cfg = compose(["runtime.device=cpu", override, *(["runtime.max_slots=64"] if "8b" in override else [])])
+    cfg = compose(["runtime.device=cpu", override, *(["runtime.max_slots=64"] if "8b" in override else []),
+                   *(["pipeline=eval"] if override.startswith("pipeline.") else [])])
     with pytest.raises(ConfigError) as e:
         budget.check_fits(cfg, torch.device("cpu"), fraction=0.5)
     assert len(e.value.lines) == 1 and e.value.lines[0].startswith(key) and "GiB" in e.value.lines[0]

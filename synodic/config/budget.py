@@ -139,8 +139,9 @@ def estimate(cfg, limit: int | None = None) -> dict[str, tuple[str, int]]:
     out["KV pool"] = ("kv.num_blocks", blocks * getattr(kv, "block_size", 16) * per_token)
     wl = cfg.workload
     seq = (getattr(wl, "prompt_len", 0) + getattr(wl, "output_len", 0) + getattr(wl, "max_tokens", 0) + 1)
-    seq = max(seq, getattr(p, "max_tokens", 0) or 0)
     key = "workload.max_tokens" if hasattr(wl, "max_tokens") else "workload.output_len"
+    if (getattr(p, "max_tokens", 0) or 0) > seq:  # a pipeline's own length (eval) sizes the buffers: name it
+        seq, key = p.max_tokens, "pipeline.max_tokens"
     # per slot: block table row, token and position buffers (int64), one step's fp32 logits
     out["workload buffers"] = (key, slots * (math.ceil(seq / getattr(kv, "block_size", 16)) * 4 + seq * 16) +
                                slots * a.vocab_size * 4)
