@@ -231,3 +231,11 @@ def test_hydra_flags_that_take_a_value_are_not_overrides():
     assert check(["-c", "job", "ssm=replay"]) == (None, [])
     code, lines = check(["--cfg", "job", "ssm=nope"])
     assert code == 2 and len(lines) == 1 and "ssm='nope'" in lines[0]
+
+
+def test_run_dir_that_cannot_be_created_is_one_line(tmp_path):
+    """Hydra creates hydra.run.dir before the job (a traceback when it cannot): the guard checks it first."""
+    (tmp_path / "file").write_text("x")
+    code, lines = check([f"hydra.run.dir={tmp_path / 'file' / 'run'}"])
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: hydra.run.dir="), lines
+    assert check([f"hydra.run.dir={tmp_path / 'fresh' / 'run'}"]) == (None, [])

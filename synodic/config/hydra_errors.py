@@ -169,7 +169,21 @@ def check(argv: list[str]) -> tuple[int | None, list[str]]:
         compose_checked(overrides)
     except ConfigError as e:
         return 2, [f"error: {line}" for line in e.lines]
-    return None, []
+    bad = _run_dir_problem(overrides + flags)
+    return (2, [f"error: {bad}"]) if bad else (None, [])
+
+
+def _run_dir_problem(overrides: list[str]) -> str | None:
+    """Hydra creates the run directory before the job, with a traceback when it cannot: check it first (the
+    default `outputs/...` under the current directory, or `hydra.run.dir=`)."""
+    from .files import writable_dir_problem
+    given = [o.partition("=")[2] for o in overrides if o.partition("=")[0] == "hydra.run.dir"]
+    path = given[-1] if given else "outputs"
+    if "${" in path:  # an interpolation (e.g. ${now:...}): its fixed prefix is what must be creatable
+        path = path.split("${", 1)[0] or "."
+    why = writable_dir_problem(path)
+    return f"hydra.run.dir={path!r}: {why}" if why and given else (f"hydra.run.dir (outputs/ under {os.getcwd()}): "
+                                                                   f"{why}" if why else None)
 
 
 def guard(argv: list[str] | None = None) -> None:
