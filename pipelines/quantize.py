@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from synodic.config.registry import Component, register
 
@@ -42,6 +42,15 @@ class QuantizePipeline(Component):
                                   "the compressed-tensors layout here (vLLM / llm-compressor read it): quant=nvfp4 "
                                   "or mxfp4, quant.method=rtn, weight-only, model.weights=<HF folder>; "
                                   "docs/checkpoints.md")
+
+    @field_validator("store", "export_hf")
+    @classmethod
+    def _writable(cls, v: str | None) -> str | None:  # checked before the layers are solved, not after
+        from synodic.config.files import writable_dir_problem
+        why = None if v is None else writable_dir_problem(v)
+        if why:
+            raise ValueError(why)
+        return v
 
 
 def quantize_to_store(model, qcfg, store_root: Path | str | None = None, *, executor: str = "inline",

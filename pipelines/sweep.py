@@ -36,6 +36,11 @@ def run(cfg, run_dir: Path) -> dict:
         from synodic.config.errors import ConfigError
         raise ConfigError([f"pipeline.grid={p.grid!r}: expected the trials, e.g. 'pipeline.grid={{ssm: [eager, "
                            f"replay]}}' or a list of override strings"])
+    empty = [k for k, v in p.grid.items() if not v] if isinstance(p.grid, dict) else []
+    if empty:  # an empty axis spans no trials
+        from synodic.config.errors import ConfigError
+        raise ConfigError([f"pipeline.grid.{k}=[]: an axis with no values makes no trials; expected at least one "
+                           f"value" for k in empty])
     trials = validate_trials(expand_grid(p.grid, list(p.base)), "pipeline.grid")
     rows = run_sweep(trials, run_dir, p.cpus, p.gpus, p.max_failures, p.max_concurrent, p.ray_address)
     axes = list(p.grid) if isinstance(p.grid, dict) else ["overrides"]

@@ -239,3 +239,30 @@ def test_run_dir_that_cannot_be_created_is_one_line(tmp_path):
     code, lines = check([f"hydra.run.dir={tmp_path / 'file' / 'run'}"])
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: hydra.run.dir="), lines
     assert check([f"hydra.run.dir={tmp_path / 'fresh' / 'run'}"]) == (None, [])
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["kv=adaptive", "kv.hot_buffer=1"],
+     "error: kv.hot_buffer=1 with kv.top_k=2048: expected kv.hot_buffer >= kv.top_k"),
+    (["spec=ngram", "spec.min_ngram=5", "spec.max_ngram=2"],
+     "error: spec.min_ngram=5 with spec.max_ngram=2: expected spec.min_ngram <= spec.max_ngram")])
+def test_a_rule_over_several_fields_names_them_not_the_group(argv, line):
+    """A component's own cross-field rule is one line naming its keys (the dumped group dict was printed before)."""
+    assert check(argv) == (2, [line])
+
+
+def test_an_empty_sweep_axis_is_refused(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("SYNODIC_TRACEBACK", None)
+    p = subprocess.run([sys.executable, str(ROOT / "run.py"), "pipeline=sweep",
+                        "pipeline.grid={ssm: [], kv: [resident]}", f"hydra.run.dir={tmp_path}"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "error: pipeline.grid.ssm=[]: an axis with no values makes no trials; expected at least one value"], p.stderr
+
+
+@pytest.mark.parametrize("key", ["store", "export_hf"])
+def test_quantize_output_dirs_are_checked_first(key, tmp_path):
+    (tmp_path / "file").write_text("x")
+    code, lines = check(["pipeline=quantize", "quant=nvfp4", f"pipeline.{key}={tmp_path / 'file' / 'q'}"])
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: pipeline.{key}="), lines

@@ -45,6 +45,10 @@ def format_validation_error(err: ValidationError, registries=None) -> list[str]:
             lines.append(f"{key}={_short(given)}: unknown key; expected one of {fields}")
         elif typ == "missing":
             lines.append(f"{key}: missing; expected a value")
+        elif typ == "value_error" and isinstance(given, dict):
+            # a component's own rule over several of its fields: the message names them, never the dumped group
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(msg if msg.startswith(f"{key}.") else f"{key}: {msg}")
         else:
             msg = e["msg"].removeprefix("Value error, ")
             lines.append(f"{key}={_short(given)}: {msg}")

@@ -70,7 +70,8 @@ class _HostTiered(Component):
     @model_validator(mode="after")
     def _buffer(self):
         if self.hot_buffer is not None and self.hot_buffer < self.top_k:
-            raise ValueError(f"hot_buffer={self.hot_buffer} with top_k={self.top_k}: expected hot_buffer >= top_k")
+            raise ValueError(f"kv.hot_buffer={self.hot_buffer} with kv.top_k={self.top_k}: expected kv.hot_buffer >= "
+                             "kv.top_k")
         return self
 
     @property

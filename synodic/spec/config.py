@@ -42,8 +42,8 @@ class NgramSpec(Component):
     @model_validator(mode="after")
     def _order(self):
         if self.min_ngram > self.max_ngram:
-            raise ValueError(f"min_ngram={self.min_ngram} with max_ngram={self.max_ngram}: expected "
-                             "min_ngram <= max_ngram")
+            raise ValueError(f"spec.min_ngram={self.min_ngram} with spec.max_ngram={self.max_ngram}: expected "
+                             "spec.min_ngram <= spec.max_ngram")
         return self
 
     @property
