@@ -46,11 +46,8 @@ class QuantizePipeline(Component):
     @field_validator("store", "export_hf")
     @classmethod
     def _writable(cls, v: str | None) -> str | None:  # checked before the layers are solved, not after
-        from synodic.config.files import writable_dir_problem
-        why = None if v is None else writable_dir_problem(v)
-        if why:
-            raise ValueError(why)
-        return v
+        from synodic.config.files import writable_dir_or_none
+        return writable_dir_or_none(v)
 
 
 def quantize_to_store(model, qcfg, store_root: Path | str | None = None, *, executor: str = "inline",

@@ -50,11 +50,8 @@ class TrainDrafterPipeline(Component):
     @field_validator("export_to")
     @classmethod
     def _export_to(cls, v: str | None) -> str | None:  # checked before the training it would fail after
-        from synodic.config.files import writable_dir_problem
-        why = None if v is None else writable_dir_problem(v)
-        if why:
-            raise ValueError(why)
-        return v
+        from synodic.config.files import writable_dir_or_none
+        return writable_dir_or_none(v)
 
 
 def _prompts(tok, n: int, length: int, heldout: bool, gen):

@@ -140,6 +140,15 @@ def writable_dir_problem(path: str | Path) -> str | None:
     return None
 
 
+def writable_dir_or_none(v: str | None) -> str | None:
+    """A pydantic field validator's body for an output directory (None = not asked for): raises ValueError with
+    writable_dir_problem's reason, so a long job never starts towards a place it cannot write."""
+    why = None if v is None else writable_dir_problem(v)
+    if why:
+        raise ValueError(why)
+    return v
+
+
 def data_problems(paths: list[str]) -> list[str]:
     out = []
     for i, s in enumerate(paths):

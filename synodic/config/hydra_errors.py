@@ -182,8 +182,10 @@ def _run_dir_problem(overrides: list[str]) -> str | None:
     if "${" in path:  # an interpolation (e.g. ${now:...}): its fixed prefix is what must be creatable
         path = path.split("${", 1)[0] or "."
     why = writable_dir_problem(path)
-    return f"hydra.run.dir={path!r}: {why}" if why and given else (f"hydra.run.dir (outputs/ under {os.getcwd()}): "
-                                                                   f"{why}" if why else None)
+    if why is None:
+        return None
+    where = f"hydra.run.dir={path!r}" if given else f"hydra.run.dir (outputs/ under {os.getcwd()})"
+    return f"{where}: {why}"
 
 
 def guard(argv: list[str] | None = None) -> None:

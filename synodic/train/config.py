@@ -77,8 +77,5 @@ class TrainPipeline(Component):
     @field_validator("export_to")
     @classmethod
     def _export_to(cls, v: str | None) -> str | None:
-        from synodic.config.files import writable_dir_problem
-        why = None if v is None else writable_dir_problem(v)
-        if why:
-            raise ValueError(why)
-        return v
+        from synodic.config.files import writable_dir_or_none
+        return writable_dir_or_none(v)
