@@ -24,7 +24,7 @@ K-major plane layout (a QTensor passed as pack_kmajor(q), a kmajor.KMajorWeight)
 QuantLinear routes to it only from synodic.quant.linear.KGEMM_MIN_ROWS (empty until a GPU run shows a win).
 QuantLinear runs the kernel where it beats the bf16 linear (synodic.quant.linear.KERNEL_MAX_ROWS: MXFP4 and NVFP4
 up to 32 rows, MXFP8 up to 16; one row for fp32
-activations), or up to 64 / 128 rows when the layer keeps no dense copy (PACKED_ONLY_MAX_ROWS). A call without a
+activations), or up to 128 rows when the layer keeps no dense copy (PACKED_ONLY_MAX_ROWS). A call without a
 config takes the GPU's tuned table entry for its shape where there is one (tuned.py). gemvh rounds products to
 fp16 (rel. error ~1.5e-3 vs the fp32 reference); on bf16 activations the dot path rounds x * s to bf16 before the
 MMA (rel. error ~1e-3; fp32 activations run an IEEE fp32 dot).

@@ -102,8 +102,8 @@ _GEMVH_M2 = {"mxfp4": (32, 512, 4), "nvfp4": (16, 512, 1), "mxfp8_e4m3": (32, 25
 # on 4 warps, the first entry whose bounds cover M (and K); see default_config
 _ANY_M = 1 << 62
 _DOTP = {"mxfp4": ((16, (64, 256, 3)), (32, (128, 256, 2), 8192), (32, (64, 256, 3)), (64, (128, 64, 4)),
-                   (_ANY_M, (64, 128, 4))),
-         "nvfp4": ((32, (64, 128, 4)), (64, (64, 256, 2)), (_ANY_M, (64, 128, 4))),
+                   (128, (128, 64, 3)), (_ANY_M, (64, 128, 4))),
+         "nvfp4": ((32, (64, 128, 4)), (64, (64, 256, 2)), (128, (128, 128, 3)), (_ANY_M, (64, 128, 4))),
          "mxfp8_e4m3": ((32, (64, 128, 3)), (_ANY_M, (64, 64, 4))),
          "mxfp8_e5m2": ((32, (64, 128, 3)), (_ANY_M, (64, 64, 4)))}
 
@@ -128,7 +128,9 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
       4096x14336 and 14336x4096, except NVFP4 to 32 rows: its grid winner, [128 x 256], lost 13 % end to end on
       `nemotron_h_8b`, so [64 x 128] stays; and MXFP4 at 17-32 rows below K = 8192, where [64 x 256] (3 stages)
       beat the grid's [128 x 256] on 11 of the two presets' 12 such shapes, by 7-35 %, and lost on the bench's
-      14336x4096."""
+      14336x4096. 65-128 rows (layers without a dense copy): [128 x 64] MXFP4 / [128 x 128] NVFP4, 3 stages, the
+      best minimum over four preset shapes of a 16-tile grid (x tiles of 128 / 256 rows lost: the time grows with
+      M at every x tile, docs/tuning/quant_linear.md)."""
     packed = FMT_IDS[fmt] <= 1
     if M == 1 and not fp32_act:
         bn, bk, nw, _, prefetch = _GEMVH_M1[fmt]

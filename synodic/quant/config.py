@@ -65,7 +65,7 @@ class BlockQuant(Component):
                              "packed one (the packed kernel serves decode steps where it beats the bf16 linear: up "
                              "to 32 rows MXFP4 / NVFP4, 16 rows MXFP8; larger batches and prefill run the dense "
                              "matmul on the copy); false: weights resident at the format's width only, the packed "
-                             "kernel takes up to 64 rows (MXFP8 128) and larger calls dequantize the weight per call")
+                             "kernel takes up to 128 rows and larger calls dequantize the weight per call")
 
     @field_validator("mode")
     @classmethod

@@ -39,7 +39,7 @@ KERNEL_MAX_ROWS = {"mxfp4": 32, "nvfp4": 32, "mxfp8_e4m3": 16, "mxfp8_e5m2": 16}
 KERNEL_MAX_ROWS_FP32 = 1
 # the same without a dense copy: above these the weight is dequantized for the call and the bf16 matmul runs
 # (where dequant + matmul beats the packed kernel: docs/tuning/quant_linear.md)
-PACKED_ONLY_MAX_ROWS = {"mxfp4": 64, "nvfp4": 64, "mxfp8_e4m3": 128, "mxfp8_e5m2": 128}
+PACKED_ONLY_MAX_ROWS = {"mxfp4": 128, "nvfp4": 128, "mxfp8_e4m3": 128, "mxfp8_e5m2": 128}
 # rows per call (inclusive range, per format) that 'auto' sends to the plane-layout GEMM ("kgemm",
 # synodic.kernels.quant_linear.kgemm) on CUDA with bf16 activations, ahead of the rules above. Empty: no
 # layer routes to it until a GPU run (`python -m benchmarks.quant_gemm --kgemm`) shows where it beats both the bf16

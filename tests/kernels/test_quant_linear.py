@@ -506,15 +506,19 @@ def test_default_one_row_kernel_follows_activation_dtype():
     assert resolve_config(2, 14336, 4096, "mxfp8_e4m3", None)["num_warps"] == 1
     assert resolve_config(2, 14336, 4096, "mxfp4", None)["num_warps"] == 4
     # dotp tiles by rows (_DOTP): MXFP4 [64 x 256] to 16 rows, to 32 [128 x 256] from K = 8192 and [64 x 256] (3
-    # stages) below, [128 x 64] to 64; NVFP4 [64 x 128] to 32, [64 x 256] to 64; MXFP8 [64 x 128] to 32; a forced
-    # kernel above 64 rows the generic [64 x 128]
+    # stages) below, [128 x 64] to 128 (4 stages to 64, 3 above); NVFP4 [64 x 128] to 32, [64 x 256] to 64,
+    # [128 x 128] to 128; MXFP8 [64 x 128] to 32; a forced kernel above 128 rows the generic [64 x 128]
     tile = [(c["BLOCK_N"], c["BLOCK_K"], c["num_stages"]) for c in (
         resolve_config(m, n, k, "mxfp4", None) for m, n, k in ((17, 21504, 4096), (32, 4096, 8191), (32, 4096, 8192)))]
     assert tile == [(64, 256, 3), (64, 256, 3), (128, 256, 2)]
     assert [resolve_config(m, 4096, 14336, "mxfp4", None)["BLOCK_K"] for m in (16, 17, 33)] == [256, 256, 64]
-    assert [resolve_config(m, 4096, 14336, "nvfp4", None)["BLOCK_K"] for m in (3, 32, 33, 65)] == [128, 128, 256, 128]
+    assert [resolve_config(m, 4096, 14336, "nvfp4", None)["BLOCK_K"] for m in (3, 32, 33, 65, 128, 129)] == [
+        128, 128, 256, 128, 128, 128]
+    assert [resolve_config(m, 4096, 14336, "nvfp4", None)["BLOCK_N"] for m in (64, 65, 128, 129)] == [64, 128, 128, 64]
     assert [resolve_config(m, 4096, 14336, "mxfp8_e4m3", None)["BLOCK_K"] for m in (3, 32, 33)] == [128, 128, 64]
-    assert [resolve_config(m, 4096, 14336, "mxfp4", None)["BLOCK_N"] for m in (32, 33, 64, 65)] == [128, 128, 128, 64]
+    assert [resolve_config(m, 4096, 14336, "mxfp4", None)["BLOCK_N"] for m in (32, 33, 64, 65, 128, 129)] == [
+        128, 128, 128, 128, 128, 64]
+    assert [resolve_config(m, 4096, 14336, "mxfp4", None)["num_stages"] for m in (64, 65, 129)] == [4, 3, 4]
     assert resolve_config(48, 4096, 14336, "nvfp4", None)["BLOCK_K"] == 256
     # K splits: at M = 1 >= 2 K tiles a split unless < 2 programs per SM; NVFP4's dotp up to 6 programs per SM
     split = {(m, n, k, f): resolve_config(m, n, k, f, None)["SPLIT_K"] for m, n, k, f in (
