@@ -122,6 +122,10 @@ OTHER = [
     (["pipeline=train", "pipeline.lr=-1"], "pipeline.lr"),
     (["pipeline=eval", "pipeline.reference={pipeline: {kind: none}}"], "pipeline.reference"),
     (["workload=chat", "workload.prompt_len=100000", "kv.num_blocks=2"], "workload.prompt_len"),
+    (["pipeline=train", "pipeline.betas=[2,3]"], "pipeline.betas"),
+    (["pipeline=train", "pipeline.betas=[0.9,1.0]"], "pipeline.betas"),
+    (["pipeline=eval", "pipeline.quant_mode=w9a9"], "pipeline.quant_mode"),
+    (["pipeline=eval", "pipeline.quant_mode=w8a8", "pipeline.quant_grid=[mxfp4:rtn]"], "pipeline.quant_grid"),
 ]
 
 
@@ -266,3 +270,17 @@ def test_quantize_output_dirs_are_checked_first(key, tmp_path):
     (tmp_path / "file").write_text("x")
     code, lines = check(["pipeline=quantize", "quant=nvfp4", f"pipeline.{key}={tmp_path / 'file' / 'q'}"])
     assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: pipeline.{key}="), lines
+
+
+def test_eager_verify_window_states_are_in_the_budget():
+    """ssm=eager keeps 1 + γ states per slot: a γ that cannot fit is refused naming spec.num_speculative_tokens
+    (it was a DefaultCPUAllocator traceback when the state backend was built)."""
+    import torch
+
+    from synodic.config.budget import check_fits
+    from synodic.config.compose import compose
+    from synodic.config.errors import ConfigError
+    cfg = compose(["spec=ngram", "spec.num_speculative_tokens=100000", "runtime.device=cpu"])
+    with pytest.raises(ConfigError) as e:
+        check_fits(cfg, torch.device("cpu"))
+    assert len(e.value.lines) == 1 and e.value.lines[0].startswith("spec.num_speculative_tokens=100000: "), e.value

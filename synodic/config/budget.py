@@ -133,6 +133,9 @@ def estimate(cfg, limit: int | None = None) -> dict[str, tuple[str, int]]:
                             (2 * a.linear_num_key_heads * a.linear_key_head_dim +
                              a.linear_num_value_heads * a.linear_value_head_dim) * a.linear_conv_kernel_dim * 4)
     out["SSM state slots"] = ("runtime.max_slots", slots * (mamba + gdn))
+    window = getattr(cfg.spec, "window", 1)
+    if cfg.ssm.kind == "eager" and window > 1:  # ssm=eager keeps one state per verify-window position and slot
+        out["SSM verify-window states"] = ("spec.num_speculative_tokens", slots * (window - 1) * (mamba + gdn))
     kv = cfg.kv
     per_token = a.count("attention") * a.num_key_value_heads * a.head_dim * 2 * wbytes
     blocks = getattr(kv, "num_blocks", 0) + getattr(kv, "host_num_blocks", 0)

@@ -5,6 +5,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from synodic.config.registry import GROUPS, Component, register
+from synodic.quant.config import MODES
 
 
 @register("pipeline")
@@ -21,11 +22,12 @@ class EvalPipeline(Component):
         "forward", description="forward: whole-window forward passes (fast; SSM backends and KV "
         "policies are not exercised); decode: teacher-forced token-by-token decode steps through "
         "the state backend and KV policy (use to compare ssm or kv options)")
+    # before quant_grid: the grid's validator checks each entry with this mode
+    quant_mode: Literal[tuple(MODES)] | None = Field(  # type: ignore[valid-type]
+        None, description="quant.mode for every quant_grid entry (e.g. w4a4); null: each format's weight-only mode")
     quant_grid: list[str] = Field(default_factory=list, description="'format:method' pairs (e.g. "
                                   "mxfp4:rtn, mxfp4:dualquant) each compared with the run's unquantized "
                                   "model: KL, top-1, perplexity, per-layer weight error; table + plots")
-    quant_mode: str | None = Field(None, description="quant.mode for every quant_grid entry (e.g. w4a4); "
-                                   "null: each format's weight-only mode")
     decay_scale: float = Field(1.0, gt=0, le=1, description="multiplies every SSM layer's decay rate "
                                "(A = -exp(A_log)) in the scored and the reference model alike: a longer state "
                                "memory than the weights have, to study how precision errors accumulate")

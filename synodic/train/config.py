@@ -1,5 +1,5 @@
 """`pipeline=train`: the knobs of a training run (the model comes from the run's `model` group)."""
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
@@ -34,7 +34,8 @@ class TrainPipeline(Component):
     lr: float = Field(2e-3, gt=0, description="peak learning rate (AdamW)")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine floor as a fraction of lr")
     weight_decay: float = Field(0.1, ge=0, description="AdamW decay on matrices (not on norms/SSM vectors)")
-    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
+        (0.9, 0.95), description="AdamW betas (each in [0, 1))")
     grad_clip: float = Field(1.0, gt=0, description="max global gradient norm")
     eval_every: int = Field(200, ge=1, description="held-out evaluation every this many steps")
     eval_tokens: int = Field(65536, ge=16, description="held-out tokens scored at each periodic eval")
