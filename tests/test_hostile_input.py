@@ -97,6 +97,11 @@ def file_cases(d: Path):
     for w in ("no_config", "bad_config", "wrong_config", "no_weights", "trunc_head", "trunc_tail",
               "bad_tokenizer", "json_tokenizer", "missing_dir", "a_file"):
         out.append(([f"model.weights={d / w}"], "model.weights"))
+    for bad in ("/dev/null", "/proc/self/status", "''", f"{d / 'a_file'}", f"{d / 'no_config'}"):
+        # a device, one document (nothing to hold out), an empty path, a folder without text documents
+        out.append((["pipeline=train", f"pipeline.data=[{bad}]"], "pipeline.data"))
+    out.append((["pipeline=train", "pipeline.export_to=''"], "pipeline.export_to"))
+    out.append((["pipeline=quantize", "quant=nvfp4", "pipeline.store=''"], "pipeline.store"))
     out.append((["pipeline=train", f"pipeline.export_to={d / 'a_file'}"], "pipeline.export_to"))
     out.append((["pipeline=train", f"pipeline.export_to={d / 'a_file' / 'sub'}"], "pipeline.export_to"))
     return out
@@ -126,6 +131,10 @@ OTHER = [
     (["pipeline=train", "pipeline.betas=[0.9,1.0]"], "pipeline.betas"),
     (["pipeline=eval", "pipeline.quant_mode=w9a9"], "pipeline.quant_mode"),
     (["pipeline=eval", "pipeline.quant_mode=w8a8", "pipeline.quant_grid=[mxfp4:rtn]"], "pipeline.quant_grid"),
+    (["hydra/launcher=nope"], "hydra/launcher='nope'"),
+    (["hydra.nope=1"], "hydra.nope"),
+    (["hydra.job.chdir=notabool"], "hydra.job.chdir"),
+    (["--config-name", "nope"], "--config-name"),
 ]
 
 
@@ -171,6 +180,15 @@ def test_help_lists_groups_options_and_fields():
 
 def test_good_command_line_passes():
     assert check(["runtime.device=cpu", "workload.max_tokens=2"]) == (None, [])
+    assert check(["hydra/launcher=basic", "hydra.job.chdir=false", "--config-name", "config"]) == (None, [])
+
+
+def test_a_two_document_corpus_passes(tmp_path):
+    (tmp_path / "a.txt").write_text("one\n")
+    (tmp_path / "b.md").write_text("two\n")
+    assert check(["pipeline=train", f"pipeline.data=[{tmp_path}]"]) == (None, [])
+    code, lines = check(["pipeline=train", f"pipeline.data=[{tmp_path / 'a.txt'}]"])
+    assert code == 2 and "1 document" in lines[0], lines
 
 
 SUBPROCESS = [

@@ -143,22 +143,41 @@ def writable_dir_problem(path: str | Path) -> str | None:
 def writable_dir_or_none(v: str | None) -> str | None:
     """A pydantic field validator's body for an output directory (None = not asked for): raises ValueError with
     writable_dir_problem's reason, so a long job never starts towards a place it cannot write."""
-    why = None if v is None else writable_dir_problem(v)
+    why = None if v is None else ("an empty path; expected a directory" if not v.strip() else writable_dir_problem(v))
     if why:
         raise ValueError(why)
     return v
 
 
 def data_problems(paths: list[str]) -> list[str]:
-    out = []
+    """Why the training corpus `paths` cannot be built: per path, then the documents they hold together
+    (one is held out, so at least two are needed). A prepared corpus folder (meta.json + train.bin) is taken
+    as it is."""
+    from synodic.data.corpus import list_documents
+    out, docs = [], 0
     for i, s in enumerate(paths):
         p = Path(s)
-        if not p.exists():
+        if not s.strip():
+            out.append(f"[{i}]={s!r}: an empty path; expected text files or folders")
+        elif not p.exists():
             out.append(f"[{i}]={s!r}: no such file or directory; expected text files or folders")
+        elif p.is_dir() and (p / "meta.json").is_file() and (p / "train.bin").is_file():
+            docs += 2
         elif p.is_file():
             why = text_problem(p)
             if why:
                 out.append(f"[{i}]={s!r}: {why}")
+            docs += 1
+        elif not p.is_dir():
+            out.append(f"[{i}]={s!r}: neither a regular file nor a folder; expected text files or folders")
+        else:
+            n = len(list_documents(p))
+            if not n:
+                out.append(f"[{i}]={s!r}: no UTF-8 text document (.py, .txt, .md, .rst) in the folder; expected "
+                           "text files or folders holding them")
+            docs += n
+    if paths and not out and docs < 2:   # [] is the shipped stdlib corpus
+        out.append(f"the paths hold {docs} document; expected at least two (one is held out for evaluation)")
     return out
 
 

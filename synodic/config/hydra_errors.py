@@ -169,8 +169,63 @@ def check(argv: list[str]) -> tuple[int | None, list[str]]:
         compose_checked(overrides)
     except ConfigError as e:
         return 2, [f"error: {line}" for line in e.lines]
-    bad = _run_dir_problem(overrides + flags)
+    bad = _config_name_problem(flags) or _hydra_problem(overrides, flags) or _run_dir_problem(overrides + flags)
     return (2, [f"error: {bad}"]) if bad else (None, [])
+
+
+def _config_name_problem(flags: list[str]) -> str | None:
+    """synodic has one top-level config; groups are chosen with group=option, never with --config-name."""
+    for i, f in enumerate(flags[:-1]):
+        if f in ("--config-name", "-cn") and flags[i + 1] != "config":
+            return f"{f}={flags[i + 1]!r}: unknown config; expected config (choose groups with group=option)"
+    return None
+
+
+def _hydra_problem(overrides: list[str], flags: list[str]) -> str | None:
+    """Overrides of Hydra's own config (hydra/launcher=..., hydra.job.chdir=...): composed with the job's, as
+    Hydra's main will, so an unknown option or key is one line instead of Hydra's multi-line message."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+    own = [f for f in flags if not f.startswith("-") and f.lstrip("+~").startswith("hydra")]
+    if not own:
+        return None
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            compose(config_name="config", overrides=overrides + own, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        msg = str(e)
+        m = re.search(r"Could not find '(hydra/[^']+)/([^']+)'", msg)
+        if m:
+            avail = re.search(r"Available options in '[^']+':\n((?:\t.*\n?)*)", msg)
+            known = ", ".join(a.strip() for a in avail.group(1).splitlines() if a.strip()) if avail else ""
+            return f"{m.group(1)}={m.group(2)!r}: unknown option; expected one of {known or '-'}"
+        m = re.search(r"Could not override '([^']+)'", msg)
+        if m:
+            given = next((o.partition("=")[2] for o in own if o.partition("=")[0] == m.group(1)), "")
+            return (f"{m.group(1)}={given!r}: unknown key of Hydra's config; expected one of "
+                    f"{_hydra_keys(m.group(1))}")
+        bad = next((o for o in own if o in msg), own[0])
+        why = _first(str(e.__cause__)) if e.__cause__ is not None else _first(msg)
+        return f"{bad!r}: {why}; expected a value of the type Hydra's config holds there"
+    finally:
+        GlobalHydra.instance().clear()
+    return None
+
+
+def _hydra_keys(key: str) -> str:
+    """The keys Hydra's config holds beside `key` (hydra.nope → run, sweep, job, ...)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        node = compose(config_name="config", return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    parent = OmegaConf.select(node, key.rpartition(".")[0] or key)
+    return ", ".join(sorted(parent.keys())) if hasattr(parent, "keys") else "the keys of Hydra's config"
 
 
 def _run_dir_problem(overrides: list[str]) -> str | None:
