@@ -36,6 +36,8 @@ class NgramIndex:
 
     def drafts(self, context: list[int], gamma: int) -> list[int]:
         L = len(context)
+        if L - 1 < self.ends:  # not a continuation of what was indexed: start over
+            self.__init__(self.ns[-1], self.ns[0])
         for e in range(self.ends, L - 1):  # index the n-grams ending at e (every e <= L - 2)
             for n in self.ns:
                 if e + 1 >= n:
@@ -57,6 +59,12 @@ class NgramDrafter(Drafter):
     def __init__(self, gamma: int, max_ngram: int, min_ngram: int):
         self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
         self._index: dict[int, NgramIndex] = {}  # request id → its n-gram index
+
+    def on_prefill(self, reqs, hidden) -> None:
+        """A prefill starts (or, after preemption, restarts) a request's context: an index left under its id by
+        an earlier request with the same id would draft from that request's text."""
+        for r in reqs:
+            self._index.pop(r.id, None)
 
     def propose(self, batch, gamma: int, temperature, generator):
         """(drafts [B, gamma] long on the device, q None (one-hot), real drafts per row [B] or None)."""

@@ -89,6 +89,8 @@ class NeuralDrafter(Drafter):
 
     @torch.inference_mode()
     def on_prefill(self, reqs, hidden) -> None:
+        if self._lookup is not None:
+            self._lookup.on_prefill(reqs, None)
         slots = torch.tensor([r.slot for r in reqs], dtype=torch.long, device=self.device)
         T = hidden.shape[1]
         self.model.reset(slots)

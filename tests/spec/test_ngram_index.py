@@ -25,3 +25,13 @@ def test_index_skips_steps_it_did_not_see():
     assert ix.drafts(ctx, 3) == lookup(ctx, 3, 3, 1) == [4, 1, 2]
     ctx += [4, 1, 2, 3, 9, 9, 1, 2]
     assert ix.drafts(ctx, 4) == lookup(ctx, 4, 3, 1)
+
+
+def test_a_context_that_is_not_a_continuation_starts_over():
+    """An index asked about a shorter context (a new request under an old one's id) drafts as the scan does,
+    not from the text it indexed before."""
+    ix = NgramIndex(3, 1)
+    old = [4, 5, 6, 7, 4, 5, 6, 7, 4, 5]
+    assert ix.drafts(old, 3) == lookup(old, 3, 3, 1)
+    new = [9, 4, 8, 4]
+    assert ix.drafts(new, 3) == lookup(new, 3, 3, 1) == [8, 4]

@@ -202,3 +202,23 @@ def test_steps_without_drafts_run_the_plain_decode_step(kv):
         assert calls["window"] and all(any(n) for n in calls["window"])  # windows only where some row drafts
         assert any(0 in n for n in calls["window"])  # a mixed batch (rows without drafts) kept its window
         assert s["emitted_tokens"] == sum(map(len, (r.output_ids for r in plain))) - len(plain)
+
+
+@pytest.mark.parametrize("scheme", ["ngram", "dflash2"])
+def test_a_reused_request_id_drafts_as_a_fresh_one(scheme):
+    """Request ids repeat (a benchmark's measured round after its warm-up, a client's counter): the second
+    request under an id gets the same drafts, so the same accepted counts, as the first (the n-gram index of the
+    prompt lookup, spec=ngram's and the shipped neural drafters' hints, is per request, not per id)."""
+    from synodic.data.corpus import heldout_tokens
+    from synodic.data.tokenizer import load_tokenizer
+    from synodic.models.weights import shipped_dir
+    ids = heldout_tokens(load_tokenizer(shipped_dir("tiny_mamba2") / "tokenizer.json").encode, 800)
+    prompts = [ids[i * 200: i * 200 + 40] for i in range(3)]
+    eng = Engine(build_graph(compose(["model=tiny_mamba2", "runtime.device=cpu", f"spec={scheme}"]), max_seq_len=96))
+    runs = []
+    for _ in range(2):
+        reqs = [Request(i, list(p), SamplingParams(max_tokens=24)) for i, p in enumerate(prompts)]
+        eng.generate(reqs)
+        runs.append(([r.output_ids for r in reqs], list(eng.accepted)))
+    assert runs[0] == runs[1]
+    assert max(runs[0][1]) > 1  # something was accepted, so the drafts mattered
