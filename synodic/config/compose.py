@@ -6,9 +6,10 @@ from pathlib import Path
 CONF_DIR = Path(str(resources.files("synodic.conf")))
 
 
-def compose_node(overrides: list[str] | tuple[str, ...] = ()):
-    """The composed DictConfig from Hydra's compose API. Inside a running Hydra job (bench variants, sweeps)
-    Hydra is already initialised: its state is set aside and restored."""
+def compose_node(overrides: list[str] | tuple[str, ...] = (), hydra: bool = False):
+    """The composed DictConfig from Hydra's compose API (hydra=True: with Hydra's own config, which takes
+    hydra/... and hydra.... overrides). Inside a running Hydra job (bench variants, sweeps) Hydra is already
+    initialised: its state is set aside and restored."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     gh = GlobalHydra.instance()
@@ -16,7 +17,7 @@ def compose_node(overrides: list[str] | tuple[str, ...] = ()):
     gh.clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose(config_name="config", overrides=list(overrides))
+            return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
     finally:
         if outer is not None:
             GlobalHydra.instance().clear()

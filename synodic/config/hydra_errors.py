@@ -184,17 +184,15 @@ def _config_name_problem(flags: list[str]) -> str | None:
 def _hydra_problem(overrides: list[str], flags: list[str]) -> str | None:
     """Overrides of Hydra's own config (hydra/launcher=..., hydra.job.chdir=...): composed with the job's, as
     Hydra's main will, so an unknown option or key is one line instead of Hydra's multi-line message."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
+
+    from .compose import compose_node
     own = [f for f in flags if not f.startswith("-") and f.lstrip("+~").startswith("hydra")]
     if not own:
         return None
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            compose(config_name="config", overrides=overrides + own, return_hydra_config=True)
+        compose_node(overrides + own, hydra=True)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         msg = str(e)
         m = re.search(r"Could not find '(hydra/[^']+)/([^']+)'", msg)
@@ -210,21 +208,15 @@ def _hydra_problem(overrides: list[str], flags: list[str]) -> str | None:
         bad = next((o for o in own if o in msg), own[0])
         why = _first(str(e.__cause__)) if e.__cause__ is not None else _first(msg)
         return f"{bad!r}: {why}; expected a value of the type Hydra's config holds there"
-    finally:
-        GlobalHydra.instance().clear()
     return None
 
 
 def _hydra_keys(key: str) -> str:
     """The keys Hydra's config holds beside `key` (hydra.nope → run, sweep, job, ...)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        node = compose(config_name="config", return_hydra_config=True)
-    GlobalHydra.instance().clear()
-    parent = OmegaConf.select(node, key.rpartition(".")[0] or key)
+
+    from .compose import compose_node
+    parent = OmegaConf.select(compose_node(hydra=True), key.rpartition(".")[0] or key)
     return ", ".join(sorted(parent.keys())) if hasattr(parent, "keys") else "the keys of Hydra's config"
 
 

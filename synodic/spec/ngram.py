@@ -31,13 +31,16 @@ class NgramIndex:
 
     def __init__(self, max_ngram: int, min_ngram: int):
         self.ns = range(min_ngram, max_ngram + 1)
+        self._clear()
+
+    def _clear(self) -> None:
         self.seen: dict[int, dict[tuple, int]] = {n: {} for n in self.ns}
         self.ends = 0  # n-grams ending at indices < ends are indexed
 
     def drafts(self, context: list[int], gamma: int) -> list[int]:
         L = len(context)
         if L - 1 < self.ends:  # not a continuation of what was indexed: start over
-            self.__init__(self.ns[-1], self.ns[0])
+            self._clear()
         for e in range(self.ends, L - 1):  # index the n-grams ending at e (every e <= L - 2)
             for n in self.ns:
                 if e + 1 >= n:
