@@ -15,12 +15,12 @@ ct = pytest.importorskip("compressed_tensors")
 
 from compressed_tensors.compressors import BaseCompressor  # noqa: E402
 from compressed_tensors.quantization import QuantizationConfig  # noqa: E402
+from hf_folders import hf_model  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
 from synodic.config.errors import ConfigError  # noqa: E402
 from synodic.models.hf import hf_plan, load_hf  # noqa: E402
 from synodic.quant.config import BlockQuant  # noqa: E402
-from tests.hf_folders import hf_model  # noqa: E402
 
 
 def _folder(family, d, seed=3):
