@@ -6,22 +6,24 @@ the acceptance it ran at, and a check that every variant's greedy output equals 
 
 Prompts are cut from the held-out corpus (the drafters were trained on the training split), so the shipped
 drafters accept what they would on real text of this kind. Every (model, batch, spec) builds its engine once,
-serves a warm-up round (kernel compilation, one CUDA graph per batch bucket) and then the measured round of
-the same shape; decode tokens/s = tokens produced by decode steps / decode wall time (capture excluded). The
-speedup of a variant is its rate over plain decoding's at the same model and batch, in the same process."""
+serves a warm-up round (kernel compilation, one CUDA graph per batch bucket); then the variants of one (model,
+batch) take `repeats` measured rounds of the same shape in turn, and a variant's decode tokens/s is the median
+over its rounds of tokens produced by decode steps / decode wall time (capture excluded). The speedup of a
+variant is its rate over plain decoding's at the same model and batch, in the same process."""
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
 import torch
 
 GPU = dict(models=["tiny_mamba2", "tiny_gdn"], batches=[1, 32], specs=["none", "ngram", "dflash2"],
-           ssm="replay", prompt_tokens=64, output_tokens=96, rounds_per_batch=2, device="cuda")
+           ssm="replay", prompt_tokens=64, output_tokens=96, rounds_per_batch=2, repeats=5, device="cuda")
 SMOKE = dict(models=["tiny_mamba2"], batches=[2], specs=["none", "dflash2"], ssm="replay", prompt_tokens=16,
-             output_tokens=8, rounds_per_batch=1, device="cpu")
+             output_tokens=8, rounds_per_batch=1, repeats=1, device="cpu")
 
 
 def heldout_prompts(codec, n: int, tokens: int, seed: int = 0) -> list[list[int]]:
@@ -34,39 +36,69 @@ def heldout_prompts(codec, n: int, tokens: int, seed: int = 0) -> list[list[int]
     return [ids[i * step + j: i * step + j + tokens] for i, j in enumerate(jitter)]
 
 
-def run_variant(model: str, spec: str, batch: int, p: dict, prompts) -> dict:
-    from synodic.config.compose import compose
-    from synodic.engine.engine import Engine
-    from synodic.engine.request import Request, SamplingParams
-    from synodic.graph import build_graph
-    kind, *extra = spec.split()  # "dflash2 spec.dtype=bfloat16": a scheme and its overrides
-    over = [f"model={model}", f"ssm={p['ssm']}", f"spec={kind}", *extra, f"runtime.device={p['device']}",
-            f"runtime.max_slots={max(batch, 1)}"]
-    eng = Engine(build_graph(compose(over), max_seq_len=p["prompt_tokens"] + p["output_tokens"] + 16))
+class Variant:
+    """One (model, spec, batch) engine, warmed up: `measure()` serves one measured round and returns its row."""
 
-    def round_(offset: int):
-        reqs = [Request(offset + i, list(pr), SamplingParams(max_tokens=p["output_tokens"]))
-                for i, pr in enumerate(prompts[offset: offset + batch * p["rounds_per_batch"]])]
-        eng.generate(reqs)
+    def __init__(self, model: str, spec: str, batch: int, p: dict, prompts):
+        from synodic.config.compose import compose
+        from synodic.engine.engine import Engine
+        from synodic.graph import build_graph
+        kind, *extra = spec.split()  # "dflash2 spec.dtype=bfloat16": a scheme and its overrides
+        over = [f"model={model}", f"ssm={p['ssm']}", f"spec={kind}", *extra, f"runtime.device={p['device']}",
+                f"runtime.max_slots={max(batch, 1)}"]
+        self.model, self.spec, self.batch, self.p, self.prompts = model, spec, batch, p, prompts
+        self.eng = Engine(build_graph(compose(over), max_seq_len=p["prompt_tokens"] + p["output_tokens"] + 16))
+        self.rates: list[float] = []
+        self._round()  # warm-up: compilation, one graph per bucket
+
+    def _round(self):
+        from synodic.engine.request import Request, SamplingParams
+        n = self.batch * self.p["rounds_per_batch"]
+        reqs = [Request(i, list(pr), SamplingParams(max_tokens=self.p["output_tokens"]))
+                for i, pr in enumerate(self.prompts[:n])]
+        self.eng.generate(reqs)
         return reqs
 
-    round_(0)  # warm-up: compilation, one graph per bucket
-    eng.ledger.__init__()
-    eng.spec_stats.__init__()
-    eng.decode_s = 0.0
-    t0 = time.perf_counter()
-    reqs = round_(0)
-    wall = time.perf_counter() - t0
-    out = {"model": model, "spec": spec, "ssm": p["ssm"], "batch": batch, "requests": len(reqs),
-           "decode_tokens": eng.ledger.tokens, "decode_s": eng.decode_s, "wall_s": wall,
-           "decode_tokens_per_s": eng.ledger.tokens / eng.decode_s if eng.decode_s else 0.0,
-           "steps": eng.ledger.steps, "cuda_graphs": bool(eng.runner.graphs),
-           "outputs": [r.output_ids for r in reqs]}
-    if eng.drafter is not None:
-        s = eng.spec_stats.summary()
-        out.update(mean_acceptance_length=s["mean_acceptance_length"], acceptance_rate=s["acceptance_rate"],
-                   acceptance_rate_by_position=s["acceptance_rate_by_position"], spec_steps=s["steps"],
-                   plain_steps=s["plain_steps"])
+    def measure(self) -> dict:
+        eng = self.eng
+        eng.ledger.__init__()
+        eng.spec_stats.__init__()
+        eng.decode_s = 0.0
+        t0 = time.perf_counter()
+        reqs = self._round()
+        wall = time.perf_counter() - t0
+        rate = eng.ledger.tokens / eng.decode_s if eng.decode_s else 0.0
+        self.rates.append(rate)
+        out = {"model": self.model, "spec": self.spec, "ssm": self.p["ssm"], "batch": self.batch,
+               "requests": len(reqs), "decode_tokens": eng.ledger.tokens, "decode_s": eng.decode_s, "wall_s": wall,
+               "decode_tokens_per_s": statistics.median(self.rates), "rounds": len(self.rates),
+               "rates": [round(r, 1) for r in self.rates], "steps": eng.ledger.steps,
+               "cuda_graphs": bool(eng.runner.graphs), "outputs": [r.output_ids for r in reqs]}
+        if eng.drafter is not None:
+            s = eng.spec_stats.summary()
+            out.update(mean_acceptance_length=s["mean_acceptance_length"], acceptance_rate=s["acceptance_rate"],
+                       acceptance_rate_by_position=s["acceptance_rate_by_position"], spec_steps=s["steps"],
+                       plain_steps=s["plain_steps"])
+        return out
+
+
+def measure_batch(model: str, batch: int, p: dict, prompts) -> list[dict]:
+    """Every spec variant at one (model, batch): all engines built and warmed up first, then `repeats` measured
+    rounds taken in turn (variant 1, 2, .., 1, 2, ..), so clock and host drift fall on every variant alike; a
+    variant's rate is the median of its rounds (one round at batch 1 is ~50 ms: single rounds varied 2x)."""
+    variants = [Variant(model, spec, batch, p, prompts) for spec in p["specs"]]
+    rows = {}
+    for _ in range(p["repeats"]):
+        for v in variants:
+            rows[v.spec] = v.measure()
+    out = [rows[v.spec] for v in variants]
+    del variants
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the engines are gone: their pools go back to the device
+    base = next((r for r in out if r["spec"] == "none"), None)
+    for r in out:
+        r["speedup_vs_none"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"] if base else None
+        r["greedy_equals_none"] = r["outputs"] == base["outputs"] if base else None
     return out
 
 
@@ -79,9 +111,10 @@ def main(argv=None) -> None:
     ap.add_argument("--specs", nargs="+", help="spec options, each optionally with its overrides in one "
                     "quoted word: 'dflash2 spec.dtype=bfloat16'")
     ap.add_argument("--ssm")
+    ap.add_argument("--repeats", type=int, help="measured rounds per variant, interleaved across variants")
     a = ap.parse_args(argv)
     p = dict(SMOKE if a.smoke or not torch.cuda.is_available() else GPU)
-    for k in ("models", "batches", "specs", "ssm"):
+    for k in ("models", "batches", "specs", "ssm", "repeats"):
         if getattr(a, k):
             p[k] = getattr(a, k)
     from synodic.config.compose import compose
@@ -92,20 +125,12 @@ def main(argv=None) -> None:
         codec = load_codec(checkpoint_dir(compose([f"model={model}"]).model))
         prompts = heldout_prompts(codec, max(p["batches"]) * p["rounds_per_batch"], p["prompt_tokens"])
         for batch in p["batches"]:
-            base = None
-            for spec in p["specs"]:
-                r = run_variant(model, spec, batch, p, prompts)
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()  # the variant's engine is gone: its pools go back to the device
-                if spec == "none":
-                    base = r
-                r["speedup_vs_none"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"] if base else None
-                r["greedy_equals_none"] = r["outputs"] == base["outputs"] if base else None
+            for r in measure_batch(model, batch, p, prompts):
                 rows.append(r)
-                print(f"{model:12s} b={batch:<4d} spec={spec:8s} {r['decode_tokens_per_s']:10.1f} tok/s "
+                print(f"{model:12s} b={batch:<4d} spec={r['spec']:8s} {r['decode_tokens_per_s']:10.1f} tok/s "
                       f"x{r['speedup_vs_none'] or 0:.2f}  accept={r.get('mean_acceptance_length')}  "
                       f"lossless={r['greedy_equals_none']}", flush=True)
-                a.out.write_text(json.dumps({"params": p, "device": _device(), "rows": _slim(rows)}, indent=1))
+            a.out.write_text(json.dumps({"params": p, "device": _device(), "rows": _slim(rows)}, indent=1))
     print(f"wrote {a.out}")
 
 

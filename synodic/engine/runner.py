@@ -6,6 +6,7 @@ import time
 import numpy as np
 import torch
 
+from synodic.engine.blas import blas_for
 from synodic.models.lm import DecodeContext, PrefillContext, VerifyContext
 from synodic.spec.verify import verify
 from synodic.transfer import pinned
@@ -35,6 +36,7 @@ class ModelRunner:
         # last such forward's hidden states [b, T, k*H], left on the device
         self.hidden_layers: tuple[int, ...] = ()
         self.hidden: torch.Tensor | None = None
+        self.dtype = next(model.parameters()).dtype
 
     def prefill(self, slot: int, tokens: list[int]) -> torch.Tensor:
         """Runs the whole context through the model, seeding `slot`; returns the last logits [V]."""
@@ -56,7 +58,8 @@ class ModelRunner:
                              f"{len(slots)}")
         ids = torch.tensor(contexts, dtype=torch.long, device=self.device)
         ctx = PrefillContext(ssm=self.ssm, kv=self.kv, slots=list(slots), start=0)
-        return self._run(ids, ctx)[:, -1]
+        with blas_for(ids.numel(), self.dtype, self.device):
+            return self._run(ids, ctx)[:, -1]
 
     def _run(self, ids, ctx) -> torch.Tensor:
         if not self.hidden_layers:
@@ -96,11 +99,12 @@ class ModelRunner:
         ring takes each row's token features inside the step (a speculating engine's plain step)."""
         b = len(slots)
         bucket, view = self._stage(slots, positions, tokens, max_len)
-        if not self.use_graphs:
-            out = self._forward(bucket, ring)
-        else:
-            key = (bucket, view) if ring is None else (bucket, view, "ring")
-            out = self._replay(key, lambda: self._forward(bucket, ring))
+        with blas_for(bucket, self.dtype, self.device):
+            if not self.use_graphs:
+                out = self._forward(bucket, ring)
+            else:
+                key = (bucket, view) if ring is None else (bucket, view, "ring")
+                out = self._replay(key, lambda: self._forward(bucket, ring))
         self._after_step()
         return out[:b]
 
@@ -154,7 +158,8 @@ class ModelRunner:
         self._bind(b, self.kv.view_blocks_for(max_len) if self.kv is not None else 0)
         if self.ssm is not None:
             self.ssm.begin_window(T)
-        logits = self._run(ids, VerifyContext(ssm=self.ssm, kv=self.kv, positions=self.pos[:b]))
+        with blas_for(b * T, self.dtype, self.device):
+            logits = self._run(ids, VerifyContext(ssm=self.ssm, kv=self.kv, positions=self.pos[:b]))
         self._after_step()
         return logits
 
@@ -185,7 +190,8 @@ class ModelRunner:
         bucket, view = self._stage(slots, positions, anchors, max_len)
         forward = lambda: self._spec_forward(bucket, drafter, gamma, staged)  # noqa: E731
         key = (bucket, view, "spec", gamma, "staged" if staged else "device")
-        out = forward() if not self.use_graphs else self._replay(key, forward)
+        with blas_for(bucket * (1 + gamma), self.dtype, self.device):
+            out = forward() if not self.use_graphs else self._replay(key, forward)
         self._after_step()
         return out[:b]
 

@@ -62,7 +62,9 @@ class _NeuralSpec(Component):
                          "timing); otherwise a directory written by pipeline=train_drafter")
     seed: int = Field(0, description="seed of drafter=random's weights and of the drafts' sampling")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="drafter weights and context "
-                                                          "ring dtype; auto: the target's")
+                                                          "ring dtype; auto: bfloat16 on a GPU (its latency-"
+                                                          "bound small GEMMs run up to 10x faster than fp32 at "
+                                                          "the same acceptance), the target's on a CPU")
     context_window: int = Field(1024, ge=1, description="target positions kept in the drafter's context K/V "
                                 "ring per request (device memory independent of context length)")
     max_batch: int | None = Field(None, ge=1, description=_MAX_BATCH)
@@ -97,12 +99,15 @@ class _NeuralSpec(Component):
         return directory
 
     def build(self, ctx):
+        import torch
+
         from synodic.graph import DTYPES
         dm = self._models()
 
         from .runtime import NeuralDrafter
         target_cfg = ctx.model.config
-        dtype = next(ctx.model.parameters()).dtype if self.dtype == "auto" else DTYPES[self.dtype]
+        dtype = DTYPES[self.dtype] if self.dtype != "auto" else (
+            torch.bfloat16 if torch.device(ctx.device).type == "cuda" else next(ctx.model.parameters()).dtype)
         if self.drafter == "random":
             model = dm.build_draft_model(self.kind, target_cfg, seed=self.seed, target_kind=ctx.model_kind,
                                          gamma=max(7, self.num_speculative_tokens)).to(ctx.device, dtype)

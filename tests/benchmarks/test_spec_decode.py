@@ -12,3 +12,13 @@ def test_smoke_run_writes_rates_and_lossless_rows(tmp_path):
     assert all(r["greedy_equals_none"] and r["decode_tokens_per_s"] > 0 for r in rows)
     assert rows[0]["speedup_vs_none"] == 1.0 and rows[1]["mean_acceptance_length"] >= 1.0
     assert rows[1]["decode_tokens"] == rows[0]["decode_tokens"]  # the same tokens, fewer steps
+
+
+def test_repeated_rounds_report_the_median_of_interleaved_rounds(tmp_path):
+    out = tmp_path / "s.json"
+    spec_decode.main(["--smoke", "--specs", "none", "ngram", "--repeats", "3", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    for r in rows:
+        assert r["rounds"] == 3 and len(r["rates"]) == 3
+        assert abs(r["decode_tokens_per_s"] - sorted(r["rates"])[1]) <= 0.1
+    assert rows[1]["greedy_equals_none"]
