@@ -30,3 +30,14 @@ def test_the_library_is_restored_after_the_step():
         y = torch.nn.functional.linear(x, w)
     assert torch.backends.cuda.preferred_blas_library() == before
     torch.testing.assert_close(y, x.double().mm(w.double().T).float(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_route_benchmark_times_every_shape(tmp_path, monkeypatch):
+    from benchmarks import blas_route
+    monkeypatch.setattr(blas_route, "SHAPES", [(384, 128)])
+    monkeypatch.setattr(blas_route, "ROWS", [1, 8])
+    blas_route.main(["--out", str(tmp_path / "b.json")])
+    import json
+    us = json.loads((tmp_path / "b.json").read_text())["us"]
+    assert [r["rows"] for r in us] == [1, 8] and all(r["cublas"] > 0 and r["cublaslt"] > 0 for r in us)
