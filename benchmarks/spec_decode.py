@@ -123,7 +123,9 @@ def main(argv=None) -> None:
     rows = []
     for model in p["models"]:
         codec = load_codec(checkpoint_dir(compose([f"model={model}"]).model))
-        prompts = heldout_prompts(codec, max(p["batches"]) * p["rounds_per_batch"], p["prompt_tokens"])
+        # at least 64 prompts: their spacing over the corpus depends on the count, so a run of batch 1 alone
+        # serves the same first prompts as a run of batches 1 and 32
+        prompts = heldout_prompts(codec, max(64, max(p["batches"]) * p["rounds_per_batch"]), p["prompt_tokens"])
         for batch in p["batches"]:
             for r in measure_batch(model, batch, p, prompts):
                 rows.append(r)
