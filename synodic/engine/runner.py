@@ -36,7 +36,9 @@ class ModelRunner:
         # last such forward's hidden states [b, T, k*H], left on the device
         self.hidden_layers: tuple[int, ...] = ()
         self.hidden: torch.Tensor | None = None
-        self.dtype = next(model.parameters()).dtype
+        # the activation dtype picks the GEMM library (engine/blas.py); quantized weights are not floating point,
+        # and a model without floating parameters runs in fp32
+        self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
     def prefill(self, slot: int, tokens: list[int]) -> torch.Tensor:
         """Runs the whole context through the model, seeding `slot`; returns the last logits [V]."""
