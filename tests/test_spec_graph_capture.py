@@ -54,12 +54,16 @@ def serve(overrides, emulate: bool, prompts=PROMPTS):
         run.use_graphs = True
         run._record = lambda bucket, forward: (g := cap.FakeGraph(run, bucket, forward), g.out)
     entries, add, shapes = [], eng.ledger.add, []
-    spec = run.speculate
+    spec, spec_next = run.speculate, run.speculate_next
 
     def speculate(drafter, slots, *a, **k):
         shapes.append((len(slots), run._bucket(len(slots))))
         return spec(drafter, slots, *a, **k)
-    run.speculate = speculate
+
+    def speculate_next(drafter, b, *a, **k):  # a step queued behind the one in flight (runtime.overlap)
+        shapes.append((b, run._bucket(b)))
+        return spec_next(drafter, b, *a, **k)
+    run.speculate, run.speculate_next = speculate, speculate_next
 
     def ledger(batch, entry):
         entries.append(dict(entry))

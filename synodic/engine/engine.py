@@ -62,6 +62,8 @@ class Engine:
         if drafter is not None:  # the neural drafters' sampled drafts (the batch's one device generator)
             self._draft_gen = torch.Generator(device=self.runner.device).manual_seed(
                 getattr(self.graph.cfg.spec, "seed", 0))
+        if drafter is not None and drafter.uses_history:  # room for a window queued behind one in flight
+            drafter.bind_history(self.runner.track_history(self.graph.max_seq_len + 2 * (gamma + 1)))
 
     def _append(self, r: Request, tok: int, now: float, on_token) -> None:
         r.output_ids.append(tok)
@@ -234,9 +236,13 @@ class Engine:
         graph per bucket with graphs on) when the drafter drafts on the device (`graph_safe`) or its host drafts
         may fill the fixed window (`stages_drafts`); the rest step by step (_spec_eager). A greedy step in which
         no row has a draft (host drafts only: no n-gram match anywhere) runs the plain decode step instead of a
-        window of padding (_plain_step; counted as SpecStats.plain_steps)."""
+        window of padding (_plain_step; counted as SpecStats.plain_steps).
+        Overlapped (`graph.overlap`, a drafter that `chains`): while every row goes on and no admission is due,
+        the next greedy step is queued before this one is read back (ModelRunner.speculate_next: anchors and
+        positions from this step's result on the device), so its read-back and bookkeeping run beside it."""
         b = len(batch)
-        ts, cap = time.perf_counter(), self.runner.capture_s
+        t0, cap = time.perf_counter(), self.runner.capture_s
+        ts = t0
         greedy = all(r.params.temperature == 0 for r in batch)
         if self.spec_max_batch is not None and b > self.spec_max_batch:
             # past spec.max_batch a verify window costs more than its accepted drafts earn: no drafts this step
@@ -245,10 +251,43 @@ class Engine:
             out = self._spec_fixed(batch) if greedy and self.gamma else None
             if out is None:
                 out = self._spec_eager(batch)
-        G, n_drafts, out, td = out
-        plain = G is None  # no row drafted: the plain decode step ran (_plain_step)
+        while out is not None:
+            G, n_drafts, rows, td = out
+            nxt = None
+            if isinstance(rows, PendingTokens):  # a fixed-window step still in flight
+                if self._spec_chains(batch):
+                    tq = time.perf_counter()  # its drafts are drafted inside it: no draft time of its own
+                    nxt = (G, None, PendingTokens(self.runner.speculate_next(
+                        self.drafter, b, G, max(r.length for r in batch) + 2 * G + 1)), tq)
+                    self.overlapped_steps += 1
+                rows = rows.wait()  # the step's one host sync
+                n_drafts = [row[-1] for row in rows]
+            self._spec_account(batch, G, n_drafts, rows, ts, td, on_token, progress)
+            out = nxt
+            ts = td if nxt is None else nxt[3]
+        self.decode_s += time.perf_counter() - t0 - (self.runner.capture_s - cap)  # captures are warm-up
+
+    def _spec_chains(self, batch) -> bool:
+        """Whether the next greedy fixed-window step over `batch` may be queued before the one in flight is read
+        back (then its pages are taken here): overlap on, a drafter that drafts from device state alone, no
+        admission due, and every row still going after the step in flight whatever it accepts (a row may end on a
+        stop token in it: the queued step's tokens for that row are dropped, and the chain ends)."""
+        sched, G = self.scheduler, self.gamma
+        if not (self.overlap and self.drafter.chains):
+            return False
+        if sched.waiting and sched.free_slots and len(sched.running) < sched.max_running:
+            return False  # an admission is due: prefill needs the host
+        if any(r.done or r.params.max_tokens - len(r.output_ids) <= G + 1 for r in batch):
+            return False
+        # the queued window starts at most G + 1 tokens past today's length
+        return sched.reserve(batch, 2 * G + 1, free_only=True)
+
+    def _spec_account(self, batch, G, n_drafts, out, ts: float, td: float, on_token, progress) -> None:
+        """A speculative step's rows [accepted, tokens...] read back: tokens appended, bytes and stats accounted.
+        Rows that ended before this step (it was queued behind the step they ended in) ran it but keep nothing."""
         now = time.perf_counter()
-        self.decode_s += now - ts - (self.runner.capture_s - cap)  # captures are warm-up
+        live = [i for i, r in enumerate(batch) if not r.done]
+        plain = G is None  # no row drafted: the plain decode step ran (_plain_step)
         lengths = [r.length for r in batch]
         slots, kept = [r.slot for r in batch], [row[0] + 1 for row in out]
         if plain:
@@ -260,7 +299,8 @@ class Engine:
                 entry.update(self.drafter.step_bytes(batch, lengths))
             self.graph.advance(slots, G + 1, kept)
         emitted = 0
-        for r, row in zip(batch, out):
+        for i in live:
+            r, row = batch[i], out[i]
             self.accepted.append(row[0] + 1)
             for tok in row[1: row[0] + 2]:
                 if r.done:
@@ -268,9 +308,10 @@ class Engine:
                 self._append(r, tok, now, on_token)
                 emitted += 1
         self.ledger.add(emitted, entry)  # tokens this step produced: the rate's numerator, per-token bytes' divisor
-        self.spec_stats.add(n_drafts, [row[0] for row in out], emitted, td - ts, now - td, plain=plain)
+        self.spec_stats.add([n_drafts[i] for i in live], [out[i][0] for i in live], emitted, td - ts, now - td,
+                            plain=plain)
         if progress is not None:
-            progress(b)
+            progress(len(live))
 
     def _spec_fixed(self, batch):
         """A greedy step over the fixed window 1 + γ (ModelRunner.speculate: one CUDA graph per bucket with graphs
@@ -298,8 +339,8 @@ class Engine:
         td = time.perf_counter() if drafts is not None else ts  # a device drafter's time is inside the step
         out = self.runner.speculate(self.drafter, [r.slot for r in batch], [r.length - 1 for r in batch],
                                     [r.output_ids[-1] for r in batch], G, max(r.length for r in batch) + G,
-                                    drafts, n_drafts).tolist()  # the step's one host sync
-        return G, n_drafts if n_drafts is not None else [G] * b, out, td
+                                    drafts, n_drafts)
+        return G, None, PendingTokens(out), td  # (real drafts per row: the result's last column)
 
     def _plain_step(self, batch, td: float) -> tuple[None, list[int], list[list[int]], float]:
         """A greedy step where no row has drafts: the plain decode step (its captured graph with graphs on)

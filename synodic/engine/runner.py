@@ -36,9 +36,27 @@ class ModelRunner:
         # last such forward's hidden states [b, T, k*H], left on the device
         self.hidden_layers: tuple[int, ...] = ()
         self.hidden: torch.Tensor | None = None
+        # every row's tokens by position [max_slots + 1, width], for drafters that look up the context on the
+        # device (track_history); written by the forwards that already run, so no step reads tokens back for it
+        self.history: torch.Tensor | None = None
+        self._last_spec: torch.Tensor | None = None  # the last speculate's output (speculate_next chains from it)
         # the activation dtype picks the GEMM library (engine/blas.py); quantized weights are not floating point,
         # and a model without floating parameters runs in fp32
         self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+    def track_history(self, width: int) -> torch.Tensor:
+        """Keep each slot's tokens on the device at their positions (< width; the scratch row takes padding)."""
+        self.history = torch.zeros(self.max_slots + 1, width, dtype=torch.long, device=self.device)
+        return self.history
+
+    def _keep_tokens(self, rows: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor) -> None:
+        """ids [B, T] at positions[i].. of rows into the history. Window tokens past what a row accepts are
+        written too: they lie beyond its committed length, which is all a lookup reads, and later steps overwrite
+        them."""
+        if self.history is not None:
+            t = torch.arange(ids.shape[1], device=ids.device)
+            at = (positions[:, None] + t).clamp(max=self.history.shape[1] - 1)
+            self.history[rows[:, None], at] = ids
 
     def prefill(self, slot: int, tokens: list[int]) -> torch.Tensor:
         """Runs the whole context through the model, seeding `slot`; returns the last logits [V]."""
@@ -60,6 +78,8 @@ class ModelRunner:
                              f"{len(slots)}")
         ids = torch.tensor(contexts, dtype=torch.long, device=self.device)
         ctx = PrefillContext(ssm=self.ssm, kv=self.kv, slots=list(slots), start=0)
+        if self.history is not None:
+            self.history[torch.tensor(slots, device=self.device), :ids.shape[1]] = ids
         with blas_for(ids.numel(), self.dtype, self.device):
             return self._run(ids, ctx)[:, -1]
 
@@ -82,6 +102,7 @@ class ModelRunner:
 
     def _forward(self, bucket: int, ring=None) -> torch.Tensor:
         ctx = DecodeContext(ssm=self.ssm, kv=self.kv, positions=self.pos[:bucket])
+        self._keep_tokens(self.rows[:bucket], self.pos[:bucket], self.ids[:bucket])
         if ring is None:
             logits = self.model(self.ids[:bucket], ctx)[:, 0]
         else:  # the drafter's context ring takes this token's target features, as a verify window's commit does
@@ -160,6 +181,7 @@ class ModelRunner:
         self._bind(b, self.kv.view_blocks_for(max_len) if self.kv is not None else 0)
         if self.ssm is not None:
             self.ssm.begin_window(T)
+        self._keep_tokens(self.rows[:b], self.pos[:b], ids)
         with blas_for(b * T, self.dtype, self.device):
             logits = self._run(ids, VerifyContext(ssm=self.ssm, kv=self.kv, positions=self.pos[:b]))
         self._after_step()
@@ -182,19 +204,38 @@ class ModelRunner:
         into a fixed buffer (later positions are padding, never accepted). The target verifies [anchor,
         drafts] at positions[i].., the greedy-accepted prefix commits to the SSM backend (cursor) and to a
         device drafter's ring — one CUDA graph per (bucket, view, KV key, gamma, source) when graphs are on.
-        Row i's anchor is its last committed token at positions[i]. Returns [b, 2 + gamma] long on the
-        device: column 0 the accepted drafts m, then the window's tokens (the row emits tokens[:m + 1]).
-        Pages for the whole window must be held (Scheduler.reserve)."""
+        Row i's anchor is its last committed token at positions[i]. Returns [b, 3 + gamma] long on the
+        device: column 0 the accepted drafts m, then the window's gamma + 1 tokens (the row emits tokens[:m + 1]),
+        then the real drafts the row verified. Pages for the whole window must be held (Scheduler.reserve)."""
         b = len(slots)
         staged = drafts is not None
         if staged:
             self._stage_drafts(b, gamma, drafts, n_drafts)
         bucket, view = self._stage(slots, positions, anchors, max_len)
+        return self._speculate(drafter, b, bucket, view, gamma, staged)
+
+    @torch.inference_mode()
+    def speculate_next(self, drafter, b: int, gamma: int, max_len: int) -> torch.Tensor:
+        """The next greedy speculative step over the same b rows as the last `speculate`, queued before that step's
+        result is read back: each row's anchor (its last emitted token) and position (+ accepted + 1) come from
+        that result on the device; the drafter drafts on the device (draft_device). max_len bounds every row's
+        length after the window (the KV view). Pages for it must be held. Returns what `speculate` returns."""
+        prev = self._last_spec
+        m = prev[:b, 0]
+        self.ids[:b, 0].copy_(prev[:b, 1:gamma + 2].gather(1, m[:, None])[:, 0])
+        self.pos[:b] += m + 1
+        bucket = self._bucket(b)
+        view = self.kv.view_blocks_for(max_len) if self.kv is not None else 0
+        self._bind(bucket, view)
+        return self._speculate(drafter, b, bucket, view, gamma, False)
+
+    def _speculate(self, drafter, b: int, bucket: int, view: int, gamma: int, staged: bool) -> torch.Tensor:
         forward = lambda: self._spec_forward(bucket, drafter, gamma, staged)  # noqa: E731
         key = (bucket, view, "spec", gamma, "staged" if staged else "device")
         with blas_for(bucket * (1 + gamma), self.dtype, self.device):
             out = forward() if not self.use_graphs else self._replay(key, forward)
         self._after_step()
+        self._last_spec = out
         return out[:b]
 
     def _stage_drafts(self, b: int, gamma: int, drafts, n_drafts) -> None:
@@ -222,8 +263,9 @@ class ModelRunner:
             buf = self._draft_inputs[gamma][:bucket]
             n_drafts, drafts = buf[:, 0], buf[:, 1:]
         else:  # padding rows use the drafter's scratch slot
-            n_drafts, drafts = None, drafter.draft_device(rows, anchors, pos, gamma)
+            drafts, n_drafts = drafter.draft_device(rows, anchors, pos, gamma)
         window = torch.cat([anchors[:, None], drafts], 1)
+        self._keep_tokens(rows, pos, window)
         if self.ssm is not None:
             self.ssm.begin_window(gamma + 1)
         logits = self._run(window, VerifyContext(ssm=self.ssm, kv=self.kv, positions=pos))
@@ -235,7 +277,8 @@ class ModelRunner:
             self.kv.commit(m + 1)
         if self.hidden_layers:
             drafter.commit_device(rows, self.hidden, pos, m + 1)
-        return torch.cat([m[:, None], tokens], 1)
+        n = n_drafts if n_drafts is not None else torch.full_like(m, gamma)
+        return torch.cat([m[:, None], tokens, n[:, None].to(m.dtype)], 1)
 
     def _capture(self, bucket: int, forward):
         """Graph of `forward` (a step over `bucket` rows), warmed up and captured with every row as padding

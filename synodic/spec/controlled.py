@@ -78,6 +78,17 @@ class ControlledDrafter(Drafter):
     def stages_drafts(self) -> bool:
         return bool(self.inner.stages_drafts)
 
+    @property
+    def uses_history(self) -> bool:
+        return bool(self.inner.uses_history)
+
+    @property
+    def chains(self) -> bool:
+        return bool(self.inner.chains) and self._dev is not None  # draft_device reads the device tables
+
+    def bind_history(self, history) -> None:
+        self.inner.bind_history(history)
+
     def stage_host(self, batch, gamma: int) -> None:
         """The inner drafter's host inputs (lookup hints): it runs in full, its drafts replaced after."""
         self.inner.stage_host(batch, gamma)
@@ -102,7 +113,7 @@ class ControlledDrafter(Drafter):
     def draft_device(self, slots, anchors, positions, gamma: int):
         """Device twin of propose (inside the captured step): the real drafter's drafts are computed and replaced
         by the slot's reference tokens, kept while the draws fall under the rates."""
-        self.inner.draft_device(slots, anchors, positions, gamma)  # the real drafter's whole cost
+        _, n = self.inner.draft_device(slots, anchors, positions, gamma)  # the real drafter's whole cost
         t = self._dev
         width = t["tgt"].shape[1]
         pos = positions.long().clamp(0, width - 1)
@@ -112,7 +123,7 @@ class ControlledDrafter(Drafter):
         # padding rows (the scratch slot, last table row) have no reference: not counted as uncontrolled
         t["unknown"] += (unknown & (slots[:, None] < t["tgt"].shape[0] - 1)).sum()
         target = torch.where(unknown, 0, target)
-        return torch.where(keep, target, (target + 1) % self.vocab)
+        return torch.where(keep, target, (target + 1) % self.vocab), n
 
     def commit_device(self, slots, hidden, start, accepted) -> None:
         self.inner.commit_device(slots, hidden, start, accepted)

@@ -56,8 +56,12 @@ class NgramIndex:
 
 
 class NgramDrafter(Drafter):
-    """Drafter runtime for spec=ngram (the Engine's interface: see synodic/spec/runtime.py)."""
+    """Drafter runtime for spec=ngram (the Engine's interface: see synodic/spec/runtime.py). A step queued from
+    host tokens drafts from the host index (and a step where no row matches runs as a plain step); a step queued
+    behind one still in flight drafts the same tokens on the device, from the runner's token history."""
     stages_drafts = True  # its host drafts fill the captured step's fixed window (rows short of γ are padding)
+    uses_history = True
+    chains = True
 
     def __init__(self, gamma: int, max_ngram: int, min_ngram: int):
         self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
@@ -83,6 +87,12 @@ class NgramDrafter(Drafter):
         n = [len(d) for d in rows]
         flat = [(d + [0] * gamma)[:gamma] for d in rows]
         return flat, None, n
+
+    def draft_device(self, slots, anchors, positions, gamma: int):
+        """The device twin of propose: (drafts [B, gamma], real drafts per row [B]) by the same lookup."""
+        from .models.lookup import history_hints
+        hints = history_hints(self.history, slots, anchors, positions, gamma, self.max_ngram, self.min_ngram)
+        return hints.clamp(min=0), (hints >= 0).sum(1)
 
     def summary(self) -> dict:
         return {"scheme": "ngram", "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}

@@ -10,15 +10,13 @@
                                       accepted[i] (device) window tokens were committed; hidden [B, T, k*H]
     step_bytes(batch, lengths)        the drafter's ledger entry for one step (draft_weights_read, draft_kv)
     summary()                         what results.json records about the drafter
-The optional hooks (graph_safe, stages_drafts, stage_host, decide) have their defaults on `Drafter`, which every
-drafter runtime subclasses; a graph_safe drafter also implements draft_device / commit_device.
+The optional hooks (graph_safe, stages_drafts, uses_history, chains, stage_host, decide) have their defaults on
+`Drafter`, which every drafter runtime subclasses; a graph_safe drafter also implements draft_device /
+commit_device, and so does one that `chains` (the engine queues its greedy steps back to back).
 
 NgramDrafter (ngram.py) works on host token lists; NeuralDrafter feeds a DraftModel the target's hidden
 states, on the device, from the prefill and verify forwards that already run (no extra pass, no host copy)."""
-import numpy as np
 import torch
-
-from synodic.transfer import pinned
 
 
 class Drafter:
@@ -27,6 +25,13 @@ class Drafter:
     hidden_layers: tuple[int, ...] = ()
     graph_safe = False     # drafts inside ModelRunner.speculate's graph (draft_device / commit_device)
     stages_drafts = False  # host drafts from propose may fill the captured step's fixed 1 + γ window
+    uses_history = False   # looks up the context in the runner's device token history (bind_history)
+    chains = False         # its draft_device needs nothing from the host: greedy steps may be queued back to back
+    history = None
+
+    def bind_history(self, history: torch.Tensor) -> None:
+        """The runner's token history (ModelRunner.track_history), for a drafter with uses_history."""
+        self.history = history
 
     def on_prefill(self, reqs, hidden) -> None:
         pass
@@ -39,6 +44,10 @@ class Drafter:
 
     def stage_host(self, batch, gamma: int) -> None:
         """Before a captured step: host inputs draft_device reads (none by default)."""
+
+    def draft_device(self, slots, anchors, positions, gamma: int):
+        """Inside the captured step: (drafts [B, gamma] long, real drafts per row [B] or None = all gamma)."""
+        raise NotImplementedError
 
     def decide(self, slots, positions, m, tokens, n_drafts=None):
         """The verify's (accepted [B], tokens [B, G+1]) on the device, as the step commits them: the verify's
@@ -75,22 +84,14 @@ class NeuralDrafter(Drafter):
         self.hidden_layers = tuple(model.target_layers)
         self.gamma = cfg.num_speculative_tokens
         self.lookup_hint = getattr(getattr(model, "config", None), "lookup_hint", 0)
+        self.uses_history = bool(self.lookup_hint)  # the hints: prompt lookup over the runner's token history
         self.sps = None  # an SpsProfile: DSpark's load-aware verify lengths (set by spec=dspark verify=load_aware)
         self._wbytes: dict[int, int] = {}
         self._linear_weight_bytes = linear_weight_bytes
         self.kv_row_bytes = _ring_row_bytes(model, cfg.context_window)
-        ring = getattr(model, "_ring", None)
-        self._lookup = None  # per-request n-gram indexes of the lookup hints, and the captured step's hint buffer
-        if self.lookup_hint:
-            from .ngram import NgramDrafter
-            self._lookup = NgramDrafter(self.gamma, self.lookup_hint, 1)
-            self._hints = torch.full((ring["pos"].shape[0] if ring else 1, self.gamma), -1, dtype=torch.long,
-                                     device=self.device)
 
     @torch.inference_mode()
     def on_prefill(self, reqs, hidden) -> None:
-        if self._lookup is not None:
-            self._lookup.on_prefill(reqs, None)
         slots = torch.tensor([r.slot for r in reqs], dtype=torch.long, device=self.device)
         T = hidden.shape[1]
         self.model.reset(slots)
@@ -102,10 +103,8 @@ class NeuralDrafter(Drafter):
         host = torch.tensor([[r.slot for r in batch], [r.output_ids[-1] for r in batch],
                              [r.length - 1 for r in batch]], dtype=torch.long)
         slots, anchors, pos = host.to(self.device, non_blocking=True)
-        extra = {}
-        if self.lookup_hint:  # prompt lookup over the host's token lists, as spec=ngram does
-            extra["hints"] = pinned(self._host_hints(batch, gamma), self.device).to(self.device, non_blocking=True)
-        drafts, q = self.model.propose(slots, anchors, pos, gamma, temperature, generator, **extra)
+        drafts, q = self.model.propose(slots, anchors, pos, gamma, temperature, generator,
+                                       **self._hints(slots, anchors, pos, gamma))
         if self.sps is None:
             return drafts, q, None
         # DSpark load-aware verify: per-row lengths from the calibrated confidences (one host read of [B, γ])
@@ -119,13 +118,13 @@ class NeuralDrafter(Drafter):
         self.commit_device(slots, hidden, start, accepted)
 
     # -- the captured step's halves (ModelRunner.speculate): device tensors in, nothing read back ---------------
-    def _host_hints(self, batch, gamma: int) -> torch.Tensor:
-        """[B, gamma] long lookup hints (-1: none) from each request's incremental n-gram index."""
-        rows, _, n = self._lookup.propose(batch, gamma, None, None)
-        h = np.full((len(batch), gamma), -1, dtype=np.int64)
-        for i, (d, k) in enumerate(zip(rows, n)):
-            h[i, :k] = d[:k]
-        return torch.from_numpy(h)
+    def _hints(self, slots, anchors, positions, gamma: int) -> dict:
+        """The block's lookup hints (prompt lookup over the runner's device token history, as spec=ngram
+        proposes), as propose's keyword; {} for a drafter trained without them."""
+        if not self.lookup_hint:
+            return {}
+        from .models.lookup import history_hints
+        return {"hints": history_hints(self.history, slots, anchors, positions, gamma, self.lookup_hint)}
 
     @property
     def graph_safe(self) -> bool:
@@ -139,19 +138,15 @@ class NeuralDrafter(Drafter):
         whose shorter per-row lengths are the verify work it exists to save."""
         return self.sps is None
 
-    def stage_host(self, batch, gamma: int) -> None:
-        """Before a captured step: the host-side inputs draft_device reads (lookup hints) into their fixed buffer."""
-        if self.lookup_hint:
-            self._hints.fill_(-1)
-            self._hints[:len(batch), :gamma].copy_(pinned(self._host_hints(batch, gamma), self.device),
-                                                   non_blocking=True)
+    @property
+    def chains(self) -> bool:
+        return self.graph_safe
 
-    def draft_device(self, slots, anchors, positions, gamma: int) -> torch.Tensor:
+    def draft_device(self, slots, anchors, positions, gamma: int):
         """Greedy drafts [B, gamma] from the ring rows of `slots` (the scratch slot for padding rows)."""
-        B = anchors.shape[0]
-        extra = {"hints": self._hints[:B, :gamma]} if self.lookup_hint else {}
-        drafts, _ = self.model.propose(slots, anchors, positions, gamma, None, None, **extra)  # None: all greedy
-        return drafts
+        drafts, _ = self.model.propose(slots, anchors, positions, gamma, None, None,  # None: all greedy
+                                       **self._hints(slots, anchors, positions, gamma))
+        return drafts, None
 
     def commit_device(self, slots, hidden, start, accepted) -> None:
         """The ring takes the first accepted[i] (device) window tokens' features at positions start[i].."""

@@ -47,10 +47,14 @@ class RecordingDraft(torch.nn.Module):
         for s, pos in zip(slots.tolist(), positions.tolist()):
             r = next(r for r in self.engine.scheduler.running if r.slot == s)
             assert sorted(self.ctx[s]) == list(range(pos)), (s, pos, sorted(self.ctx[s]))
-            _, hidden = model(torch.tensor([r.context[:pos]]), hidden_layers=self.target_layers)
+            # greedy steps may be queued before the host has the step in flight's tokens (overlapped speculation):
+            # their context is the prompt and the plain greedy output, which the engine must reproduce
+            ref = self.reference[r.id]
+            context = r.context if r.params.temperature > 0 else r.prompt_ids + ref
+            _, hidden = model(torch.tensor([context[:pos]]), hidden_layers=self.target_layers)
             got = torch.stack([self.ctx[s][j] for j in range(pos)])
             torch.testing.assert_close(got, hidden[0], rtol=1e-4, atol=1e-4)
-            ref, n = self.reference[r.id], len(r.output_ids)
+            n = pos + 1 - len(r.prompt_ids)  # outputs up to the anchor
             d = [ref[n + j] if n + j < len(ref) else 0 for j in range(gamma)]
             drafts.append([(t + 1) % self.V if (n + j) % 3 == 0 else t for j, t in enumerate(d)])
             q.append(torch.softmax(torch.randn(gamma, self.V, generator=torch.Generator().manual_seed(pos)), -1))

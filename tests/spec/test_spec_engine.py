@@ -190,11 +190,13 @@ def _counted(overrides, prompts, max_tokens):
 def test_steps_without_drafts_run_the_plain_decode_step(kv):
     """Prompts without repeats: at first no row has an n-gram match, so those steps run the plain decode step
     (no 1 + γ window of padding) and are counted; steps where some row drafts keep the window. Output ==
-    plain greedy over both state backends and every KV policy (plain steps between verify windows)."""
+    plain greedy over both state backends and every KV policy (plain steps between verify windows). Steps queued
+    from host tokens only: an overlapped step drafts on the device, where nobody knows in time that no row has
+    a draft (test_overlapped_speculation_equals_synced_steps)."""
     prompts, max_tokens = [[11, 12, 13, 14, 15, 16], [300, 301, 302], [7, 8, 9, 10, 20, 21, 22, 23]], (12, 12, 12)
     _, plain = serve([*MODEL, *KV[kv]], prompts=prompts, max_tokens=max_tokens)
     for ssm in SSM.values():
-        eng, reqs, calls = _counted([*MODEL, *KV[kv], *ssm, *SPEC], prompts, max_tokens)
+        eng, reqs, calls = _counted([*MODEL, *KV[kv], *ssm, *SPEC, "runtime.overlap=false"], prompts, max_tokens)
         assert [r.output_ids for r in reqs] == [r.output_ids for r in plain], ssm
         s = eng.spec_stats.summary()
         assert s["plain_steps"] == calls["decode"] > 0, (s, calls)
@@ -202,6 +204,34 @@ def test_steps_without_drafts_run_the_plain_decode_step(kv):
         assert calls["window"] and all(any(n) for n in calls["window"])  # windows only where some row drafts
         assert any(0 in n for n in calls["window"])  # a mixed batch (rows without drafts) kept its window
         assert s["emitted_tokens"] == sum(map(len, (r.output_ids for r in plain))) - len(plain)
+
+
+@pytest.mark.parametrize("preset,spec", [("tiny_mamba2", "ngram"), ("tiny_mamba2", "dflash2"), ("tiny_gdn", "dspark")])
+def test_overlapped_speculation_equals_synced_steps(preset, spec):
+    """runtime.overlap queues a greedy speculative step behind the one in flight (anchors and positions from its
+    result on the device, drafts from the runner's token history and the drafter's ring): the same drafts as
+    steps queued from host tokens, so the same outputs and the same accepted count at every row-step, with
+    requests finishing by length and by a stop token inside a chain (their queued step's tokens dropped)."""
+    from synodic.data.corpus import heldout_tokens
+    from synodic.data.tokenizer import load_tokenizer
+    from synodic.models.weights import shipped_dir
+    ids = heldout_tokens(load_tokenizer(shipped_dir(preset) / "tokenizer.json").encode, 800)
+    prompts = [ids[i * 150: i * 150 + 24 + 5 * i] for i in range(4)]
+    base = [f"model={preset}", "runtime.device=cpu", "ssm=replay", "ssm.ring_len=8", f"spec={spec}",
+            "spec.num_speculative_tokens=3"]
+    _, plain = serve(base[:2], max_tokens=(24, 17, 30, 9), prompts=prompts, max_seq_len=96)
+    stop = (plain[2].output_ids[11],)  # request 2 ends on it, inside a chain
+    runs = {}
+    for overlap in ("false", "true"):
+        eng, reqs = serve([*base, f"runtime.overlap={overlap}"], max_tokens=(24, 17, 30, 9), prompts=prompts,
+                          max_seq_len=96, stop=stop)
+        runs[overlap] = (eng, [r.output_ids for r in reqs], [r.finish_reason for r in reqs])
+    (synced, out_s, why_s), (chained, out_c, why_c) = runs["false"], runs["true"]
+    assert out_c == out_s and why_c == why_s and "stop" in why_c and "length" in why_c
+    assert out_s[0] == plain[0].output_ids and out_s[1] == plain[1].output_ids
+    assert chained.accepted == synced.accepted and sum(chained.accepted) > len(chained.accepted)
+    assert chained.overlapped_steps > 0 and synced.overlapped_steps == 0
+    assert chained.spec_stats.summary()["drafted_tokens"] == synced.spec_stats.summary()["drafted_tokens"] > 0
 
 
 @pytest.mark.parametrize("scheme", ["ngram", "dflash2"])

@@ -38,6 +38,15 @@ def lookup_hints(tokens: torch.Tensor, anchor_pos: torch.Tensor, gamma: int, max
     return torch.where(valid, got, -1)
 
 
+def history_hints(history: torch.Tensor, rows: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor,
+                  gamma: int, max_ngram: int, min_ngram: int = 1) -> torch.Tensor:
+    """[B, gamma] hints (-1: none) for anchors [B] at positions [B] over the runner's token history (ModelRunner.
+    track_history: row rows[i] holds the committed tokens before positions[i]); the anchor is written first,
+    as the verify that follows would. Equal to lookup over the context up to and including the anchor."""
+    history[rows, positions.clamp(max=history.shape[1] - 1)] = anchors
+    return lookup_hints(history[rows], positions[:, None], gamma, max_ngram, min_ngram)[:, 0]
+
+
 def host_hints(contexts: list[list[int]], gamma: int, max_ngram: int, min_ngram: int = 1) -> torch.Tensor:
     """[B, gamma] long hints of host token lists (the context up to and including the anchor), -1 padded."""
     rows = [lookup(c, gamma, max_ngram, min_ngram) for c in contexts]
