@@ -287,6 +287,8 @@ class Engine:
         Rows that ended before this step (it was queued behind the step they ended in) ran it but keep nothing."""
         now = time.perf_counter()
         live = [i for i, r in enumerate(batch) if not r.done]
+        if not live:
+            self.drafter.discard_step()
         plain = G is None  # no row drafted: the plain decode step ran (_plain_step)
         lengths = [r.length for r in batch]
         slots, kept = [r.slot for r in batch], [row[0] + 1 for row in out]

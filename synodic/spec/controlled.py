@@ -67,6 +67,7 @@ class ControlledDrafter(Drafter):
                          "unknown": torch.zeros((), dtype=torch.long, device=dev),
                          # forced steps: [target-accepted drafts, hash of the target's own tokens] over real rows
                          "raw": torch.zeros(2, dtype=torch.long, device=dev),
+                         "last": torch.zeros(2, dtype=torch.long, device=dev),  # the latest step's share of raw
                          "mix": torch.from_numpy(np.random.default_rng(0x5EED).integers(
                              -(1 << 62), 1 << 62, gamma + 2) | 1).to(dev)}  # odd 64-bit hash mixers
 
@@ -152,7 +153,14 @@ class ControlledDrafter(Drafter):
         G1 = tokens.shape[1]
         row = ((tokens.long() + 1) * t["mix"][:G1]).sum(1) + (m.long() + 1) * t["mix"][G1]
         row = row * (2 * positions.long() + 1)  # int64 arithmetic wraps: a hash, summed order-free over rows
-        t["raw"] += torch.stack([(m.long() * real).sum(), (row * real).sum()])
+        t["last"].copy_(torch.stack([(m.long() * real).sum(), (row * real).sum()]))
+        t["raw"] += t["last"]
+
+    def discard_step(self) -> None:
+        """The latest step kept nothing (queued behind the step its rows ended in): out of the digest, so runs
+        that stop at the same step give the same digest whether or not a step was queued past it."""
+        if self.force:
+            self._dev["raw"] -= self._dev["last"]
 
     def verify_digest(self) -> dict[str, int] | None:
         """Forced runs: the target's own accepted drafts and the hash of its verify tokens, summed over real rows

@@ -57,6 +57,9 @@ class Drafter:
     def step_bytes(self, batch, lengths) -> dict[str, int]:
         return {}
 
+    def discard_step(self) -> None:
+        """The latest step's rows had all ended before it (it was queued behind the step they ended in)."""
+
     def summary(self) -> dict:
         raise NotImplementedError
 
