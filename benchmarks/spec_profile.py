@@ -80,7 +80,8 @@ def census_main(a) -> None:
     text, rows = [], {}
     for spec in a.specs:
         over = [f"model={a.model}", f"ssm={a.ssm}", f"spec={spec}", f"runtime.device={device}",
-                f"runtime.max_slots={a.batch}", "runtime.cuda_graphs=false", *a.over]
+                f"runtime.max_slots={a.batch}", "runtime.cuda_graphs=false", *a.over,
+                "runtime.overlap=false"]  # one _spec_step call a step (overlapped, one call serves a chain of them)
         cfg = compose(over)
         prompts = heldout_prompts(load_codec(checkpoint_dir(cfg.model)), a.batch, p["prompt_tokens"])
         eng = Engine(build_graph(cfg, max_seq_len=p["prompt_tokens"] + out_tokens + 16))
