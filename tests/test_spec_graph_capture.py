@@ -39,6 +39,8 @@ CASES = {
     "random_adaptive_replay": [*SMALL, "ssm=replay", "ssm.ring_len=8", "spec=dspark", "spec.drafter=random",
                                "spec.num_speculative_tokens=3", "kv=adaptive", *TIERED, "kv.num_blocks=40",
                                "kv.tail_pages=3"],
+    "random_load_aware_replay": [*SMALL, "ssm=replay", "ssm.ring_len=8", "spec=dspark", "spec.drafter=random",
+                                 "spec.num_speculative_tokens=3", "spec.verify=load_aware"],
     "random_hisparse_replay": [*SMALL, "ssm=replay", "spec=dflash2", "spec.drafter=random",
                                "spec.num_speculative_tokens=3", "kv=hisparse", *TIERED, "kv.num_blocks=64",
                                "kv.draft_pages=3"],

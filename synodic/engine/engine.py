@@ -318,13 +318,15 @@ class Engine:
     def _spec_fixed(self, batch):
         """A greedy step over the fixed window 1 + γ (ModelRunner.speculate: one CUDA graph per bucket with graphs
         on). A device drafter drafts inside it; any other drafter's drafts are staged into it (fewer real
-        drafts than γ are padding). None when some row cannot get pages for the whole window."""
+        drafts than γ are padding); a drafter that picks per-row lengths (load-aware DSpark) gets the window of its
+        longest one, so the step verifies what the op-by-op step would, as one graph per (bucket, length). None
+        when some row cannot get pages for the whole window."""
         b, G = len(batch), self.gamma
         ts = time.perf_counter()
         drafts = n_drafts = None
         device = self.drafter.graph_safe
         if not device and not self.drafter.stages_drafts:
-            return None  # e.g. load-aware DSpark: its per-row lengths are verify work a full window would spend
+            return None
         if not device:
             drafts, _, n_drafts = self.drafter.propose(batch, G, torch.zeros(b, device=self.runner.device),
                                                        self._draft_gen)
@@ -332,8 +334,11 @@ class Engine:
             if width > G:  # (a test's synthetic drafter states its γ by its drafts)
                 return None
             n_drafts = [min(G, width)] * b if n_drafts is None else [min(G, n) for n in n_drafts]
-            if not any(n_drafts) and not self.runner.hidden_layers:
-                return self._plain_step(batch, time.perf_counter())
+            if self.drafter.picks_lengths:  # load-aware DSpark: the window is its longest chosen length
+                G = max(n_drafts)
+                drafts = drafts[:, :G]
+            if not any(n_drafts) and (self.drafter.picks_lengths or not self.runner.hidden_layers):
+                return self._plain_step(batch, time.perf_counter())  # (feeds a device drafter's ring)
         if not self.scheduler.reserve(batch, G):
             return None
         if drafts is None:

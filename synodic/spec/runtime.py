@@ -26,6 +26,7 @@ class Drafter:
     graph_safe = False     # drafts inside ModelRunner.speculate's graph (draft_device / commit_device)
     stages_drafts = False  # host drafts from propose may fill the captured step's fixed 1 + γ window
     uses_history = False   # looks up the context in the runner's device token history (bind_history)
+    picks_lengths = False  # its propose chooses each row's draft count (the staged window is the longest)
     chains = False         # its draft_device needs nothing from the host: greedy steps may be queued back to back
     history = None
 
@@ -135,11 +136,11 @@ class NeuralDrafter(Drafter):
         picks per-row draft counts on the host — load-aware verify — cannot)."""
         return self.sps is None
 
+    stages_drafts = True  # (load-aware verify stages a window of its longest chosen length)
+
     @property
-    def stages_drafts(self) -> bool:
-        """Whether drafts from propose() may be staged into the fixed 1 + γ window; not for load-aware verify,
-        whose shorter per-row lengths are the verify work it exists to save."""
-        return self.sps is None
+    def picks_lengths(self) -> bool:
+        return self.sps is not None
 
     @property
     def chains(self) -> bool:

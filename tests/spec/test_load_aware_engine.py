@@ -61,12 +61,21 @@ def test_shipped_cpu_profiles_load():
 
 def test_load_aware_windows_are_cut_to_the_chosen_drafts(monkeypatch):
     """Load-aware verify spends only the window its lengths chose (1 + the longest row's), never the fixed 1 + γ
-    window of the captured step: that would verify the drafts it decided not to pay for."""
+    window: that would verify the drafts it decided not to pay for. Its greedy steps run as the captured step of
+    that width (ModelRunner.speculate with the drafts staged), and a step where no row drafts as the plain step."""
     from synodic.engine.runner import ModelRunner
-    widths, verify = [], ModelRunner.verify
-    monkeypatch.setattr(ModelRunner, "verify", lambda self, slots, pos, win, *a: widths.append(
-        win.shape[1] if hasattr(win, "shape") else len(win[0])) or verify(self, slots, pos, win, *a))
-    monkeypatch.setattr(ModelRunner, "speculate", lambda self, *a, **k: pytest.fail("load-aware used speculate"))
+    widths, verify, speculate, decode = [], ModelRunner.verify, ModelRunner.speculate, ModelRunner.decode
+    monkeypatch.setattr(ModelRunner, "verify", lambda self, *a, **k: pytest.fail("greedy load-aware went op by op"))
+
+    def spec(self, drafter, slots, positions, anchors, gamma, *a, **k):
+        widths.append(1 + gamma)
+        return speculate(self, drafter, slots, positions, anchors, gamma, *a, **k)
+
+    def dec(self, *a, **k):
+        widths.append(1)
+        return decode(self, *a, **k)
+    monkeypatch.setattr(ModelRunner, "speculate", spec)
+    monkeypatch.setattr(ModelRunner, "decode", dec)
     sps = SpsProfile([1, 6, 12, 40], [100.0, 100.0, 70.0, 20.0])
     _, seen = _run([*MODEL, *LOAD_AWARE], sps)
     assert widths == [1 + max(n) for _, n in seen] and min(widths) < 4
