@@ -1,7 +1,7 @@
-"""SPS profile for DSpark's load-aware verify (synodic/spec/load_aware.py): the target's verify forward
-(ModelRunner.verify over windows of 1 + γ tokens on prefilled slots, nothing committed) timed at a range of
-batch-token counts; writes synodic/assets/sps/<model>-<device>.json, which spec=dspark spec.verify=load_aware
-finds by model and device name. Run once per model and device.
+"""SPS profile for DSpark's load-aware verify (synodic/spec/load_aware.py): the target's verify step
+(ModelRunner.speculate over windows of 1 + γ staged tokens on prefilled slots, a CUDA graph per batch on a GPU)
+timed at a range of batch-token counts; writes synodic/assets/sps/<model>-<device>.json, which spec=dspark
+spec.verify=load_aware finds by model and device name. Run once per model and device.
 
     python -m benchmarks.sps_profile model=tiny_mamba2 [runtime.device=cuda] [--tokens 8,16,...] [--reps 5]"""
 from __future__ import annotations
@@ -18,6 +18,7 @@ def profile(overrides: list[str], tokens: list[int], window: int = 8, context: i
     from synodic.engine.engine import Engine
     from synodic.graph import build_graph
     from synodic.spec.load_aware import SpsProfile, device_name
+    from synodic.spec.runtime import Drafter
     cfg = compose(overrides)
     rows = max(1, max(tokens) // window)
     eng = Engine(build_graph(cfg, max_seq_len=context + window + 1, max_slots=rows, window=window))
@@ -36,7 +37,10 @@ def profile(overrides: list[str], tokens: list[int], window: int = 8, context: i
         for i in range(reps + 1):
             sync()
             t = time.perf_counter()
-            run.verify(slots[:b], [context] * b, win, context + window)
+            # what a load-aware step runs: the captured step with its drafts staged (random drafts: ~nothing is
+            # accepted, and every repeat verifies at the same positions)
+            run.speculate(Drafter(), slots[:b], [context] * b, win[:, 0].tolist(), window - 1, context + window,
+                          win[:, 1:], [window - 1] * b)
             sync()
             if i:  # the first is warm-up
                 times.append(time.perf_counter() - t)

@@ -64,7 +64,7 @@ def test_load_aware_windows_are_cut_to_the_chosen_drafts(monkeypatch):
     window: that would verify the drafts it decided not to pay for. Its greedy steps run as the captured step of
     that width (ModelRunner.speculate with the drafts staged), and a step where no row drafts as the plain step."""
     from synodic.engine.runner import ModelRunner
-    widths, verify, speculate, decode = [], ModelRunner.verify, ModelRunner.speculate, ModelRunner.decode
+    widths, speculate, decode = [], ModelRunner.speculate, ModelRunner.decode
     monkeypatch.setattr(ModelRunner, "verify", lambda self, *a, **k: pytest.fail("greedy load-aware went op by op"))
 
     def spec(self, drafter, slots, positions, anchors, gamma, *a, **k):
