@@ -16,7 +16,8 @@ class LocalRuntime(Component):
         None, description="capture decode steps in CUDA graphs; null: on when running on a GPU")
     overlap: bool | None = Field(
         None, description="queue each greedy decode step (and speculative window, its anchors and positions "
-        "taken on the device) before the previous step's tokens are read back (overlapped scheduling); null: on where the KV policy allows it (kv=resident or attention-free)")
+        "taken on the device) before the previous step's tokens are read back (overlapped scheduling); null: on "
+        "where the KV policy allows it (kv=resident or attention-free)")
     prefill_tokens: int = Field(
         4096, ge=1, description="prompt tokens per prefill forward: admitted requests of equal context length "
         "are prefilled together up to this many tokens (a longer one runs alone); KV policies with sparse "
