@@ -49,7 +49,7 @@ def profile(overrides: list[str], tokens: list[int], window: int = 8, context: i
 
 
 def main(argv=None) -> None:
-    from synodic.spec.load_aware import SPS_DIR, profile_path
+    from synodic.spec.load_aware import SPS_DIR, profile_file
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (model=..., runtime.device=...)")
     ap.add_argument("--tokens", default="8,16,32,64,128,256,512")
@@ -58,7 +58,7 @@ def main(argv=None) -> None:
     tokens = sorted({int(t) for t in a.tokens.split(",")})
     prof = profile(list(a.overrides), tokens, reps=a.reps)
     SPS_DIR.mkdir(parents=True, exist_ok=True)
-    path = profile_path(prof.model, prof.device)
+    path = profile_file(prof.model, prof.device)
     prof.save(path)
     print(f"{path}: " + ", ".join(f"{n} tok {s:.1f}/s" for n, s in zip(prof.tokens, prof.steps_per_s)))
 

@@ -26,7 +26,12 @@ def device_name(device) -> str:
 
 
 def profile_path(model: str, device) -> Path:
-    return SPS_DIR / f"{model}-{device_name(device)}.json"
+    return profile_file(model, device_name(device))
+
+
+def profile_file(model: str, name: str) -> Path:
+    """The profile of `model` on the device called `name` (device_name's form)."""
+    return SPS_DIR / f"{model}-{name}.json"
 
 
 def find_profile(model: str, device) -> "SpsProfile":
