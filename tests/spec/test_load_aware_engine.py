@@ -53,10 +53,18 @@ def test_missing_profile_is_one_line(tmp_path, monkeypatch):
     assert "\n" not in str(e.value).strip()
 
 
-def test_shipped_cpu_profiles_load():
+def test_shipped_profiles_load():
+    """Every shipped profile (CPU, and the GPUs it was measured on) loads and sits where find_profile looks for
+    its model and device name."""
+    import synodic.spec.load_aware as la
     for m in ("tiny_mamba2", "tiny_gdn"):
-        p = __import__("synodic.spec.load_aware", fromlist=["find_profile"]).find_profile(m, "cpu")
+        p = la.find_profile(m, "cpu")
         assert p.tokens == sorted(p.tokens) and np.all(np.asarray(p.steps_per_s) > 0)
+    files = sorted(la.SPS_DIR.glob("*.json"))
+    assert any("nvidia" in f.name for f in files)
+    for f in files:
+        p = SpsProfile.load(f)
+        assert la.profile_file(p.model, p.device) == f and p.tokens == sorted(p.tokens), f
 
 
 def test_load_aware_windows_are_cut_to_the_chosen_drafts(monkeypatch):
