@@ -107,7 +107,7 @@ def census_main(a) -> None:
 # -- census: every op of one speculative step, attributed to its owner (target / drafter / engine) ----------------
 GEMMS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "dot", "mv", "_scaled_mm", "_int_mm",
          "_weight_int4pack_mm", "_weight_int8pack_mm"}
-DRAFTER_CALLS = ("propose", "draft_device", "commit_device", "on_commit", "on_prefill", "stage_host")
+DRAFTER_CALLS = ("propose", "draft_device", "commit_device", "on_commit", "on_prefill")
 
 
 class _Scopes:

@@ -341,8 +341,6 @@ class Engine:
                 return self._plain_step(batch, time.perf_counter())  # (feeds a device drafter's ring)
         if not self.scheduler.reserve(batch, G):
             return None
-        if drafts is None:
-            self.drafter.stage_host(batch, G)  # host inputs of the device drafter (lookup hints)
         td = time.perf_counter() if drafts is not None else ts  # a device drafter's time is inside the step
         out = self.runner.speculate(self.drafter, [r.slot for r in batch], [r.length - 1 for r in batch],
                                     [r.output_ids[-1] for r in batch], G, max(r.length for r in batch) + G,

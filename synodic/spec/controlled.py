@@ -94,10 +94,6 @@ class ControlledDrafter(Drafter):
     def bind_history(self, history) -> None:
         self.inner.bind_history(history)
 
-    def stage_host(self, batch, gamma: int) -> None:
-        """The inner drafter's host inputs (lookup hints): it runs in full, its drafts replaced after."""
-        self.inner.stage_host(batch, gamma)
-
     def on_prefill(self, reqs, hidden) -> None:
         self.inner.on_prefill(reqs, hidden)
         if self._dev is None:

@@ -10,7 +10,7 @@
                                       accepted[i] (device) window tokens were committed; hidden [B, T, k*H]
     step_bytes(batch, lengths)        the drafter's ledger entry for one step (draft_weights_read, draft_kv)
     summary()                         what results.json records about the drafter
-The optional hooks (graph_safe, stages_drafts, uses_history, chains, stage_host, decide) have their defaults on
+The optional hooks (graph_safe, stages_drafts, uses_history, chains, decide) have their defaults on
 `Drafter`, which every drafter runtime subclasses; a graph_safe drafter also implements draft_device /
 commit_device, and so does one that `chains` (the engine queues its greedy steps back to back).
 
@@ -42,9 +42,6 @@ class Drafter:
 
     def on_commit(self, batch, hidden, start, accepted) -> None:
         pass
-
-    def stage_host(self, batch, gamma: int) -> None:
-        """Before a captured step: host inputs draft_device reads (none by default)."""
 
     def draft_device(self, slots, anchors, positions, gamma: int):
         """Inside the captured step: (drafts [B, gamma] long, real drafts per row [B] or None = all gamma)."""
