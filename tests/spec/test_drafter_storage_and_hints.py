@@ -67,6 +67,22 @@ def test_lookup_hints_equal_host_lookup():
                 assert torch.equal(got[b], ref), (tok[b], anchors[b], mx, mn)
 
 
+def test_history_hints_read_only_the_committed_context():
+    """history_hints over a device token history (ModelRunner.track_history): the anchor is written at its
+    position, and what lies past it (a rejected window's drafts, an earlier request's tokens) changes nothing:
+    equal to the host lookup of the committed context plus the anchor."""
+    from synodic.spec.models.lookup import history_hints
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        W, V = 24, 4
+        hist = torch.randint(0, V, (4, W), generator=g)
+        rows, pos = torch.tensor([2, 0, 3]), torch.randint(0, W, (3,), generator=g)
+        anchors = torch.randint(0, V, (3,), generator=g)
+        ctx = [hist[r, :p].tolist() + [a] for r, p, a in zip(rows.tolist(), pos.tolist(), anchors.tolist())]
+        got = history_hints(hist, rows, anchors, pos, 5, 3, 1)
+        assert torch.equal(got, host_hints(ctx, 5, 3, 1)), (ctx, got)
+
+
 def test_hinted_ring_propose_equals_training_path():
     V, H = 11, 48
     cfg = DraftConfig(scheme="dflash", vocab_size=V, hidden_size=H, target_layers=(0, 2), gamma=4, num_layers=2,
