@@ -129,7 +129,8 @@ class FakeGraph:
         vars(kv).update(scalars)
         assert ops == self.ops, next(((j, a, b) for j, (a, b) in enumerate(zip(ops, self.ops)) if a != b),
                                      ("ops", len(ops), len(self.ops)))
-        self.out.copy_(out)
+        for dst, src in zip(*((self.out, out) if isinstance(out, tuple) else ((self.out,), (out,)))):
+            dst.copy_(src)  # (a graph's outputs may be a tuple of buffers: ModelRunner.draft's)
 
 
 def serve(policy, device="cpu", graphs=False, emulate=False):

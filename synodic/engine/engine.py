@@ -327,18 +327,21 @@ class Engine:
         device = self.drafter.graph_safe
         if not device and not self.drafter.stages_drafts:
             return None
-        if not device:
+        if not device and self.drafter.picks_lengths:  # load-aware DSpark: captured drafts, lengths on the host
+            drafts, conf = self.runner.draft(self.drafter, [r.slot for r in batch], [r.length - 1 for r in batch],
+                                             [r.output_ids[-1] for r in batch], G, max(r.length for r in batch) + G)
+            n_drafts = self.drafter.lengths(conf)
+            G = max(n_drafts)  # the window of its longest chosen length
+            drafts = drafts[:, :G]
+        elif not device:
             drafts, _, n_drafts = self.drafter.propose(batch, G, torch.zeros(b, device=self.runner.device),
                                                        self._draft_gen)
             width = drafts.shape[1] if isinstance(drafts, torch.Tensor) else max(map(len, drafts), default=0)
             if width > G:  # (a test's synthetic drafter states its γ by its drafts)
                 return None
             n_drafts = [min(G, width)] * b if n_drafts is None else [min(G, n) for n in n_drafts]
-            if self.drafter.picks_lengths:  # load-aware DSpark: the window is its longest chosen length
-                G = max(n_drafts)
-                drafts = drafts[:, :G]
-            if not any(n_drafts) and (self.drafter.picks_lengths or not self.runner.hidden_layers):
-                return self._plain_step(batch, time.perf_counter())  # (feeds a device drafter's ring)
+        if not device and not any(n_drafts) and (self.drafter.picks_lengths or not self.runner.hidden_layers):
+            return self._plain_step(batch, time.perf_counter())  # (feeds a device drafter's ring)
         if not self.scheduler.reserve(batch, G):
             return None
         td = time.perf_counter() if drafts is not None else ts  # a device drafter's time is inside the step

@@ -215,6 +215,18 @@ class ModelRunner:
         return self._speculate(drafter, b, bucket, view, gamma, staged)
 
     @torch.inference_mode()
+    def draft(self, drafter, slots: list[int], positions: list[int], anchors: list[int], gamma: int, max_len: int):
+        """Greedy drafts [b, gamma] and confidences [b, gamma] of load-aware DSpark for anchors at positions, on the
+        device (drafter.draft_confident; one CUDA graph per bucket and gamma with graphs on), for the host to
+        choose lengths from before the staged `speculate`."""
+        b = len(slots)
+        bucket, _ = self._stage(slots, positions, anchors, max_len)
+        rows, ids, pos = self.rows[:bucket], self.ids[:bucket, 0], self.pos[:bucket]
+        forward = lambda: drafter.draft_confident(rows, ids, pos, gamma)  # noqa: E731
+        drafts, conf = forward() if not self.use_graphs else self._replay((bucket, "draft", gamma), forward)
+        return drafts[:b], conf[:b]
+
+    @torch.inference_mode()
     def speculate_next(self, drafter, b: int, gamma: int, max_len: int) -> torch.Tensor:
         """The next greedy speculative step over the same b rows as the last `speculate`, queued before that step's
         result is read back: each row's anchor (its last emitted token) and position (+ accepted + 1) come from

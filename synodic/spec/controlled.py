@@ -80,10 +80,6 @@ class ControlledDrafter(Drafter):
         return bool(self.inner.stages_drafts)
 
     @property
-    def picks_lengths(self) -> bool:
-        return bool(self.inner.picks_lengths)
-
-    @property
     def uses_history(self) -> bool:
         return bool(self.inner.uses_history)
 

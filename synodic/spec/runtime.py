@@ -108,10 +108,20 @@ class NeuralDrafter(Drafter):
                                        **self._hints(slots, anchors, pos, gamma))
         if self.sps is None:
             return drafts, q, None
-        # DSpark load-aware verify: per-row lengths from the calibrated confidences (one host read of [B, γ])
+        return drafts, q, self.lengths(self.model.last_confidence)
+
+    def lengths(self, confidence: torch.Tensor) -> list[int]:
+        """DSpark load-aware verify: per-row draft counts from the calibrated confidences [B, γ] (one host read)."""
         from synodic.spec.load_aware import choose_lengths
-        n, _ = choose_lengths(self.model.last_confidence.float().cpu().numpy(), self.sps)
-        return drafts, q, n.tolist()
+        n, _ = choose_lengths(confidence.float().cpu().numpy(), self.sps)
+        return n.tolist()
+
+    def draft_confident(self, slots, anchors, positions, gamma: int):
+        """Greedy drafts [B, gamma] and their calibrated confidences [B, gamma] (load-aware DSpark), on the device:
+        ModelRunner.draft captures it."""
+        drafts, _ = self.model.propose(slots, anchors, positions, gamma, None, None, confidence=True,
+                                       **self._hints(slots, anchors, positions, gamma))
+        return drafts, self.model.last_confidence
 
     @torch.inference_mode()
     def on_commit(self, batch, hidden, start, accepted) -> None:

@@ -23,13 +23,13 @@ def _run(overrides, sps=None):
     if sps is not None:
         d = eng.drafter
         d.sps = sps
-        inner = d.propose
+        inner = d.lengths
 
-        def propose(batch, gamma, temperature, generator):
-            drafts, q, n = inner(batch, gamma, temperature, generator)
-            seen.append((d.model.last_confidence.float().numpy().copy(), n))
-            return drafts, q, n
-        d.propose = propose
+        def lengths(confidence):
+            n = inner(confidence)
+            seen.append((confidence.float().numpy().copy(), n))
+            return n
+        d.lengths = lengths
     reqs = [Request(i, p, SamplingParams(max_tokens=10)) for i, p in enumerate(PROMPTS)]
     eng.generate(reqs)
     return [r.output_ids for r in reqs], seen

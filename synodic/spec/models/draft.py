@@ -173,7 +173,8 @@ class DraftModel(nn.Module):
         r["pos"][s, idx] = torch.where(valid, positions, -1)
 
     @torch.no_grad()
-    def propose(self, slots, anchors, positions, gamma: int, temperature, generator=None, hints=None):
+    def propose(self, slots, anchors, positions, gamma: int, temperature, generator=None, hints=None,
+                confidence: bool = False):
         """anchors [B] at positions [B] → drafts [B, gamma] long, q [B, gamma, V] fp32 (the distribution each
         draft was drawn from; one-hot for temperature-0 rows). DSpark also sets last_confidence [B, gamma].
         hints [B, gamma] (device, -1 = none): the lookup hints when config.lookup_hint > 0. temperature None:
@@ -195,13 +196,14 @@ class DraftModel(nn.Module):
         ctx = r["kv"][:, :, slots]  # every layer's context K and V rows in one gather
         ctx_kv = [(ctx[i, 0], ctx[i, 1]) for i in range(len(self.layers))]
         h = self.run_layers(x, pos, first, ctx_kv, mask)[:, 1:]
-        return self.decode(h, anchors, temperature, generator)
+        return self.decode(h, anchors, temperature, generator, confidence)
 
-    def decode(self, h: torch.Tensor, anchors: torch.Tensor, temperature, generator=None):
+    def decode(self, h: torch.Tensor, anchors: torch.Tensor, temperature, generator=None, confidence: bool = False):
         """Drafts and q from block rows h [B, g, H] (left to right for the schemes whose q depends on the
-        previous draft). temperature None: every row greedy, q None and no DSpark confidences — the drafts of
-        temperature 0 without the full-vocabulary softmax, noise and one-hot q per position that a greedy
-        caller (the captured step, teacher-forced scoring) throws away."""
+        previous draft). temperature None: every row greedy, q None and no DSpark confidences (unless
+        `confidence`: load-aware verify's greedy drafts) — the drafts of temperature 0 without the
+        full-vocabulary softmax, noise and one-hot q per position that a greedy caller (the captured step,
+        teacher-forced scoring) throws away."""
         U = self.head(h)
         g = h.shape[1]
         greedy = temperature is None
@@ -220,6 +222,7 @@ class DraftModel(nn.Module):
                     tok = logits.argmax(-1)
                 else:
                     tok, q = sample(logits, temperature, generator)
+                if confidence or not greedy:
                     t = self.confidence.temperature[k]
                     confs.append(torch.sigmoid(self.confidence.logit(h[:, k], self.markov.W1(prev)).float() / t))
             else:
