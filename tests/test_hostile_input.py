@@ -273,6 +273,17 @@ def test_a_rule_over_several_fields_names_them_not_the_group(argv, line):
     assert check(argv) == (2, [line])
 
 
+@pytest.mark.parametrize("argv,line", [
+    (["pipeline=sweep", "pipeline.grid=5"], "error: pipeline.grid=5: expected a mapping {key: value} or a list of "
+     "strings or a list of lists of strings"),
+    (["pipeline=sweep", "pipeline.grid=[a,[1,{x: 1}]]"], "error: pipeline.grid=['a', [1, {'x': 1}]]: expected a "
+     "mapping {key: value} or a list of strings or a list of lists of strings")])
+def test_a_plain_union_is_one_line_in_words(argv, line):
+    """A value no member of a plain union accepts: one line naming the key and the members in words, not pydantic's
+    line per member under its internal type name (pipeline.grid.dict[str,list[any]]=5)."""
+    assert check(argv) == (2, [line])
+
+
 def test_an_empty_sweep_axis_is_refused(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("SYNODIC_TRACEBACK", None)

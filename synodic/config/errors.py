@@ -17,16 +17,68 @@ def _short(v, limit: int = 60) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
+_SCALARS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false", "none": "null",
+            "any": "anything"}
+_PLURAL = {"int": "integers", "float": "numbers", "str": "strings", "bool": "booleans", "any": "values"}
+
+
+def _union_member(part: str) -> bool:
+    """A loc entry pydantic adds for one member of a plain union (`list[str]`, `int`), not a field name."""
+    return "[" in part or part in _SCALARS
+
+
+def _describe(t: str, plural: bool = False) -> str:
+    """A union member's type in words: list[list[str]] → a list of lists of strings."""
+    head, _, rest = t.partition("[")
+    if head in ("list", "tuple", "set"):
+        inner = _describe(rest[:-1], plural=True) if rest else "values"
+        return f"lists of {inner}" if plural else f"a list of {inner}"
+    if head == "literal":
+        return f"one of {rest[:-1]}"
+    if head == "dict":
+        return "mappings" if plural else "a mapping {key: value}"
+    return _PLURAL.get(head, head) if plural else _SCALARS.get(head, head)
+
+
+def _untagged(loc: list[str], registries) -> list[str]:
+    """loc without the tag pydantic inserts for a tagged union (ssm.eager.state_dtype → ssm.state_dtype)."""
+    if len(loc) >= 2 and registries and loc[0] in registries and loc[1] in registries[loc[0]].classes:
+        return [loc[0]] + loc[2:]
+    return loc
+
+
+def _union_lines(errors: list[dict], registries) -> tuple[list[str], set[int]]:
+    """One line per field of a plain union that no member accepted (pydantic reports one error per member, named
+    by its type): `key=value: expected a mapping {key: value} or a list of strings`; and the errors it covers."""
+    groups: dict[tuple, list[int]] = {}
+    for i, e in enumerate(errors):
+        loc = [str(p) for p in e["loc"]]
+        at = next((j for j in range(1, len(loc)) if _union_member(loc[j])), None)
+        if at is not None:
+            groups.setdefault(tuple(loc[:at]), []).append(i)
+    lines, covered = [], set()
+    for prefix, idx in groups.items():
+        members = list(dict.fromkeys(str(errors[i]["loc"][len(prefix)]) for i in idx))
+        if len(members) < 2:
+            continue
+        given = next((errors[i].get("input") for i in idx if len(errors[i]["loc"]) == len(prefix) + 1), None)
+        lines.append(f"{'.'.join(_untagged(list(prefix), registries))}={_short(given)}: expected "
+                     + " or ".join(_describe(m) for m in members if m != "none"))
+        covered.update(idx)
+    return lines, covered
+
+
 def format_validation_error(err: ValidationError, registries=None) -> list[str]:
-    lines = []
-    for e in err.errors():
+    errors = err.errors()
+    lines, covered = _union_lines(errors, registries)
+    for i, e in enumerate(errors):
+        if i in covered:
+            continue
         loc = [str(p) for p in e["loc"]]
         cls = None
         if len(loc) >= 2 and registries and loc[0] in registries:
             cls = registries[loc[0]].classes.get(loc[1]) or next(iter(registries[loc[0]].classes.values()), None)
-        # Drop the discriminator tag pydantic inserts for tagged unions (ssm.eager.state_dtype → ssm.state_dtype).
-        if len(loc) >= 2 and registries and loc[0] in registries and loc[1] in registries[loc[0]].classes:
-            loc = [loc[0]] + loc[2:]
+        loc = _untagged(loc, registries)
         if not loc and e["type"] == "value_error":
             # a cross-group rule: its message names the keys; never the dumped config it was given
             lines += e["msg"].removeprefix("Value error, ").split("; ")
