@@ -234,6 +234,22 @@ def test_overlapped_speculation_equals_synced_steps(preset, spec):
     assert chained.spec_stats.summary()["drafted_tokens"] == synced.spec_stats.summary()["drafted_tokens"] > 0
 
 
+@pytest.mark.parametrize("kv", list(KV))
+def test_overlapped_speculation_under_every_kv_policy(kv):
+    """Windows queued behind the one in flight under each KV policy (hisparse's and adaptive's host pools under
+    pressure: pages for the queued window only from free pages): the same outputs and accepted counts as synced
+    steps, and equal to plain greedy decoding."""
+    max_tokens = (30, 26, 34, 28)
+    _, plain = serve([*MODEL, *KV[kv]], max_tokens=max_tokens)
+    runs = {}
+    for overlap in ("false", "true"):
+        eng, reqs = serve([*MODEL, *KV[kv], *SSM["replay"], *SPEC, f"runtime.overlap={overlap}"], max_tokens=max_tokens)
+        runs[overlap] = (eng, [r.output_ids for r in reqs])
+    assert runs["true"][1] == runs["false"][1] == [r.output_ids for r in plain]
+    assert runs["true"][0].accepted == runs["false"][0].accepted
+    assert runs["true"][0].overlapped_steps > 0 and runs["false"][0].overlapped_steps == 0
+
+
 @pytest.mark.parametrize("scheme", ["ngram", "dflash2"])
 def test_a_reused_request_id_drafts_as_a_fresh_one(scheme):
     """Request ids repeat (a benchmark's measured round after its warm-up, a client's counter): the second
