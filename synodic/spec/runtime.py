@@ -14,7 +14,8 @@ The optional hooks (graph_safe, stages_drafts, uses_history, chains, decide) hav
 `Drafter`, which every drafter runtime subclasses; a graph_safe drafter also implements draft_device /
 commit_device, and so does one that `chains` (the engine queues its greedy steps back to back).
 
-NgramDrafter (ngram.py) works on host token lists; NeuralDrafter feeds a DraftModel the target's hidden
+NgramDrafter (ngram.py) works on host token lists (on the runner's device token history in a step queued behind
+the one in flight); NeuralDrafter feeds a DraftModel the target's hidden
 states, on the device, from the prefill and verify forwards that already run (no extra pass, no host copy)."""
 import torch
 
