@@ -148,7 +148,9 @@ def estimate(cfg, limit: int | None = None) -> dict[str, tuple[str, int]]:
     # per slot: block table row, token and position buffers (int64), one step's fp32 logits
     out["workload buffers"] = (key, slots * (math.ceil(seq / getattr(kv, "block_size", 16)) * 4 + seq * 16) +
                                slots * a.vocab_size * 4)
-    if cfg.spec.kind != "none":  # prompt lookup's device token history (ModelRunner.track_history), int64
+    # prompt lookup's device token history (ModelRunner.track_history), int64; counted for every scheme: whether a
+    # neural drafter looks up is known only once its files are read
+    if cfg.spec.kind != "none":
         out["drafter token history"] = (key, (slots + 1) * (seq + 2 * window) * 8)
     return out
 

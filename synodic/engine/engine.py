@@ -340,8 +340,8 @@ class Engine:
             if width > G:  # (a test's synthetic drafter states its γ by its drafts)
                 return None
             n_drafts = [min(G, width)] * b if n_drafts is None else [min(G, n) for n in n_drafts]
-        if not device and not any(n_drafts) and (self.drafter.picks_lengths or not self.runner.hidden_layers):
-            return self._plain_step(batch, time.perf_counter())  # (feeds a device drafter's ring)
+        if not device and not any(n_drafts):
+            return self._plain_step(batch, time.perf_counter())  # (it feeds a drafter's context ring)
         if not self.scheduler.reserve(batch, G):
             return None
         td = time.perf_counter() if drafts is not None else ts  # a device drafter's time is inside the step

@@ -12,7 +12,8 @@
     summary()                         what results.json records about the drafter
 The optional hooks (graph_safe, stages_drafts, uses_history, chains, decide) have their defaults on
 `Drafter`, which every drafter runtime subclasses; a graph_safe drafter also implements draft_device /
-commit_device, and so does one that `chains` (the engine queues its greedy steps back to back).
+commit_device, and so does one that `chains` (the engine queues its greedy steps back to back); one that
+`picks_lengths` (load-aware DSpark) implements draft_confident / lengths.
 
 NgramDrafter (ngram.py) works on host token lists (on the runner's device token history in a step queued behind
 the one in flight); NeuralDrafter feeds a DraftModel the target's hidden
@@ -27,7 +28,7 @@ class Drafter:
     graph_safe = False     # drafts inside ModelRunner.speculate's graph (draft_device / commit_device)
     stages_drafts = False  # host drafts from propose may fill the captured step's fixed 1 + γ window
     uses_history = False   # looks up the context in the runner's device token history (bind_history)
-    picks_lengths = False  # its propose chooses each row's draft count (the staged window is the longest)
+    picks_lengths = False  # chooses each row's draft count (draft_confident, lengths; the staged window is the longest)
     chains = False         # its draft_device needs nothing from the host: greedy steps may be queued back to back
     history = None
 
