@@ -127,10 +127,11 @@ class Engine:
                 if not admitted and not sched.running and not was_running and sched.waiting:
                     sched.finish(sched.waiting.popleft(), "rejected_kv_capacity", release=False)
                 continue
-            if self.drafter is not None and not self._past_max_batch(batch):
+            if self.drafter is not None and self._speculates(batch):
                 self._spec_step(batch, on_token, progress)
                 continue
-            # plain decode steps, overlapped; past spec.max_batch they also feed the drafter's context ring
+            # plain decode steps, overlapped; a speculative engine's (past spec.max_batch, or while load-aware
+            # DSpark's gate finds that drafts cannot pay) also feed the drafter's context ring
             ring = self.drafter if self.drafter is not None and self.runner.hidden_layers else None
             ts, cap = time.perf_counter(), self.runner.capture_s
             step = self._launch(batch, [r.output_ids[-1] for r in batch], 0, ring)
@@ -138,8 +139,9 @@ class Engine:
             while step is not None:
                 nxt = None
                 keep = self._chain_rows(step)
-                if keep is not None and self.drafter is not None and not self._past_max_batch(keep):
-                    keep = None  # the batch shrank to spec.max_batch: speculation resumes after this step
+                if keep is not None and self.drafter is not None and self._speculates(keep):
+                    keep = None  # speculation resumes after this step (the batch shrank to spec.max_batch, or a
+                    # load-aware gate drafts again)
                 if keep is not None:
                     nxt = self._launch([step.batch[i] for i in keep], self._gather(step.tokens, keep), 1, ring)
                     self.overlapped_steps += 1
@@ -161,6 +163,18 @@ class Engine:
             per = max(1, self.prefill_tokens // n)
             groups += [rs[i:i + per] for i in range(0, len(rs), per)]
         return groups
+
+    def _speculates(self, rows: list) -> bool:
+        """Whether a speculative engine drafts for these rows (requests, or indices of a step's rows) this step:
+        not past spec.max_batch and, under load-aware DSpark's gate (synodic.spec.load_aware.DraftGate), where
+        drafting is predicted to beat plain steps or a probe is due. Only all-greedy batches are gated: a sampled
+        row's draws are per speculative step, so its tokens must not depend on the gate's choices."""
+        if self._past_max_batch(rows):
+            return False
+        gate = self.drafter.gate
+        if gate is None or not all(isinstance(r, int) or r.params.temperature == 0 for r in rows):
+            return True
+        return gate.drafts(len(rows))
 
     def _past_max_batch(self, rows: list) -> bool:
         """Whether a greedy speculative engine steps these rows (requests, or indices of a step's rows) plainly:
@@ -220,8 +234,10 @@ class Engine:
         for r, tok in zip(batch, toks):
             if not r.done:  # a row that stopped at the previous step also ran this one
                 self._append(r, tok, now, on_token)
-        if self.drafter is not None:  # a plain step past spec.max_batch: one kept token per row, nothing drafted
+        if self.drafter is not None:  # a plain step of a speculative engine: one kept token per row, no drafts
             self.accepted += [1] * live
+            if self.drafter.gate is not None:
+                self.drafter.gate.plain_step()
             self.spec_stats.add([0] * live, [0] * live, live, 0.0, now - step.queued_s, plain=True)
         if progress is not None:
             progress(live)
@@ -309,6 +325,10 @@ class Engine:
                     break
                 self._append(r, tok, now, on_token)
                 emitted += 1
+        gate = self.drafter.gate
+        if gate is not None and live:
+            gate.observe(len(batch), sum(out[i][0] + 1 for i in live) / len(live),
+                         1.0 if plain else sum(n_drafts[i] + 1 for i in live) / len(live))
         self.ledger.add(emitted, entry)  # tokens this step produced: the rate's numerator, per-token bytes' divisor
         self.spec_stats.add([n_drafts[i] for i in live], [out[i][0] for i in live], emitted, td - ts, now - td,
                             plain=plain)

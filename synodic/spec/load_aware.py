@@ -6,7 +6,12 @@ yields τ = Σ_r (1 + Σ_{j≤len_r} a[r, j]) tokens in expectation (the +1: eac
 from a forward over N = Σ_r (1 + len_r) tokens. With SPS(N) the target's verify steps per second at N batch
 tokens (profiled once per model and device, stored as JSON: `SpsProfile`), the predicted throughput is
 τ · SPS(N). Candidates (r, j) are admitted in decreasing survival (a row's survivals never increase with j,
-so each row takes a prefix) while the throughput rises; the first non-improvement stops the admission."""
+so each row takes a prefix) while the throughput rises; the first non-improvement stops the admission.
+
+That rule prices the verify only: once the drafts exist their cost is spent. Whether to draft at all is
+`DraftGate`'s call, made before the drafter runs, from the recent acceptance and the profile's rates of the
+drafter's step and of a plain decode step: where speculation cannot pay at this batch, the engine runs plain
+steps (overlapped, as without a drafter) and drafts again only to re-measure the acceptance."""
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,21 +60,103 @@ class SpsProfile:
     steps_per_s: list[float]   # verify forwards per second at each
     model: str = ""
     device: str = ""
+    # by batch (ascending rows): plain decode steps per second (queued back to back, as the overlapped loop runs
+    # them) and load-aware draft steps per second (the drafter's graph, the read-back of its confidences and the
+    # length choice). Absent in a profile written before the gate: then every step drafts.
+    batches: list[int] | None = None
+    plain_steps_per_s: list[float] | None = None
+    draft_steps_per_s: list[float] | None = None
 
     def __call__(self, n: int) -> float:
         """SPS at n tokens: linear interpolation, clamped to the measured range's ends."""
         return float(np.interp(n, self.tokens, self.steps_per_s))
 
+    @property
+    def gates(self) -> bool:
+        """Whether the profile prices the plain and draft steps (DraftGate needs both)."""
+        return bool(self.batches) and self.plain_steps_per_s is not None and self.draft_steps_per_s is not None
+
+    def plain(self, b: int) -> float:
+        return float(np.interp(b, self.batches, self.plain_steps_per_s))
+
+    def draft(self, b: int) -> float:
+        return float(np.interp(b, self.batches, self.draft_steps_per_s))
+
     def save(self, path) -> None:
-        Path(path).write_text(json.dumps({"model": self.model, "device": self.device, "tokens": self.tokens,
-                                          "steps_per_s": self.steps_per_s}, indent=1))
+        d = {"model": self.model, "device": self.device, "tokens": self.tokens, "steps_per_s": self.steps_per_s}
+        if self.gates:
+            d.update(batches=self.batches, plain_steps_per_s=self.plain_steps_per_s,
+                     draft_steps_per_s=self.draft_steps_per_s)
+        Path(path).write_text(json.dumps(d, indent=1))
 
     @classmethod
     def load(cls, path) -> "SpsProfile":
         d = json.loads(Path(path).read_text())
-        if len(d["tokens"]) != len(d["steps_per_s"]) or not d["tokens"] or sorted(d["tokens"]) != d["tokens"]:
-            raise ValueError(f"{path}: expected ascending 'tokens' and one 'steps_per_s' per entry")
-        return cls(list(d["tokens"]), [float(x) for x in d["steps_per_s"]], d.get("model", ""), d.get("device", ""))
+        _ascending(path, d, "tokens", "steps_per_s")
+        p = cls(list(d["tokens"]), [float(x) for x in d["steps_per_s"]], d.get("model", ""), d.get("device", ""))
+        if "batches" in d:
+            _ascending(path, d, "batches", "plain_steps_per_s", "draft_steps_per_s")
+            p.batches = list(d["batches"])
+            p.plain_steps_per_s = [float(x) for x in d["plain_steps_per_s"]]
+            p.draft_steps_per_s = [float(x) for x in d["draft_steps_per_s"]]
+        return p
+
+
+def _ascending(path, d: dict, key: str, *values: str) -> None:
+    if not d[key] or sorted(d[key]) != d[key] or any(len(d[v]) != len(d[key]) for v in values) or \
+            any(float(x) <= 0 for v in values for x in d[v]):
+        raise ValueError(f"{path}: expected ascending {key!r} and one positive value per entry in "
+                         + ", ".join(repr(v) for v in values))
+
+
+class DraftGate:
+    """Whether a load-aware step drafts at all: the predicted rate of speculating over b rows,
+    b · kept / (1 / draft(b) + 1 / SPS(b · verified)), against plain decoding's b · plain(b) (SpsProfile's rates;
+    kept and verified: moving averages of the tokens per row that recent speculative steps kept and verified).
+    A closed gate sends the batch to plain steps; after `wait` of them it drafts once to re-measure (a probe),
+    and each probe that finds speculation still losing doubles the wait, up to max_wait steps, so a batch where
+    drafts cannot pay spends about one step in max_wait on them. The state carries across generate() calls:
+    a server's acceptance is a property of its traffic, not of one batch."""
+
+    def __init__(self, sps: SpsProfile, max_wait: int = 256, decay: float = 0.5):
+        self.sps, self.max_wait, self.decay = sps, max_wait, decay
+        self.kept: float | None = None      # tokens kept per row-step (accepted drafts + 1)
+        self.verified: float | None = None  # tokens verified per row-step (chosen drafts + 1)
+        self.wait, self.since = 1, 0         # plain steps between probes; plain steps since the last draft
+        self.probes = 0                      # steps drafted while the gate was closed
+        self.plain_steps = 0                 # plain steps run instead of drafting (or past spec.max_batch)
+
+    def rates(self, b: int) -> tuple[float, float]:
+        """(predicted tokens/s speculating, tokens/s of plain steps) at b rows."""
+        spec = b * self.kept / (1.0 / self.sps.draft(b) + 1.0 / self.sps(b * self.verified))
+        return spec, b * self.sps.plain(b)
+
+    def open(self, b: int) -> bool:
+        """Whether drafting over b rows is predicted to beat plain steps (True before anything is measured)."""
+        if self.kept is None:
+            return True
+        spec, plain = self.rates(b)
+        return spec > plain
+
+    def drafts(self, b: int) -> bool:
+        """Whether the next step over b rows drafts: the gate is open, or a probe is due."""
+        return self.open(b) or self.since >= self.wait
+
+    def plain_step(self) -> None:
+        self.since += 1
+        self.plain_steps += 1
+
+    def observe(self, b: int, kept: float, verified: float) -> None:
+        """A drafting step over b rows kept / verified these mean tokens per row."""
+        self.probes += not self.open(b)
+        if self.kept is None:
+            self.kept, self.verified = kept, verified
+        else:
+            self.kept += self.decay * (kept - self.kept)
+            self.verified += self.decay * (verified - self.verified)
+        spec, plain = self.rates(b)
+        self.wait = 1 if spec > plain else min(2 * self.wait, self.max_wait)
+        self.since = 0
 
 
 def choose_lengths(confidence: np.ndarray, sps) -> tuple[np.ndarray, float]:

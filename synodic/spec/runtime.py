@@ -30,6 +30,7 @@ class Drafter:
     uses_history = False   # looks up the context in the runner's device token history (bind_history)
     picks_lengths = False  # chooses each row's draft count (draft_confident, lengths; the staged window is the longest)
     chains = False         # its draft_device needs nothing from the host: greedy steps may be queued back to back
+    gate = None            # a load_aware.DraftGate: whether a greedy step drafts at all (load-aware DSpark)
     history = None
 
     def bind_history(self, history: torch.Tensor) -> None:
@@ -89,6 +90,7 @@ class NeuralDrafter(Drafter):
         self.lookup_hint = getattr(getattr(model, "config", None), "lookup_hint", 0)
         self.uses_history = bool(self.lookup_hint)  # the hints: prompt lookup over the runner's token history
         self.sps = None  # an SpsProfile: DSpark's load-aware verify lengths (set by spec=dspark verify=load_aware)
+        self._gate = None
         self._wbytes: dict[int, int] = {}
         self._linear_weight_bytes = linear_weight_bytes
         self.kv_row_bytes = _ring_row_bytes(model, cfg.context_window)
@@ -148,6 +150,17 @@ class NeuralDrafter(Drafter):
     stages_drafts = True  # (load-aware verify stages a window of its longest chosen length)
 
     @property
+    def gate(self):
+        """Load-aware DSpark's DraftGate, when its SPS profile prices plain and draft steps (else None: it always
+        drafts); one per profile, kept across generate() calls."""
+        if self.sps is None or not self.sps.gates:
+            return None
+        if self._gate is None or self._gate.sps is not self.sps:
+            from synodic.spec.load_aware import DraftGate
+            self._gate = DraftGate(self.sps)
+        return self._gate
+
+    @property
     def picks_lengths(self) -> bool:
         return self.sps is not None
 
@@ -180,9 +193,15 @@ class NeuralDrafter(Drafter):
 
     def summary(self) -> dict:
         return {"scheme": self.model.scheme, "drafter": self.cfg.drafter,
-                "verify": "load_aware" if self.sps is not None else "fixed", "target_layers": list(self.hidden_layers),
+                "verify": "load_aware" if self.sps is not None else "fixed", **self._gate_summary(),
+                "target_layers": list(self.hidden_layers),
                 "trained_gamma": self.model.gamma, "context_window": self.cfg.context_window,
                 "parameters": sum(p.numel() for p in self.model.parameters())}
+
+    def _gate_summary(self) -> dict:
+        g = self.gate
+        return {} if g is None else {"gate": {"plain_steps": g.plain_steps, "probes": g.probes,
+                                              "kept_per_row": g.kept, "verified_per_row": g.verified}}
 
 
 def _ring_row_bytes(model, window: int) -> int:

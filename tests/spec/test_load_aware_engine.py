@@ -1,6 +1,7 @@
 """spec=dspark spec.verify=load_aware through the Engine: greedy output still equals plain greedy decoding, each
 step's per-row draft counts are exactly choose_lengths of the drafter's calibrated confidences under the SPS
-profile, and a missing profile is one line naming the command that writes it."""
+profile, a gated profile sends batches where drafts cannot pay to plain steps (still lossless, drafting only to
+probe), and a missing profile is one line naming the command that writes it."""
 import numpy as np
 import pytest
 
@@ -32,14 +33,14 @@ def _run(overrides, sps=None):
         d.lengths = lengths
     reqs = [Request(i, p, SamplingParams(max_tokens=10)) for i, p in enumerate(PROMPTS)]
     eng.generate(reqs)
-    return [r.output_ids for r in reqs], seen
+    return [r.output_ids for r in reqs], seen, eng
 
 
 def test_load_aware_is_lossless_and_follows_choose_lengths():
-    plain, _ = _run(MODEL)
+    plain, _, _ = _run(MODEL)
     # verify cost flat up to 6 tokens, then steeper: some rows verify drafts, others none
     sps = SpsProfile([1, 6, 12, 40], [100.0, 100.0, 70.0, 20.0])
-    out, seen = _run([*MODEL, *LOAD_AWARE], sps)
+    out, seen, _ = _run([*MODEL, *LOAD_AWARE], sps)
     assert out == plain
     assert seen and all(n == choose_lengths(c, sps)[0].tolist() for c, n in seen)
     assert len({x for _, n in seen for x in n}) > 1  # the lengths actually vary
@@ -85,5 +86,27 @@ def test_load_aware_windows_are_cut_to_the_chosen_drafts(monkeypatch):
     monkeypatch.setattr(ModelRunner, "speculate", spec)
     monkeypatch.setattr(ModelRunner, "decode", dec)
     sps = SpsProfile([1, 6, 12, 40], [100.0, 100.0, 70.0, 20.0])
-    _, seen = _run([*MODEL, *LOAD_AWARE], sps)
+    _, seen, _ = _run([*MODEL, *LOAD_AWARE], sps)
     assert widths == [1 + max(n) for _, n in seen] and min(widths) < 4
+
+
+def _gated(plain: float) -> SpsProfile:
+    """Verify and draft steps at 100/s at any size; plain steps at `plain`/s."""
+    return SpsProfile([1, 64], [100.0, 100.0], "m", "cpu", [1, 64], [plain, plain], [100.0, 100.0])
+
+
+def test_gate_sends_a_losing_batch_to_plain_steps_and_probes():
+    """Plain steps 10x as fast as a draft or a verify: no acceptance pays for drafting (≤ 4 tokens a row per
+    20 ms against 1 per ms), so after the first step the engine drafts only to probe, at doubling intervals."""
+    plain, _, _ = _run(MODEL)
+    out, seen, eng = _run([*MODEL, *LOAD_AWARE], _gated(1000.0))
+    g = eng.drafter.gate
+    assert out == plain
+    assert g.plain_steps >= 5 and g.probes >= 1 and len(seen) == 1 + g.probes
+    assert eng.drafter.summary()["gate"]["plain_steps"] == g.plain_steps
+
+
+def test_gate_drafts_every_step_where_drafts_pay():
+    plain, _, _ = _run(MODEL)
+    out, seen, eng = _run([*MODEL, *LOAD_AWARE], _gated(1.0))
+    assert out == plain and eng.drafter.gate.plain_steps == 0 and eng.drafter.gate.probes == 0 and seen
