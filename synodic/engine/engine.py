@@ -54,6 +54,7 @@ class Engine:
         self._use_drafter(graph.spec, getattr(graph.cfg.spec, "num_speculative_tokens", 0))
         self.spec_max_batch = getattr(graph.cfg.spec, "max_batch", None)
         self.spec_stats = SpecStats()
+        self._cap_seen, self._last_read = 0.0, None  # a load-aware gate's step timing (captures excluded)
 
     def _use_drafter(self, drafter, gamma: int) -> None:
         self.drafter, self.gamma = drafter, gamma
@@ -134,6 +135,7 @@ class Engine:
             # DSpark's gate finds that drafts cannot pay) also feed the drafter's context ring
             ring = self.drafter if self.drafter is not None and self.runner.hidden_layers else None
             ts, cap = time.perf_counter(), self.runner.capture_s
+            self._cap_seen, self._last_read = cap, None
             step = self._launch(batch, [r.output_ids[-1] for r in batch], 0, ring)
             self.synced_steps += 1
             while step is not None:
@@ -236,9 +238,12 @@ class Engine:
                 self._append(r, tok, now, on_token)
         if self.drafter is not None:  # a plain step of a speculative engine: one kept token per row, no drafts
             self.accepted += [1] * live
-            if self.drafter.gate is not None:
-                self.drafter.gate.plain_step()
+            if self.drafter.gate is not None:  # its period: since the previous step's read-back (or its launch)
+                t = step.queued_s if self._last_read is None else self._last_read
+                self.drafter.gate.plain_step(len(batch), None if self.runner.capture_s != self._cap_seen else now - t)
+                self._last_read = now
             self.spec_stats.add([0] * live, [0] * live, live, 0.0, now - step.queued_s, plain=True)
+        self._cap_seen = self.runner.capture_s
         if progress is not None:
             progress(live)
 
@@ -258,7 +263,7 @@ class Engine:
         positions from this step's result on the device), so its read-back and bookkeeping run beside it."""
         b = len(batch)
         t0, cap = time.perf_counter(), self.runner.capture_s
-        ts = t0
+        ts, self._cap_seen = t0, cap
         greedy = all(r.params.temperature == 0 for r in batch)
         if self.spec_max_batch is not None and b > self.spec_max_batch:
             # past spec.max_batch a verify window costs more than its accepted drafts earn: no drafts this step
@@ -326,9 +331,11 @@ class Engine:
                 self._append(r, tok, now, on_token)
                 emitted += 1
         gate = self.drafter.gate
-        if gate is not None and live:
+        if gate is not None and live:  # (timed from before its drafts to its read-back, unless it captured a graph)
             gate.observe(len(batch), sum(out[i][0] + 1 for i in live) / len(live),
-                         1.0 if plain else sum(n_drafts[i] + 1 for i in live) / len(live))
+                         1.0 if plain else sum(n_drafts[i] + 1 for i in live) / len(live),
+                         None if self.runner.capture_s != self._cap_seen else now - ts)
+        self._cap_seen = self.runner.capture_s
         self.ledger.add(emitted, entry)  # tokens this step produced: the rate's numerator, per-token bytes' divisor
         self.spec_stats.add([n_drafts[i] for i in live], [out[i][0] for i in live], emitted, td - ts, now - td,
                             plain=plain)

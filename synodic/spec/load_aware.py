@@ -111,25 +111,34 @@ def _ascending(path, d: dict, key: str, *values: str) -> None:
 
 class DraftGate:
     """Whether a load-aware step drafts at all: the predicted rate of speculating over b rows,
-    b · kept / (1 / draft(b) + 1 / SPS(b · verified)), against plain decoding's b · plain(b) (SpsProfile's rates;
-    kept and verified: moving averages of the tokens per row that recent speculative steps kept and verified).
-    A closed gate sends the batch to plain steps; after `wait` of them it drafts once to re-measure (a probe),
-    and each probe that finds speculation still losing doubles the wait, up to max_wait steps, so a batch where
-    drafts cannot pay spends about one step in max_wait on them. The state carries across generate() calls:
-    a server's acceptance is a property of its traffic, not of one batch."""
+    b · kept / ((1 / draft(b) + 1 / SPS(b · verified)) · spec_cost), against plain decoding's
+    b · plain(b) / plain_cost (SpsProfile's rates; kept and verified: moving averages of the tokens per row that
+    recent drafting steps kept and verified). The profile times the device work of each step; spec_cost and
+    plain_cost (moving averages of the engine's measured step time over the profile's, 1 until measured) add
+    what it cannot see: the host's bookkeeping, which overlapped plain steps hide and drafting steps, read back
+    mid-step, do not. A closed gate sends the batch to plain steps; after `wait` of them it drafts once to
+    re-measure (a probe), and each probe that finds speculation still losing doubles the wait, up to max_wait
+    steps, so a batch where drafts cannot pay spends about one step in max_wait on them. The state carries
+    across generate() calls: a server's acceptance is a property of its traffic, not of one batch."""
 
-    def __init__(self, sps: SpsProfile, max_wait: int = 256, decay: float = 0.5):
+    def __init__(self, sps: SpsProfile, max_wait: int = 256, decay: float = 0.5, cost_decay: float = 0.5,
+                 plain_decay: float = 0.1):
         self.sps, self.max_wait, self.decay = sps, max_wait, decay
+        self.cost_decay, self.plain_decay = cost_decay, plain_decay  # 0: price steps by the profile alone
         self.kept: float | None = None      # tokens kept per row-step (accepted drafts + 1)
         self.verified: float | None = None  # tokens verified per row-step (chosen drafts + 1)
+        self.spec_cost = self.plain_cost = 1.0  # measured step time / the profile's
         self.wait, self.since = 1, 0         # plain steps between probes; plain steps since the last draft
         self.probes = 0                      # steps drafted while the gate was closed
         self.plain_steps = 0                 # plain steps run instead of drafting (or past spec.max_batch)
 
+    def _spec_s(self, b: int, verified: float) -> float:
+        return 1.0 / self.sps.draft(b) + 1.0 / self.sps(b * verified)
+
     def rates(self, b: int) -> tuple[float, float]:
         """(predicted tokens/s speculating, tokens/s of plain steps) at b rows."""
-        spec = b * self.kept / (1.0 / self.sps.draft(b) + 1.0 / self.sps(b * self.verified))
-        return spec, b * self.sps.plain(b)
+        spec = b * self.kept / (self._spec_s(b, self.verified) * self.spec_cost)
+        return spec, b * self.sps.plain(b) / self.plain_cost
 
     def open(self, b: int) -> bool:
         """Whether drafting over b rows is predicted to beat plain steps (True before anything is measured)."""
@@ -142,18 +151,23 @@ class DraftGate:
         """Whether the next step over b rows drafts: the gate is open, or a probe is due."""
         return self.open(b) or self.since >= self.wait
 
-    def plain_step(self) -> None:
+    def plain_step(self, b: int, seconds: float | None = None) -> None:
+        """A plain step over b rows ran (in `seconds`, when timed: a step that captured a graph is not)."""
         self.since += 1
         self.plain_steps += 1
+        if seconds is not None:
+            self.plain_cost += self.plain_decay * (seconds * self.sps.plain(b) - self.plain_cost)
 
-    def observe(self, b: int, kept: float, verified: float) -> None:
-        """A drafting step over b rows kept / verified these mean tokens per row."""
+    def observe(self, b: int, kept: float, verified: float, seconds: float | None = None) -> None:
+        """A drafting step over b rows kept / verified these mean tokens per row (in `seconds`, when timed)."""
         self.probes += not self.open(b)
         if self.kept is None:
             self.kept, self.verified = kept, verified
         else:
             self.kept += self.decay * (kept - self.kept)
             self.verified += self.decay * (verified - self.verified)
+        if seconds is not None:
+            self.spec_cost += self.cost_decay * (seconds / self._spec_s(b, verified) - self.spec_cost)
         spec, plain = self.rates(b)
         self.wait = 1 if spec > plain else min(2 * self.wait, self.max_wait)
         self.since = 0

@@ -83,10 +83,22 @@ def test_gate_closes_and_probes_at_doubling_intervals():
     for _ in range(6):
         n = 0
         while not g.drafts(2):
-            g.plain_step()
+            g.plain_step(2)
             n += 1
         waits.append(n)
         g.observe(2, kept=2.0, verified=4.0)  # the probe finds the same acceptance
     assert waits == [2, 4, 8, 8, 8, 8] and g.probes == 6 and g.plain_steps == sum(waits)
     g.observe(2, kept=8.0, verified=8.0)  # the text turns repetitive: the average moves halfway, the gate opens
     assert g.kept == pytest.approx(5.0) and g.open(2) and g.wait == 1
+
+
+def test_gate_prices_the_measured_step_times():
+    """Measured step times scale the profile's: a drafting step timed at 5x its profile closes a gate the profile
+    alone would keep open, and plain steps timed at 3x theirs open it again."""
+    g = DraftGate(_gated(plain=100.0, draft=400.0))
+    g.observe(2, kept=3.0, verified=4.0, seconds=5 * (1 / 400.0 + 1 / 100.0))
+    assert g.spec_cost == pytest.approx(3.0) and not g.open(2)  # (half-way from 1 to 5): 3 tokens / 37.5 ms < 1 / 10
+
+    for _ in range(40):
+        g.plain_step(2, seconds=3 / 100.0)
+    assert g.plain_cost == pytest.approx(3.0, rel=0.05) and g.open(2)

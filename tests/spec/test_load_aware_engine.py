@@ -18,12 +18,14 @@ LOAD_AWARE = ["spec=dspark", "spec.drafter=random", "spec.num_speculative_tokens
 PROMPTS = [[5, 9, 200, 31, 7, 5, 9], [100, 3], [42] * 9, [1, 2, 3, 1, 2, 3, 1, 2]]
 
 
-def _run(overrides, sps=None):
+def _run(overrides, sps=None, timed=False):
     eng = Engine(build_graph(compose(overrides), max_seq_len=64))
     seen = []
     if sps is not None:
         d = eng.drafter
         d.sps = sps
+        if d.gate is not None and not timed:  # decisions from the profile alone: a shared CPU's step times would steer them
+            d.gate.cost_decay = d.gate.plain_decay = 0.0
         inner = d.lengths
 
         def lengths(confidence):
@@ -110,3 +112,12 @@ def test_gate_drafts_every_step_where_drafts_pay():
     plain, _, _ = _run(MODEL)
     out, seen, eng = _run([*MODEL, *LOAD_AWARE], _gated(1.0))
     assert out == plain and eng.drafter.gate.plain_steps == 0 and eng.drafter.gate.probes == 0 and seen
+
+
+def test_gate_times_the_engine_steps():
+    """Both kinds of step reach the gate's cost averages: drafting steps from before their drafts to their
+    read-back, plain steps by their period."""
+    plain, _, _ = _run(MODEL)
+    out, _, eng = _run([*MODEL, *LOAD_AWARE], _gated(1000.0), timed=True)
+    g = eng.drafter.gate
+    assert out == plain and g.plain_steps and g.spec_cost != 1.0 and g.plain_cost != 1.0
