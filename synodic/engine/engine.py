@@ -55,6 +55,7 @@ class Engine:
         self.spec_max_batch = getattr(graph.cfg.spec, "max_batch", None)
         self.spec_stats = SpecStats()
         self._cap_seen, self._last_read = 0.0, None  # a load-aware gate's step timing (captures excluded)
+        self.lazy_ring = True  # a closed gate's plain steps defer the drafter's ring feed (spec.runtime.LazyRing)
 
     def _use_drafter(self, drafter, gamma: int) -> None:
         self.drafter, self.gamma = drafter, gamma
@@ -133,7 +134,7 @@ class Engine:
                 continue
             # plain decode steps, overlapped; a speculative engine's (past spec.max_batch, or while load-aware
             # DSpark's gate finds that drafts cannot pay) also feed the drafter's context ring
-            ring = self.drafter if self.drafter is not None and self.runner.hidden_layers else None
+            ring = self._plain_ring(batch)
             ts, cap = time.perf_counter(), self.runner.capture_s
             self._cap_seen, self._last_read = cap, None
             step = self._launch(batch, [r.output_ids[-1] for r in batch], 0, ring)
@@ -177,6 +178,26 @@ class Engine:
         if gate is None or not all(isinstance(r, int) or r.params.temperature == 0 for r in rows):
             return True
         return gate.drafts(len(rows))
+
+    def _plain_ring(self, batch):
+        """What a speculative engine's plain steps feed: the drafter's context ring (past spec.max_batch), or,
+        while load-aware DSpark's gate is closed, its LazyRing (flushed by the next drafting step); None without a
+        drafter that reads target features."""
+        if self.drafter is None or not self.runner.hidden_layers:
+            return None
+        if self.drafter.gate is None or not self.lazy_ring or self._past_max_batch(batch):
+            return self.drafter
+        lazy = self.drafter.lazy_ring(self.graph.max_slots)
+        lazy.pending = True
+        return lazy
+
+    def _flush_ring(self, batch) -> None:
+        """Before a drafting step: the positions a closed gate's plain steps buffered go into the context ring."""
+        lazy = getattr(self.drafter, "_lazy", None)
+        if lazy is not None and lazy.pending:
+            dev = self.runner.device
+            lazy.flush(pinned(torch.tensor([r.slot for r in batch], dtype=torch.long), dev).to(dev, non_blocking=True))
+            lazy.pending = False
 
     def _past_max_batch(self, rows: list) -> bool:
         """Whether a greedy speculative engine steps these rows (requests, or indices of a step's rows) plainly:
@@ -264,6 +285,7 @@ class Engine:
         b = len(batch)
         t0, cap = time.perf_counter(), self.runner.capture_s
         ts, self._cap_seen = t0, cap
+        self._flush_ring(batch)
         greedy = all(r.params.temperature == 0 for r in batch)
         if self.spec_max_batch is not None and b > self.spec_max_batch:
             # past spec.max_batch a verify window costs more than its accepted drafts earn: no drafts this step

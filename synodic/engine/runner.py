@@ -126,7 +126,7 @@ class ModelRunner:
             if not self.use_graphs:
                 out = self._forward(bucket, ring)
             else:
-                key = (bucket, view) if ring is None else (bucket, view, "ring")
+                key = (bucket, view) if ring is None else (bucket, view, getattr(ring, "ring_key", "ring"))
                 out = self._replay(key, lambda: self._forward(bucket, ring))
         self._after_step()
         return out[:b]

@@ -91,6 +91,7 @@ class NeuralDrafter(Drafter):
         self.uses_history = bool(self.lookup_hint)  # the hints: prompt lookup over the runner's token history
         self.sps = None  # an SpsProfile: DSpark's load-aware verify lengths (set by spec=dspark verify=load_aware)
         self._gate = None
+        self._lazy = None  # the deferred ring feed of a closed gate's plain steps (lazy_ring)
         self._wbytes: dict[int, int] = {}
         self._linear_weight_bytes = linear_weight_bytes
         self.kv_row_bytes = _ring_row_bytes(model, cfg.context_window)
@@ -100,6 +101,8 @@ class NeuralDrafter(Drafter):
         slots = torch.tensor([r.slot for r in reqs], dtype=torch.long, device=self.device)
         T = hidden.shape[1]
         self.model.reset(slots)
+        if self._lazy is not None:
+            self._lazy.pos.index_fill_(0, slots, -1)
         pos = torch.arange(T, device=self.device).expand(len(reqs), T)
         self.model.append_context(slots, hidden, pos, torch.ones(len(reqs), T, dtype=torch.bool, device=self.device))
 
@@ -198,10 +201,50 @@ class NeuralDrafter(Drafter):
                 "trained_gamma": self.model.gamma, "context_window": self.cfg.context_window,
                 "parameters": sum(p.numel() for p in self.model.parameters())}
 
+    def lazy_ring(self, max_slots: int) -> "LazyRing":
+        """What a closed gate's plain steps feed instead of the context ring (allocated on first use)."""
+        if self._lazy is None:
+            r = self.model._ring
+            rows = min(self.gate.max_wait, r["window"])
+            self._lazy = LazyRing(self.model, max_slots, rows, r["kv"].dtype, self.device)
+        return self._lazy
+
     def _gate_summary(self) -> dict:
         g = self.gate
         return {} if g is None else {"gate": {"plain_steps": g.plain_steps, "probes": g.probes,
                                               "kept_per_row": g.kept, "verified_per_row": g.verified}}
+
+
+class LazyRing:
+    """The context ring's feed of plain steps, deferred while load-aware DSpark's gate is closed: each step keeps
+    its tokens' fused features (the drafter's fc + norm, one small GEMM) in a per-slot buffer of `rows` positions
+    instead of running every draft layer's K / V projection, and `flush` appends them to the ring in one batch
+    before the next drafting step. The ring then holds what eager feeding would have written: the gate drafts at
+    least every max_wait plain steps and rows = min(max_wait, the ring's window), so nothing the ring would still
+    hold is overwritten in the buffer, and a buffered position never replaces a newer one in the ring."""
+    ring_key = "lazy-ring"  # (ModelRunner.decode captures a graph per ring kind)
+
+    def __init__(self, model, max_slots: int, rows: int, dtype, device):
+        self.model, self.rows = model, rows
+        self.ctx = torch.zeros(max_slots + 1, rows, model.config.hidden_size, dtype=dtype, device=device)
+        self.pos = torch.full((max_slots + 1, rows), -1, dtype=torch.long, device=device)
+        self.pending = False  # set by the engine when it queues plain steps that feed it (a replayed graph runs
+        # commit_device's kernels, not its Python)
+
+    def commit_device(self, slots, hidden, start, accepted) -> None:
+        """ModelRunner's ring call for a one-token step: row i's token at start[i] (accepted[i] = 1)."""
+        idx = (start % self.rows)[:, None]
+        self.ctx[slots[:, None], idx] = self.model.fuse(hidden).to(self.ctx.dtype)
+        self.pos[slots[:, None], idx] = torch.where(accepted > 0, start, -1)[:, None]
+
+    @torch.inference_mode()
+    def flush(self, slots: torch.Tensor) -> None:
+        """Append the buffered positions of `slots` to the context ring (the newer wins where both hold one)."""
+        pos = self.pos[slots]
+        W = self.model._ring["window"]
+        held = self.model._ring["pos"][slots[:, None], pos.clamp(min=0) % W]
+        self.model.append_fused(slots, self.ctx[slots], pos.clamp(min=0), (pos >= 0) & (pos > held))
+        self.pos.index_fill_(0, slots, -1)
 
 
 def _ring_row_bytes(model, window: int) -> int:

@@ -18,8 +18,9 @@ LOAD_AWARE = ["spec=dspark", "spec.drafter=random", "spec.num_speculative_tokens
 PROMPTS = [[5, 9, 200, 31, 7, 5, 9], [100, 3], [42] * 9, [1, 2, 3, 1, 2, 3, 1, 2]]
 
 
-def _run(overrides, sps=None, timed=False):
+def _run(overrides, sps=None, timed=False, lazy=True):
     eng = Engine(build_graph(compose(overrides), max_seq_len=64))
+    eng.lazy_ring = lazy
     seen = []
     if sps is not None:
         d = eng.drafter
@@ -121,3 +122,45 @@ def test_gate_times_the_engine_steps():
     out, _, eng = _run([*MODEL, *LOAD_AWARE], _gated(1000.0), timed=True)
     g = eng.drafter.gate
     assert out == plain and g.plain_steps and g.spec_cost != 1.0 and g.plain_cost != 1.0
+
+
+def test_a_closed_gates_deferred_ring_drafts_as_the_eager_ring():
+    """While the gate is closed, plain steps buffer their fused features (LazyRing) and the next drafting step
+    flushes them: every drafting step then sees the context an eagerly fed ring holds (same confidences, same
+    lengths, same output)."""
+    out_e, seen_e, _ = _run([*MODEL, *LOAD_AWARE], _gated(1000.0), lazy=False)
+    out_l, seen_l, eng = _run([*MODEL, *LOAD_AWARE], _gated(1000.0), lazy=True)
+    assert eng.drafter._lazy is not None  # (the run ends on buffered plain steps: nothing drafts after them)
+    assert out_l == out_e and len(seen_l) == len(seen_e) >= 2
+    for (ce, ne), (cl, nl) in zip(seen_e, seen_l):
+        assert nl == ne and np.allclose(cl, ce, atol=1e-5)
+
+
+def test_lazy_ring_flush_equals_eager_appends():
+    """LazyRing against the ring fed directly, one position at a time, over a wrap of its buffer and a slot whose
+    ring already holds a newer position than one buffered."""
+    import torch
+    eng = Engine(build_graph(compose([*MODEL, *LOAD_AWARE[:3], "spec.context_window=8"]), max_seq_len=64))
+    d = eng.drafter
+    m = d.model
+    from synodic.spec.runtime import LazyRing
+    lazy = LazyRing(m, eng.graph.max_slots, 5, m._ring["kv"].dtype, d.device)
+    g = torch.Generator().manual_seed(0)
+    H = eng.runner.model.config.hidden_size * len(d.hidden_layers)
+    slots = torch.tensor([0, 2])
+    m.reset(slots)
+    saved = {k: m._ring[k].clone() for k in ("kv", "pos")}
+    steps = [(torch.randn(2, 1, H, generator=g), torch.tensor([p, p + 3])) for p in range(9)]
+    for h, pos in steps:  # eager
+        m.append_context(slots, h, pos[:, None], torch.ones(2, 1, dtype=torch.bool))
+    eager = {k: m._ring[k].clone() for k in ("kv", "pos")}
+    m._ring["kv"].copy_(saved["kv"])
+    m._ring["pos"].copy_(saved["pos"])
+    for h, pos in steps[:4]:  # positions 0-3 straight into the ring, 4-8 buffered (5 rows: no wrap loss)
+        m.append_context(slots, h, pos[:, None], torch.ones(2, 1, dtype=torch.bool))
+    for h, pos in steps[4:]:
+        lazy.commit_device(slots, h, pos, torch.ones(2, dtype=torch.long))
+    lazy.flush(slots)
+    assert torch.equal(m._ring["pos"], eager["pos"])
+    assert torch.allclose(m._ring["kv"], eager["kv"], atol=1e-6)
+    assert (lazy.pos[slots] == -1).all()

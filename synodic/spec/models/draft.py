@@ -162,10 +162,14 @@ class DraftModel(nn.Module):
     def append_context(self, slots, hidden, positions, valid) -> None:
         """hidden [B, t, n*H] features of committed tokens at positions [B, t]; rows with valid False write to the
         scratch row. A row at position p lands at ring index p % window (t <= window)."""
+        self.append_fused(slots, self.fuse(hidden).to(self._ring["kv"].dtype), positions, valid)
+
+    @torch.no_grad()
+    def append_fused(self, slots, ctx, positions, valid) -> None:
+        """append_context after the fusion: ctx [B, t, H] = fuse(hidden) in the ring's dtype."""
         r = self._ring
         W = r["window"]
         dtype = r["kv"].dtype
-        ctx = self.fuse(hidden).to(dtype)
         idx = torch.where(valid, positions % W, W)
         s = slots[:, None].expand_as(idx)
         rows = torch.stack([t for kv in self.context_kv(ctx, positions) for t in kv])  # [2 * layers, B, t, ...]
