@@ -25,7 +25,7 @@ def _run(overrides, sps=None, timed=False, lazy=True):
     if sps is not None:
         d = eng.drafter
         d.sps = sps
-        if d.gate is not None and not timed:  # decisions from the profile alone: a shared CPU's step times would steer them
+        if d.gate is not None and not timed:  # decisions from the profile alone (a shared CPU's step times vary)
             d.gate.cost_decay = d.gate.plain_decay = 0.0
         inner = d.lengths
 
