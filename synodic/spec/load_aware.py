@@ -49,7 +49,7 @@ def find_profile(model: str, device) -> "SpsProfile":
                            f"({path.name}); expected one: python -m benchmarks.sps_profile model={model}"])
     try:
         return SpsProfile.load(path)
-    except (ValueError, KeyError, json.JSONDecodeError) as e:
+    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
         raise ConfigError([f"spec.verify=load_aware: {path} is not an SPS profile ({str(e).splitlines()[0]})"]) \
             from None
 

@@ -164,3 +164,14 @@ def test_lazy_ring_flush_equals_eager_appends():
     assert torch.equal(m._ring["pos"], eager["pos"])
     assert torch.allclose(m._ring["kv"], eager["kv"], atol=1e-6)
     assert (lazy.pos[slots] == -1).all()
+
+
+@pytest.mark.parametrize("text", ['{"tokens": [8], "steps_per_s": [1.0], "batches": [1], "plain_steps_per_s": [null],'
+                                  ' "draft_steps_per_s": [1.0]}', '{"tokens": [8]}', "[1, 2", '{"tokens": 5}'])
+def test_a_broken_profile_is_one_line(tmp_path, monkeypatch, text):
+    import synodic.spec.load_aware as la
+    monkeypatch.setattr(la, "SPS_DIR", tmp_path)
+    (tmp_path / "tiny_mamba2-cpu.json").write_text(text)
+    with pytest.raises(ConfigError, match="is not an SPS profile") as e:
+        Engine(build_graph(compose([*MODEL, *LOAD_AWARE]), max_seq_len=64))
+    assert "\n" not in str(e.value).strip()
