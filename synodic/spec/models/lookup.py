@@ -42,12 +42,12 @@ def history_hints(history: torch.Tensor, rows: torch.Tensor, anchors: torch.Tens
                   gamma: int, max_ngram: int, min_ngram: int = 1) -> torch.Tensor:
     """[B, gamma] hints (-1: none) for anchors [B] at positions [B] over the runner's token history (ModelRunner.
     track_history: row rows[i] holds the committed tokens before positions[i]); the anchor is written first,
-    as the verify that follows would. Equal to lookup over the context up to and including the anchor."""
+    as the verify that follows would. Equal to lookup over the context up to and including the anchor: one
+    kernel on a GPU (synodic.kernels.ngram_lookup)."""
     # (a position past the history, which no request within the graph's max_seq_len reaches, would read a
     # shorter context: a worse draft, never a wrong output or an out-of-range read)
-    p = positions.clamp(max=history.shape[1] - 1)
-    history[rows, p] = anchors
-    return lookup_hints(history[rows], p[:, None], gamma, max_ngram, min_ngram)[:, 0]
+    from synodic.kernels.ngram_lookup import ngram_hints
+    return ngram_hints(history, rows, anchors, positions, gamma, max_ngram, min_ngram)
 
 
 def host_hints(contexts: list[list[int]], gamma: int, max_ngram: int, min_ngram: int = 1) -> torch.Tensor:
