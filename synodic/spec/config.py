@@ -31,9 +31,11 @@ class NoSpec(Component):
 class NgramSpec(Component):
     """Prompt lookup: the longest suffix of the context (max_ngram down to min_ngram tokens) that occurred
     before proposes the tokens that followed its latest earlier occurrence. No weights; runs on the host's
-    token lists (a numpy scan of the context per row and step, microseconds at the embedded lengths)."""
+    token lists (a numpy scan of the context per row and step, microseconds at the embedded lengths).
+    γ defaults to 4: on the embedded targets 3-5 decode fastest and 7 is 14-17 % slower at batch 1 (its longer
+    window costs more than the ~0.3 extra tokens a step it accepts; BENCHMARKS.md S2)."""
     kind: Literal["ngram"] = "ngram"
-    num_speculative_tokens: int = Field(7, ge=1, description=_GAMMA)
+    num_speculative_tokens: int = Field(4, ge=1, description=_GAMMA)
     max_ngram: int = Field(4, ge=1, description="longest suffix matched against the earlier context")
     min_ngram: int = Field(1, ge=1, description="shortest suffix matched; no match of any length = no drafts "
                            "for that row this step (a one-token verify)")

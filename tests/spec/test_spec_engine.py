@@ -107,7 +107,8 @@ def test_rollback_check():
     (["spec=ngram", "spec.num_speculative_tokens=0"], "spec.num_speculative_tokens=0"),
     (["spec=ngram", "ssm=replay", "spec.num_speculative_tokens=16"],
      "spec.num_speculative_tokens=16 with ssm.ring_len=16"),
-    (["spec=ngram", "kv=hisparse"], "kv.draft_pages=0 with a verify window of 8 tokens"),
+    (["spec=ngram", "spec.num_speculative_tokens=7", "kv=hisparse"],
+     "kv.draft_pages=0 with a verify window of 8 tokens"),
     (["spec=dflash", "spec.drafter=/nonexistent/drafter"], "spec"),
 ])
 def test_bad_spec_input_one_line_exit_2(args, needle, tmp_path):
