@@ -156,7 +156,7 @@ class DraftGate:
         self.since += 1
         self.plain_steps += 1
         if seconds is not None:
-            self.plain_cost += self.plain_decay * (seconds * self.sps.plain(b) - self.plain_cost)
+            self.plain_cost += self.plain_decay * (_ratio(seconds * self.sps.plain(b)) - self.plain_cost)
 
     def observe(self, b: int, kept: float, verified: float, seconds: float | None = None) -> None:
         """A drafting step over b rows kept / verified these mean tokens per row (in `seconds`, when timed)."""
@@ -167,10 +167,16 @@ class DraftGate:
             self.kept += self.decay * (kept - self.kept)
             self.verified += self.decay * (verified - self.verified)
         if seconds is not None:
-            self.spec_cost += self.cost_decay * (seconds / self._spec_s(b, verified) - self.spec_cost)
+            self.spec_cost += self.cost_decay * (_ratio(seconds / self._spec_s(b, verified)) - self.spec_cost)
         spec, plain = self.rates(b)
         self.wait = 1 if spec > plain else min(2 * self.wait, self.max_wait)
         self.since = 0
+
+
+def _ratio(r: float) -> float:
+    """A measured / profiled time ratio, bounded: one step timed across a host stall (or a clock glitch) moves the
+    average by at most a bounded amount, and a cost never reaches zero (the rates divide by it)."""
+    return min(max(r, 0.01), 100.0)
 
 
 def choose_lengths(confidence: np.ndarray, sps) -> tuple[np.ndarray, float]:
