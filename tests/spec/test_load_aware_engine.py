@@ -175,3 +175,19 @@ def test_a_broken_profile_is_one_line(tmp_path, monkeypatch, text):
     with pytest.raises(ConfigError, match="is not an SPS profile") as e:
         Engine(build_graph(compose([*MODEL, *LOAD_AWARE]), max_seq_len=64))
     assert "\n" not in str(e.value).strip()
+
+
+def test_closed_gate_under_preemption():
+    """A KV pool too small for every request: the scheduler preempts and recomputes while the gate is closed and
+    the deferred ring holds buffered positions; a re-admitted request's prefill clears its slot's buffer, and the
+    output is still plain greedy decoding's, with the drafts an eagerly fed ring gives."""
+    kv = ["kv=resident", "kv.block_size=2", "kv.num_blocks=14"]
+    plain, _, _ = _run([*MODEL, *kv])
+    out_e, seen_e, _ = _run([*MODEL, *kv, *LOAD_AWARE], _gated(1000.0), lazy=False)
+    out_l, seen_l, eng = _run([*MODEL, *kv, *LOAD_AWARE], _gated(1000.0))
+    assert out_l == out_e == plain
+    assert eng.drafter.gate.plain_steps > 0 and eng.scheduler.blocks.used() == 0
+    assert sum(r.preemptions for r in eng.scheduler.finished) > 0
+    assert len(seen_l) == len(seen_e)
+    for (ce, ne), (cl, nl) in zip(seen_e, seen_l):
+        assert nl == ne and np.allclose(cl, ce, atol=1e-5)
