@@ -193,7 +193,7 @@ class Engine:
 
     def _flush_ring(self, batch) -> None:
         """Before a drafting step: the positions a closed gate's plain steps buffered go into the context ring."""
-        lazy = getattr(self.drafter, "_lazy", None)
+        lazy = self.drafter.deferred
         if lazy is not None and lazy.pending:
             dev = self.runner.device
             lazy.flush(pinned(torch.tensor([r.slot for r in batch], dtype=torch.long), dev).to(dev, non_blocking=True))

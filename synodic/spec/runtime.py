@@ -31,6 +31,7 @@ class Drafter:
     picks_lengths = False  # chooses each row's draft count (draft_confident, lengths; the staged window is the longest)
     chains = False         # its draft_device needs nothing from the host: greedy steps may be queued back to back
     gate = None            # a load_aware.DraftGate: whether a greedy step drafts at all (load-aware DSpark)
+    deferred = None        # a LazyRing: context a closed gate's plain steps buffered (flushed before drafting)
     history = None
 
     def bind_history(self, history: torch.Tensor) -> None:
@@ -91,7 +92,7 @@ class NeuralDrafter(Drafter):
         self.uses_history = bool(self.lookup_hint)  # the hints: prompt lookup over the runner's token history
         self.sps = None  # an SpsProfile: DSpark's load-aware verify lengths (set by spec=dspark verify=load_aware)
         self._gate = None
-        self._lazy = None  # the deferred ring feed of a closed gate's plain steps (lazy_ring)
+        self.deferred = None  # the deferred ring feed of a closed gate's plain steps (lazy_ring)
         self._wbytes: dict[int, int] = {}
         self._linear_weight_bytes = linear_weight_bytes
         self.kv_row_bytes = _ring_row_bytes(model, cfg.context_window)
@@ -101,8 +102,8 @@ class NeuralDrafter(Drafter):
         slots = torch.tensor([r.slot for r in reqs], dtype=torch.long, device=self.device)
         T = hidden.shape[1]
         self.model.reset(slots)
-        if self._lazy is not None:
-            self._lazy.pos.index_fill_(0, slots, -1)
+        if self.deferred is not None:
+            self.deferred.pos.index_fill_(0, slots, -1)
         pos = torch.arange(T, device=self.device).expand(len(reqs), T)
         self.model.append_context(slots, hidden, pos, torch.ones(len(reqs), T, dtype=torch.bool, device=self.device))
 
@@ -203,11 +204,11 @@ class NeuralDrafter(Drafter):
 
     def lazy_ring(self, max_slots: int) -> "LazyRing":
         """What a closed gate's plain steps feed instead of the context ring (allocated on first use)."""
-        if self._lazy is None:
+        if self.deferred is None:
             r = self.model._ring
             rows = min(self.gate.max_wait, r["window"])
-            self._lazy = LazyRing(self.model, max_slots, rows, r["kv"].dtype, self.device)
-        return self._lazy
+            self.deferred = LazyRing(self.model, max_slots, rows, r["kv"].dtype, self.device)
+        return self.deferred
 
     def _gate_summary(self) -> dict:
         g = self.gate

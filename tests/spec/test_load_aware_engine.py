@@ -130,7 +130,7 @@ def test_a_closed_gates_deferred_ring_drafts_as_the_eager_ring():
     lengths, same output)."""
     out_e, seen_e, _ = _run([*MODEL, *LOAD_AWARE], _gated(1000.0), lazy=False)
     out_l, seen_l, eng = _run([*MODEL, *LOAD_AWARE], _gated(1000.0), lazy=True)
-    assert eng.drafter._lazy is not None  # (the run ends on buffered plain steps: nothing drafts after them)
+    assert eng.drafter.deferred is not None  # (the run ends on buffered plain steps: nothing drafts after them)
     assert out_l == out_e and len(seen_l) == len(seen_e) >= 2
     for (ce, ne), (cl, nl) in zip(seen_e, seen_l):
         assert nl == ne and np.allclose(cl, ce, atol=1e-5)
