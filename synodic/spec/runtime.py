@@ -13,7 +13,8 @@
 The optional hooks (graph_safe, stages_drafts, uses_history, chains, decide) have their defaults on
 `Drafter`, which every drafter runtime subclasses; a graph_safe drafter also implements draft_device /
 commit_device, and so does one that `chains` (the engine queues its greedy steps back to back); one that
-`picks_lengths` (load-aware DSpark) implements draft_confident / lengths.
+`picks_lengths` (load-aware DSpark) implements draft_confident / lengths, and with a gating SPS profile has a
+`gate` (whether a step drafts at all) and a `deferred` ring for the plain steps a closed gate runs.
 
 NgramDrafter (ngram.py) works on host token lists (on the runner's device token history in a step queued behind
 the one in flight); NeuralDrafter feeds a DraftModel the target's hidden
