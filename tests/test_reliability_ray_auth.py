@@ -1,5 +1,6 @@
 """Joining a Ray cluster that uses token authentication: a GCS that refuses this process's token (or its
-lack of one) is one line naming what to set; an accepted token turns RAY_AUTH_MODE=token on for ray.init.
+lack of one) is one line naming what to set; an accepted token turns RAY_AUTH_MODE=token on for ray.init; a
+server that answers without being a GCS is one line at once (not Ray's ~20 s of retries).
 A stand-in GCS (Ray's own generated gRPC service, answering only with the right bearer token) keeps this
 fast; docs in README's Ray section say how to try it against `ray start --head`."""
 from concurrent import futures
@@ -71,3 +72,17 @@ def test_env_token_wins_and_ray_client_addresses_are_left_to_ray(gcs, env):
     env.setenv("RAY_AUTH_MODE", "token")
     cluster.check_token(gcs, "pipeline.ray_address")
     cluster.check_token("ray://127.0.0.1:1", "pipeline.ray_address")  # not probed: no error, no wait
+
+
+def test_a_server_that_is_not_a_gcs_is_one_line_at_once(env):
+    """A gRPC server without Ray's services answers GetClusterId with UNIMPLEMENTED."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with pytest.raises(ConfigError) as e:
+            cluster.check_token(f"127.0.0.1:{port}", "runtime.address")
+        (line,) = e.value.lines
+        assert "is not a Ray GCS" in line and "runtime.address" in line
+    finally:
+        server.stop(None)

@@ -4,7 +4,8 @@ tasks). An address that nothing answers is refused within seconds, before Ray's 
 Token authentication (Ray >= 2.52, `RAY_AUTH_MODE=token` on the cluster): before joining a `host:port`
 cluster, one GetClusterId call to its GCS, carrying the token this process would send, tells whether the
 cluster wants a token and whether ours is accepted. A refusal is one line naming what to set, instead of
-Ray's ~20 s of retries that end in "Failed to connect". When the token is accepted but RAY_AUTH_MODE is
+Ray's ~20 s of retries that end in "Failed to connect"; so is an address whose server answers without being a
+GCS (UNIMPLEMENTED: another gRPC or HTTP/2 service, a proxy). When the token is accepted but RAY_AUTH_MODE is
 unset here, it is set to `token` for this process, so ray.init sends it.
 """
 import os
@@ -54,6 +55,10 @@ def check_token(address: str, key: str, timeout_s: float = PROBE_TIMEOUT_S) -> N
             gcs_service_pb2_grpc.NodeInfoGcsServiceStub(ch).GetClusterId(
                 gcs_service_pb2.GetClusterIdRequest(), metadata=md, timeout=timeout_s)
     except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.UNIMPLEMENTED:  # something answers there, but not a Ray GCS
+            raise ConfigError([f"{key}={address!r}: the server there answers but is not a Ray GCS (GetClusterId: "
+                               f"{e.code().name}); expected the head node's GCS address (`ray start --head` "
+                               "prints it; port 6379 by default)"]) from None
         if e.code() != grpc.StatusCode.UNAUTHENTICATED:
             return
         have = f"the token from {src} was refused" if tok else f"this process has no token ({src})"
