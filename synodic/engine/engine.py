@@ -284,8 +284,8 @@ class Engine:
         positions from this step's result on the device), so its read-back and bookkeeping run beside it."""
         b = len(batch)
         t0, cap = time.perf_counter(), self.runner.capture_s
-        ts, self._cap_seen = t0, cap
-        self._flush_ring(batch)
+        self._flush_ring(batch)  # (decode time, but not this step's: the gate prices a drafting step without it)
+        ts, self._cap_seen = time.perf_counter(), cap
         greedy = all(r.params.temperature == 0 for r in batch)
         if self.spec_max_batch is not None and b > self.spec_max_batch:
             # past spec.max_batch a verify window costs more than its accepted drafts earn: no drafts this step
