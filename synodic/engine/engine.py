@@ -284,7 +284,7 @@ class Engine:
         positions from this step's result on the device), so its read-back and bookkeeping run beside it."""
         b = len(batch)
         t0, cap = time.perf_counter(), self.runner.capture_s
-        self._flush_ring(batch)  # (decode time, but not this step's: the gate prices a drafting step without it)
+        self._flush_ring(batch)  # (its host work is not this step's: the gate prices a drafting step without it)
         ts, self._cap_seen = time.perf_counter(), cap
         greedy = all(r.params.temperature == 0 for r in batch)
         if self.spec_max_batch is not None and b > self.spec_max_batch:
