@@ -153,9 +153,9 @@ def estimate(cfg, limit: int | None = None) -> dict[str, tuple[str, int]]:
     if cfg.spec.kind != "none":
         out["drafter token history"] = (key, (slots + 1) * (seq + 2 * window) * 8)
     if getattr(cfg.spec, "verify", "fixed") == "load_aware":
-        # LazyRing: a closed gate's plain steps buffer up to min(max_wait = 256, context_window) fused target
+        # LazyRing: a closed gate's plain steps buffer up to min(max_wait + 1 = 257, context_window) fused target
         # features per slot (counted at fp32, the widest drafter dtype) and their positions
-        rows = min(256, cfg.spec.context_window)
+        rows = min(257, cfg.spec.context_window)
         out["drafter deferred context"] = ("spec.context_window", (slots + 1) * rows * (a.hidden_size * 4 + 8))
     return out
 

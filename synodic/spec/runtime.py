@@ -207,7 +207,9 @@ class NeuralDrafter(Drafter):
         """What a closed gate's plain steps feed instead of the context ring (allocated on first use)."""
         if self.deferred is None:
             r = self.model._ring
-            rows = min(self.gate.max_wait, r["window"])
+            # the plain loop checks the gate before reading the step in flight back: up to max_wait + 1 plain steps
+            # run between two drafting steps
+            rows = min(self.gate.max_wait + 1, r["window"])
             self.deferred = LazyRing(self.model, max_slots, rows, r["kv"].dtype, self.device)
         return self.deferred
 
@@ -222,8 +224,8 @@ class LazyRing:
     its tokens' fused features (the drafter's fc + norm, one small GEMM) in a per-slot buffer of `rows` positions
     instead of running every draft layer's K / V projection, and `flush` appends them to the ring in one batch
     before the next drafting step. The ring then holds what eager feeding would have written: the gate drafts at
-    least every max_wait plain steps and rows = min(max_wait, the ring's window), so nothing the ring would still
-    hold is overwritten in the buffer, and a buffered position never replaces a newer one in the ring."""
+    least every max_wait + 1 plain steps and rows = min(max_wait + 1, the ring's window), so nothing the ring
+    would still hold is overwritten in the buffer, and a buffered position never replaces a newer one in it."""
     ring_key = "lazy-ring"  # (ModelRunner.decode captures a graph per ring kind)
 
     def __init__(self, model, max_slots: int, rows: int, dtype, device):

@@ -18,13 +18,15 @@ LOAD_AWARE = ["spec=dspark", "spec.drafter=random", "spec.num_speculative_tokens
 PROMPTS = [[5, 9, 200, 31, 7, 5, 9], [100, 3], [42] * 9, [1, 2, 3, 1, 2, 3, 1, 2]]
 
 
-def _run(overrides, sps=None, timed=False, lazy=True):
+def _run(overrides, sps=None, timed=False, lazy=True, max_wait=None):
     eng = Engine(build_graph(compose(overrides), max_seq_len=64))
     eng.lazy_ring = lazy
     seen = []
     if sps is not None:
         d = eng.drafter
         d.sps = sps
+        if d.gate is not None and max_wait is not None:
+            d.gate.max_wait = max_wait
         if d.gate is not None and not timed:  # decisions from the profile alone (a shared CPU's step times vary)
             d.gate.cost_decay = d.gate.plain_decay = 0.0
         inner = d.lengths
@@ -189,5 +191,17 @@ def test_closed_gate_under_preemption():
     assert eng.drafter.gate.plain_steps > 0 and eng.scheduler.blocks.used() == 0
     assert sum(r.preemptions for r in eng.scheduler.finished) > 0
     assert len(seen_l) == len(seen_e)
+    for (ce, ne), (cl, nl) in zip(seen_e, seen_l):
+        assert nl == ne and np.allclose(cl, ce, atol=1e-5)
+
+
+def test_deferred_ring_sized_for_the_longest_plain_stretch():
+    """With max_wait = 2 the buffer holds 3 positions: the plain loop checks the gate before reading the step in
+    flight back, so 3 plain steps can run between drafting steps, and a buffer of 2 would lose one (the drafts
+    would then differ from an eagerly fed ring's)."""
+    out_e, seen_e, _ = _run([*MODEL, *LOAD_AWARE], _gated(1000.0), lazy=False, max_wait=2)
+    out_l, seen_l, eng = _run([*MODEL, *LOAD_AWARE], _gated(1000.0), max_wait=2)
+    assert eng.drafter.deferred.rows == 3 and eng.drafter.gate.wait == 2
+    assert out_l == out_e and len(seen_l) == len(seen_e) >= 3
     for (ce, ne), (cl, nl) in zip(seen_e, seen_l):
         assert nl == ne and np.allclose(cl, ce, atol=1e-5)
