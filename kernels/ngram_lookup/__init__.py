@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import pick_backend
-from .ref import ngram_hints_ref
+from .ref import lookup_hints_ref, ngram_hints_ref
 
-__all__ = ["ngram_hints", "ngram_hints_ref"]
+__all__ = ["ngram_hints", "ngram_hints_ref", "lookup_hints_ref"]
 
 
 def ngram_hints(history: torch.Tensor, rows: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor,

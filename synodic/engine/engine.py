@@ -33,6 +33,12 @@ class _Step:
     queued_s: float = 0.0              # when it was queued (a speculative engine's plain steps count verify time)
 
 
+def _greedy(rows: list) -> bool:
+    """Whether every row is greedy: requests by their temperature; indices of a chained step's rows always are (only
+    greedy steps chain)."""
+    return all(isinstance(r, int) or r.params.temperature == 0 for r in rows)
+
+
 class Engine:
     replicas = None  # per-replica summaries when the run was served by several engines (runtime=ray)
 
@@ -175,7 +181,7 @@ class Engine:
         if self._past_max_batch(rows):
             return False
         gate = self.drafter.gate
-        if gate is None or not all(isinstance(r, int) or r.params.temperature == 0 for r in rows):
+        if gate is None or not _greedy(rows):
             return True
         return gate.drafts(len(rows))
 
@@ -205,7 +211,7 @@ class Engine:
         past it take _spec_step's one-token verify."""
         if self.spec_max_batch is None or len(rows) <= self.spec_max_batch:
             return False
-        return all(isinstance(r, int) or r.params.temperature == 0 for r in rows)
+        return _greedy(rows)
 
     def _launch(self, batch: list[Request], tokens, ahead: int, ring=None) -> _Step:
         """Queue one decode step; ahead = 1 when it follows a step whose tokens are not appended yet (the loop

@@ -15,27 +15,10 @@ def lookup_hints(tokens: torch.Tensor, anchor_pos: torch.Tensor, gamma: int, max
                  min_ngram: int = 1) -> torch.Tensor:
     """tokens [B, T], anchor_pos [B, A] → hints [B, A, gamma] long, -1 where the lookup proposes nothing. Row
     (b, a) equals lookup(tokens[b, :p + 1], gamma, max_ngram, min_ngram) padded with -1 (p = anchor_pos[b, a]):
-    only tokens at positions <= p (committed when the block is drafted) can be hints."""
-    B, T = tokens.shape
-    dev = tokens.device
-    p = anchor_pos[:, :, None]                                               # [B, A, 1]
-    j = torch.arange(T, device=dev)                                          # candidate end of an earlier n-gram
-    tok_p = lambda i: tokens.gather(1, (anchor_pos - i).clamp(min=0))[:, :, None]  # noqa: E731  token at p - i
-    match = (j < p) & (tokens[:, None, :] == tok_p(0))                       # 1-gram hits ending at j < p
-    best_j = torch.full_like(anchor_pos, -1)
-    for n in range(1, max_ngram + 1):
-        if n > 1:
-            prev = torch.cat([torch.zeros_like(tokens[:, :n - 1]), tokens[:, :T - n + 1]], dim=1)  # token at j-n+1
-            match = match & (j >= n - 1) & (prev[:, None, :] == tok_p(n - 1))
-        if n < min_ngram:
-            continue
-        last = torch.where(match, j, -1).amax(-1)                            # latest hit of this length
-        ok = (n <= anchor_pos) & (last >= 0)                                 # (lookup needs n <= len(context) - 1)
-        best_j = torch.where(ok, last, best_j)                               # longer n overrides shorter
-    src = best_j[:, :, None] + 1 + torch.arange(gamma, device=dev)           # [B, A, gamma]
-    valid = (best_j[:, :, None] >= 0) & (src <= p)
-    got = tokens.gather(1, src.clamp(max=T - 1).flatten(1)).view_as(src)
-    return torch.where(valid, got, -1)
+    only tokens at positions <= p (committed when the block is drafted) can be hints. (Training's many anchors a
+    row; the one implementation is the lookup kernel's torch reference.)"""
+    from synodic.kernels.ngram_lookup import lookup_hints_ref
+    return lookup_hints_ref(tokens, anchor_pos, gamma, max_ngram, min_ngram)
 
 
 def history_hints(history: torch.Tensor, rows: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor,
