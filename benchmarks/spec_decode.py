@@ -79,6 +79,9 @@ class Variant:
             out.update(mean_acceptance_length=s["mean_acceptance_length"], acceptance_rate=s["acceptance_rate"],
                        acceptance_rate_by_position=s["acceptance_rate_by_position"], spec_steps=s["steps"],
                        plain_steps=s["plain_steps"])
+            gate = eng.drafter.summary().get("gate")
+            if gate is not None:  # load-aware DSpark: the gate's state after this round (its counts accumulate)
+                out["gate"] = gate
         return out
 
 

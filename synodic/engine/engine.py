@@ -138,12 +138,11 @@ class Engine:
             if self.drafter is not None and self._speculates(batch):
                 self._spec_step(batch, on_token, progress)
                 continue
-            # plain decode steps, overlapped; a speculative engine's (past spec.max_batch, or while load-aware
-            # DSpark's gate finds that drafts cannot pay) also feed the drafter's context ring
-            ring = self._plain_ring(batch)
+            # plain decode steps, overlapped; a speculative engine's (past spec.max_batch, or the last before a
+            # probe while load-aware DSpark's gate finds that drafts cannot pay) also feed the drafter's context
             ts, cap = time.perf_counter(), self.runner.capture_s
             self._cap_seen, self._last_read = cap, None
-            step = self._launch(batch, [r.output_ids[-1] for r in batch], 0, ring)
+            step = self._launch(batch, [r.output_ids[-1] for r in batch], 0, self._plain_ring(batch))
             self.synced_steps += 1
             while step is not None:
                 nxt = None
@@ -152,7 +151,8 @@ class Engine:
                     keep = None  # speculation resumes after this step (the batch shrank to spec.max_batch, or a
                     # load-aware gate drafts again)
                 if keep is not None:
-                    nxt = self._launch([step.batch[i] for i in keep], self._gather(step.tokens, keep), 1, ring)
+                    rows = [step.batch[i] for i in keep]
+                    nxt = self._launch(rows, self._gather(step.tokens, keep), 1, self._plain_ring(rows))
                     self.overlapped_steps += 1
                 self._finish(step, on_token, progress)
                 step = nxt
@@ -186,12 +186,18 @@ class Engine:
         return gate.drafts(len(rows))
 
     def _plain_ring(self, batch):
-        """What a speculative engine's plain steps feed: the drafter's context ring (past spec.max_batch), or,
-        while load-aware DSpark's gate is closed, its LazyRing (flushed by the next drafting step); None without a
-        drafter that reads target features."""
+        """What a speculative engine's plain step feeds: the drafter's context ring (past spec.max_batch), or,
+        while load-aware DSpark's gate is closed, its LazyRing (flushed by the next drafting step) in the last
+        `gate.feed` steps before a probe and nothing before them; None without a drafter that reads target
+        features."""
         if self.drafter is None or not self.runner.hidden_layers:
             return None
-        if self.drafter.gate is None or not self.lazy_ring or self._past_max_batch(batch):
+        gate = self.drafter.gate
+        if gate is None or self._past_max_batch(batch):
+            return self.drafter
+        if not gate.feeds():
+            return None
+        if not self.lazy_ring:
             return self.drafter
         lazy = self.drafter.lazy_ring(self.graph.max_slots)
         lazy.pending = True

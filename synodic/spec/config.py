@@ -145,6 +145,10 @@ class DSparkSpec(_NeuralSpec):
                                                    "drafts every step; load_aware: per row, as many as the "
                                                    "calibrated confidences and the SPS profile pay for "
                                                    "(synodic/spec/load_aware.py)")
+    gate_feed: int = Field(64, ge=1, description="load_aware: while the gate keeps a batch on plain steps, how "
+                           "many plain steps before each probe hand the drafter their features (the others run "
+                           "as exact plain steps, and the probe's context skips their positions); 257 or more "
+                           "feeds every one")
 
     def build(self, ctx):
         drafter = super().build(ctx)

@@ -118,12 +118,14 @@ class DraftGate:
     what it cannot see: the host's bookkeeping, which overlapped plain steps hide and drafting steps, read back
     mid-step, do not. A closed gate sends the batch to plain steps; after `wait` of them it drafts once to
     re-measure (a probe), and each probe that finds speculation still losing doubles the wait, up to max_wait
-    steps, so a batch where drafts cannot pay spends about one step in max_wait on them. The state carries
+    steps, so a batch where drafts cannot pay spends about one step in max_wait on them. Only the last `feed`
+    plain steps before a probe hand the drafter their features (`feeds`): the rest run as exact plain steps, and
+    the probe drafts from the context before the stretch plus its last `feed` positions. The state carries
     across generate() calls: a server's acceptance is a property of its traffic, not of one batch."""
 
     def __init__(self, sps: SpsProfile, max_wait: int = 256, decay: float = 0.5, cost_decay: float = 0.5,
-                 plain_decay: float = 0.1):
-        self.sps, self.max_wait, self.decay = sps, max_wait, decay
+                 plain_decay: float = 0.1, feed: int = 64):
+        self.sps, self.max_wait, self.decay, self.feed = sps, max_wait, decay, feed
         self.cost_decay, self.plain_decay = cost_decay, plain_decay  # 0: price steps by the profile alone
         self.kept: float | None = None      # tokens kept per row-step (accepted drafts + 1)
         self.verified: float | None = None  # tokens verified per row-step (chosen drafts + 1)
@@ -150,6 +152,12 @@ class DraftGate:
     def drafts(self, b: int) -> bool:
         """Whether the next step over b rows drafts: the gate is open, or a probe is due."""
         return self.open(b) or self.since >= self.wait
+
+    def feeds(self) -> bool:
+        """Whether a plain step launched now feeds the drafter's context: one of the last `feed` before the probe
+        (the plain loop launches a step before reading back the one in flight, which `since` does not count yet,
+        so wait - since plain steps are still to run, this one included)."""
+        return self.wait - self.since <= self.feed
 
     def plain_step(self, b: int, seconds: float | None = None) -> None:
         """A plain step over b rows ran (in `seconds`, when timed: a step that captured a graph is not)."""

@@ -162,7 +162,7 @@ class NeuralDrafter(Drafter):
             return None
         if self._gate is None or self._gate.sps is not self.sps:
             from synodic.spec.load_aware import DraftGate
-            self._gate = DraftGate(self.sps)
+            self._gate = DraftGate(self.sps, feed=self.cfg.gate_feed)
         return self._gate
 
     @property
@@ -216,7 +216,9 @@ class NeuralDrafter(Drafter):
     def _gate_summary(self) -> dict:
         g = self.gate
         return {} if g is None else {"gate": {"plain_steps": g.plain_steps, "probes": g.probes,
-                                              "kept_per_row": g.kept, "verified_per_row": g.verified}}
+                                              "kept_per_row": g.kept, "verified_per_row": g.verified,
+                                              "spec_cost": g.spec_cost, "plain_cost": g.plain_cost,
+                                              "wait": g.wait, "feed": g.feed}}
 
 
 class LazyRing:

@@ -205,3 +205,34 @@ def test_deferred_ring_sized_for_the_longest_plain_stretch():
     assert out_l == out_e and len(seen_l) == len(seen_e) >= 3
     for (ce, ne), (cl, nl) in zip(seen_e, seen_l):
         assert nl == ne and np.allclose(cl, ce, atol=1e-5)
+
+
+def test_closed_gate_feeds_only_the_steps_before_a_probe(monkeypatch):
+    """spec.gate_feed=2: of each stretch of plain steps only the last two hand the drafter their features (the
+    others are exact plain steps); the output is still plain greedy decoding's and probes still draft."""
+    from synodic.spec.runtime import LazyRing
+    fed, commit = [], LazyRing.commit_device
+
+    def count(self, slots, hidden, start, accepted):
+        fed.append(start.tolist())
+        return commit(self, slots, hidden, start, accepted)
+    monkeypatch.setattr(LazyRing, "commit_device", count)
+    plain, _, _ = _run(MODEL)
+    out, seen, eng = _run([*MODEL, *LOAD_AWARE, "spec.gate_feed=2"], _gated(1000.0))
+    g = eng.drafter.gate
+    assert out == plain and g.feed == 2 and g.probes >= 1 and len(seen) == 1 + g.probes
+    assert 0 < len(fed) < g.plain_steps, (len(fed), g.plain_steps)
+    fed.clear()
+    _, _, eng = _run([*MODEL, *LOAD_AWARE, "spec.gate_feed=257"], _gated(1000.0))
+    assert len(fed) == eng.drafter.gate.plain_steps  # every plain step feeds: the eager ring's context
+
+
+def test_gate_feeds_the_last_steps_of_a_stretch():
+    from synodic.spec.load_aware import DraftGate
+    g = DraftGate(_gated(1000.0), feed=3)
+    g.wait = 8
+    fed = []
+    for _ in range(8):
+        fed.append(g.feeds())
+        g.plain_step(1)
+    assert fed == [False] * 5 + [True] * 3
