@@ -364,15 +364,17 @@ class Engine:
                     break
                 self._append(r, tok, now, on_token)
                 emitted += 1
-        gate = self.drafter.gate
-        if gate is not None and live:  # (timed from before its drafts to its read-back, unless it captured a graph)
-            gate.observe(len(batch), sum(out[i][0] + 1 for i in live) / len(live),
-                         1.0 if plain else sum(n_drafts[i] + 1 for i in live) / len(live),
-                         None if self.runner.capture_s != self._cap_seen else now - ts)
-        self._cap_seen = self.runner.capture_s
         self.ledger.add(emitted, entry)  # tokens this step produced: the rate's numerator, per-token bytes' divisor
         self.spec_stats.add([n_drafts[i] for i in live], [out[i][0] for i in live], emitted, td - ts, now - td,
                             plain=plain)
+        gate = self.drafter.gate
+        if gate is not None and live:
+            # timed from before its drafts to the end of its bookkeeping, unless it captured a graph: a drafting
+            # step's host work after the read-back runs alone, where a plain step's runs beside the next step
+            gate.observe(len(batch), sum(out[i][0] + 1 for i in live) / len(live),
+                         1.0 if plain else sum(n_drafts[i] + 1 for i in live) / len(live),
+                         None if self.runner.capture_s != self._cap_seen else time.perf_counter() - ts)
+        self._cap_seen = self.runner.capture_s
         if progress is not None:
             progress(len(live))
 
