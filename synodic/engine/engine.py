@@ -298,6 +298,7 @@ class Engine:
         t0, cap = time.perf_counter(), self.runner.capture_s
         self._flush_ring(batch)  # (its host work is not this step's: the gate prices a drafting step without it)
         ts, self._cap_seen = time.perf_counter(), cap
+        t_gate = ts
         greedy = all(r.params.temperature == 0 for r in batch)
         if self.spec_max_batch is not None and b > self.spec_max_batch:
             # past spec.max_batch a verify window costs more than its accepted drafts earn: no drafts this step
@@ -317,9 +318,10 @@ class Engine:
                     self.overlapped_steps += 1
                 rows = rows.wait()  # the step's one host sync
                 n_drafts = [row[-1] for row in rows]
-            self._spec_account(batch, G, n_drafts, rows, ts, td, on_token, progress)
+            end = self._spec_account(batch, G, n_drafts, rows, ts, td, on_token, progress, t_gate)
             out = nxt
             ts = td if nxt is None else nxt[3]
+            t_gate = end  # a chained step's period: from the previous one's end (it was queued before it)
         self.decode_s += time.perf_counter() - t0 - (self.runner.capture_s - cap)  # captures are warm-up
 
     def _spec_chains(self, batch) -> bool:
@@ -330,6 +332,8 @@ class Engine:
         sched, G = self.scheduler, self.gamma
         if not (self.overlap and self.drafter.chains):
             return False
+        if self.drafter.gate is not None and not self.drafter.gate.drafts(len(batch)):
+            return False  # the gate sends the batch to plain steps
         if sched.waiting and sched.free_slots and len(sched.running) < sched.max_running:
             return False  # an admission is due: prefill needs the host
         if any(r.done or r.params.max_tokens - len(r.output_ids) <= G + 1 for r in batch):
@@ -337,9 +341,11 @@ class Engine:
         # the queued window starts at most G + 1 tokens past today's length
         return sched.reserve(batch, 2 * G + 1, free_only=True)
 
-    def _spec_account(self, batch, G, n_drafts, out, ts: float, td: float, on_token, progress) -> None:
-        """A speculative step's rows [accepted, tokens...] read back: tokens appended, bytes and stats accounted.
-        Rows that ended before this step (it was queued behind the step they ended in) ran it but keep nothing."""
+    def _spec_account(self, batch, G, n_drafts, out, ts: float, td: float, on_token, progress,
+                      t_gate: float) -> float:
+        """A speculative step's rows [accepted, tokens...] read back: tokens appended, bytes and stats accounted,
+        the gate told (the step timed from t_gate). Rows that ended before this step (it was queued behind the step
+        they ended in) ran it but keep nothing. Returns when its bookkeeping ended."""
         now = time.perf_counter()
         live = [i for i, r in enumerate(batch) if not r.done]
         if not live:
@@ -367,14 +373,16 @@ class Engine:
         self.ledger.add(emitted, entry)  # tokens this step produced: the rate's numerator, per-token bytes' divisor
         self.spec_stats.add([n_drafts[i] for i in live], [out[i][0] for i in live], emitted, td - ts, now - td,
                             plain=plain)
-        gate = self.drafter.gate
-        if gate is not None and live:
-            # timed from before its drafts to the end of its bookkeeping, unless it captured a graph: a drafting
-            # step's host work after the read-back runs alone, where a plain step's runs beside the next step
+        gate, end = self.drafter.gate, time.perf_counter()
+        if gate is not None and live and _greedy(batch):
+            # timed from before its drafts (or the previous chained step's end) to the end of its bookkeeping,
+            # unless it captured a graph: a synced step's host work after the read-back runs alone, where a plain
+            # step's runs beside the next step
             gate.observe(len(batch), sum(out[i][0] + 1 for i in live) / len(live),
                          1.0 if plain else sum(n_drafts[i] + 1 for i in live) / len(live),
-                         None if self.runner.capture_s != self._cap_seen else time.perf_counter() - ts)
+                         None if self.runner.capture_s != self._cap_seen else end - t_gate)
         self._cap_seen = self.runner.capture_s
+        return end
         if progress is not None:
             progress(len(live))
 

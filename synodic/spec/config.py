@@ -10,6 +10,9 @@ from synodic.config.errors import ConfigError
 from synodic.config.registry import Component, register
 
 _GAMMA = "γ: draft tokens proposed per step (the verify window is 1 + γ tokens)"
+_GATE = ("auto: greedy batches draft only where drafting steps beat plain decode steps (load-aware DSpark prices "
+         "both by its SPS profile, every other drafter by the step times it measures per batch bucket), running "
+         "plain steps otherwise and drafting again only to re-measure (synodic/spec/gate.py); off: every step drafts")
 _MAX_BATCH = ("speculate only in steps of at most this many rows; a larger batch runs plain decode steps (its "
               "verify window would cost more than the drafts earn: docs/speculative.md); null: always speculate")
 
@@ -40,6 +43,7 @@ class NgramSpec(Component):
     min_ngram: int = Field(1, ge=1, description="shortest suffix matched; no match of any length = no drafts "
                            "for that row this step (a one-token verify)")
     max_batch: int | None = Field(None, ge=1, description=_MAX_BATCH)
+    gate: Literal["auto", "off"] = Field("auto", description=_GATE)
 
     @model_validator(mode="after")
     def _order(self):
@@ -54,7 +58,9 @@ class NgramSpec(Component):
 
     def build(self, ctx):
         from .ngram import NgramDrafter
-        return NgramDrafter(self.num_speculative_tokens, self.max_ngram, self.min_ngram)
+        from .gate import MeasuredGate
+        return NgramDrafter(self.num_speculative_tokens, self.max_ngram, self.min_ngram,
+                            MeasuredGate() if self.gate == "auto" else None)
 
 
 class _NeuralSpec(Component):
@@ -70,6 +76,11 @@ class _NeuralSpec(Component):
     context_window: int = Field(1024, ge=1, description="target positions kept in the drafter's context K/V "
                                 "ring per request (device memory independent of context length)")
     max_batch: int | None = Field(None, ge=1, description=_MAX_BATCH)
+    gate: Literal["auto", "off"] = Field("auto", description=_GATE)
+    gate_feed: int = Field(64, ge=1, description="while the gate keeps a batch on plain steps, how many plain "
+                           "steps before each probe hand the drafter their features (the others run as exact "
+                           "plain steps, and the probe's context skips their positions); 257 or more feeds every "
+                           "one")
 
     @property
     def window(self) -> int:
@@ -145,10 +156,6 @@ class DSparkSpec(_NeuralSpec):
                                                    "drafts every step; load_aware: per row, as many as the "
                                                    "calibrated confidences and the SPS profile pay for "
                                                    "(synodic/spec/load_aware.py)")
-    gate_feed: int = Field(64, ge=1, description="load_aware: while the gate keeps a batch on plain steps, how "
-                           "many plain steps before each probe hand the drafter their features (the others run "
-                           "as exact plain steps, and the probe's context skips their positions); 257 or more "
-                           "feeds every one")
 
     def build(self, ctx):
         drafter = super().build(ctx)

@@ -87,6 +87,17 @@ class ControlledDrafter(Drafter):
     def chains(self) -> bool:
         return bool(self.inner.chains) and self._dev is not None  # draft_device reads the device tables
 
+    @property
+    def gate(self):
+        return self.inner.gate
+
+    @property
+    def deferred(self):
+        return self.inner.deferred
+
+    def lazy_ring(self, max_slots: int):
+        return self.inner.lazy_ring(max_slots)
+
     def bind_history(self, history) -> None:
         self.inner.bind_history(history)
 

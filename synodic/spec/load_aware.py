@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .gate import Gate
+
 SPS_DIR = Path(__file__).resolve().parents[1] / "assets" / "sps"
 
 
@@ -109,30 +111,24 @@ def _ascending(path, d: dict, key: str, *values: str) -> None:
                          + ", ".join(repr(v) for v in values))
 
 
-class DraftGate:
-    """Whether a load-aware step drafts at all: the predicted rate of speculating over b rows,
-    b · kept / ((1 / draft(b) + 1 / SPS(b · verified)) · spec_cost), against plain decoding's
-    b · plain(b) / plain_cost (SpsProfile's rates; kept and verified: moving averages of the tokens per row that
-    recent drafting steps kept and verified). The profile times the device work of each step; spec_cost and
-    plain_cost (moving averages of the engine's measured step time over the profile's, 1 until measured) add
+class DraftGate(Gate):
+    """Whether a load-aware step drafts at all (the probe schedule: synodic/spec/gate.py): the predicted rate of
+    speculating over b rows, b · kept / ((1 / draft(b) + 1 / SPS(b · verified)) · spec_cost), against plain
+    decoding's b · plain(b) / plain_cost (SpsProfile's rates; kept and verified: moving averages of the tokens per
+    row that recent drafting steps kept and verified). The profile times the device work of each step; spec_cost
+    and plain_cost (moving averages of the engine's measured step time over the profile's, 1 until measured) add
     what it cannot see: the host's bookkeeping, which overlapped plain steps hide and drafting steps, read back
-    mid-step, do not. A closed gate sends the batch to plain steps; after `wait` of them it drafts once to
-    re-measure (a probe), and each probe that finds speculation still losing doubles the wait, up to max_wait
-    steps, so a batch where drafts cannot pay spends about one step in max_wait on them. Only the last `feed`
-    plain steps before a probe hand the drafter their features (`feeds`): the rest run as exact plain steps, and
-    the probe drafts from the context before the stretch plus its last `feed` positions. The state carries
-    across generate() calls: a server's acceptance is a property of its traffic, not of one batch."""
+    mid-step, do not. The state carries across generate() calls: a server's acceptance is a property of its
+    traffic, not of one batch."""
 
     def __init__(self, sps: SpsProfile, max_wait: int = 256, decay: float = 0.5, cost_decay: float = 0.5,
                  plain_decay: float = 0.1, feed: int = 64):
-        self.sps, self.max_wait, self.decay, self.feed = sps, max_wait, decay, feed
+        super().__init__(max_wait, feed)
+        self.sps, self.decay = sps, decay
         self.cost_decay, self.plain_decay = cost_decay, plain_decay  # 0: price steps by the profile alone
         self.kept: float | None = None      # tokens kept per row-step (accepted drafts + 1)
         self.verified: float | None = None  # tokens verified per row-step (chosen drafts + 1)
         self.spec_cost = self.plain_cost = 1.0  # measured step time / the profile's
-        self.wait, self.since = 1, 0         # plain steps between probes; plain steps since the last draft
-        self.probes = 0                      # steps drafted while the gate was closed
-        self.plain_steps = 0                 # plain steps run instead of drafting (or past spec.max_batch)
 
     def _spec_s(self, b: int, verified: float) -> float:
         return 1.0 / self.sps.draft(b) + 1.0 / self.sps(b * verified)
@@ -148,16 +144,6 @@ class DraftGate:
             return True
         spec, plain = self.rates(b)
         return spec > plain
-
-    def drafts(self, b: int) -> bool:
-        """Whether the next step over b rows drafts: the gate is open, or a probe is due."""
-        return self.open(b) or self.since >= self.wait
-
-    def feeds(self) -> bool:
-        """Whether a plain step launched now feeds the drafter's context: one of the last `feed` before the probe
-        (the plain loop launches a step before reading back the one in flight, which `since` does not count yet,
-        so wait - since plain steps are still to run, this one included)."""
-        return self.wait - self.since <= self.feed
 
     def plain_step(self, b: int, seconds: float | None = None) -> None:
         """A plain step over b rows ran (in `seconds`, when timed: a step that captured a graph is not)."""
@@ -176,9 +162,11 @@ class DraftGate:
             self.verified += self.decay * (verified - self.verified)
         if seconds is not None:
             self.spec_cost += self.cost_decay * (_ratio(seconds / self._spec_s(b, verified)) - self.spec_cost)
-        spec, plain = self.rates(b)
-        self.wait = 1 if spec > plain else min(2 * self.wait, self.max_wait)
-        self.since = 0
+        self._drafted(b)
+
+    def summary(self) -> dict:
+        return {**super().summary(), "kind": "sps_profile", "kept_per_row": self.kept,
+                "verified_per_row": self.verified, "spec_cost": self.spec_cost, "plain_cost": self.plain_cost}
 
 
 def _ratio(r: float) -> float:

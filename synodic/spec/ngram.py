@@ -63,8 +63,9 @@ class NgramDrafter(Drafter):
     uses_history = True
     chains = True
 
-    def __init__(self, gamma: int, max_ngram: int, min_ngram: int):
+    def __init__(self, gamma: int, max_ngram: int, min_ngram: int, gate=None):
         self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
+        self.gate = gate  # a synodic.spec.gate.MeasuredGate (spec.gate=auto) or None
         self._index: dict[int, NgramIndex] = {}  # request id → its n-gram index
 
     def on_prefill(self, reqs, hidden) -> None:
@@ -95,4 +96,5 @@ class NgramDrafter(Drafter):
         return hints.clamp(min=0), (hints >= 0).sum(1)
 
     def summary(self) -> dict:
-        return {"scheme": "ngram", "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
+        return {"scheme": "ngram", "max_ngram": self.max_ngram, "min_ngram": self.min_ngram,
+                **({} if self.gate is None else {"gate": self.gate.summary()})}

@@ -13,8 +13,8 @@
 The optional hooks (graph_safe, stages_drafts, uses_history, chains, decide) have their defaults on
 `Drafter`, which every drafter runtime subclasses; a graph_safe drafter also implements draft_device /
 commit_device, and so does one that `chains` (the engine queues its greedy steps back to back); one that
-`picks_lengths` (load-aware DSpark) implements draft_confident / lengths, and with a gating SPS profile has a
-`gate` (whether a step drafts at all) and a `deferred` ring for the plain steps a closed gate runs.
+`picks_lengths` (load-aware DSpark) implements draft_confident / lengths. A `gate` (synodic/spec/gate.py) decides
+whether a greedy step drafts at all; a neural drafter's closed gate feeds a `deferred` ring from its plain steps.
 
 NgramDrafter (ngram.py) works on host token lists (on the runner's device token history in a step queued behind
 the one in flight); NeuralDrafter feeds a DraftModel the target's hidden
@@ -156,13 +156,18 @@ class NeuralDrafter(Drafter):
 
     @property
     def gate(self):
-        """Load-aware DSpark's DraftGate, when its SPS profile prices plain and draft steps (else None: it always
-        drafts); one per profile, kept across generate() calls."""
-        if self.sps is None or not self.sps.gates:
+        """Whether a greedy step drafts (synodic/spec/gate.py): load-aware DSpark's DraftGate when its SPS profile
+        prices plain and draft steps (one per profile), else a MeasuredGate; None with spec.gate=off. Kept across
+        generate() calls."""
+        if self.cfg.gate == "off":
             return None
-        if self._gate is None or self._gate.sps is not self.sps:
-            from synodic.spec.load_aware import DraftGate
-            self._gate = DraftGate(self.sps, feed=self.cfg.gate_feed)
+        if self.sps is not None and self.sps.gates:
+            if not hasattr(self._gate, "sps") or self._gate.sps is not self.sps:
+                from synodic.spec.load_aware import DraftGate
+                self._gate = DraftGate(self.sps, feed=self.cfg.gate_feed)
+        elif self._gate is None or hasattr(self._gate, "sps"):
+            from synodic.spec.gate import MeasuredGate
+            self._gate = MeasuredGate(feed=self.cfg.gate_feed)
         return self._gate
 
     @property
@@ -215,10 +220,7 @@ class NeuralDrafter(Drafter):
 
     def _gate_summary(self) -> dict:
         g = self.gate
-        return {} if g is None else {"gate": {"plain_steps": g.plain_steps, "probes": g.probes,
-                                              "kept_per_row": g.kept, "verified_per_row": g.verified,
-                                              "spec_cost": g.spec_cost, "plain_cost": g.plain_cost,
-                                              "wait": g.wait, "feed": g.feed}}
+        return {} if g is None else {"gate": g.summary()}
 
 
 class LazyRing:

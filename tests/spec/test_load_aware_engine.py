@@ -45,7 +45,7 @@ def test_load_aware_is_lossless_and_follows_choose_lengths():
     plain, _, _ = _run(MODEL)
     # verify cost flat up to 6 tokens, then steeper: some rows verify drafts, others none
     sps = SpsProfile([1, 6, 12, 40], [100.0, 100.0, 70.0, 20.0])
-    out, seen, _ = _run([*MODEL, *LOAD_AWARE], sps)
+    out, seen, _ = _run([*MODEL, *LOAD_AWARE, "spec.gate=off"], sps)  # (every step drafts)
     assert out == plain
     assert seen and all(n == choose_lengths(c, sps)[0].tolist() for c, n in seen)
     assert len({x for _, n in seen for x in n}) > 1  # the lengths actually vary
@@ -91,7 +91,7 @@ def test_load_aware_windows_are_cut_to_the_chosen_drafts(monkeypatch):
     monkeypatch.setattr(ModelRunner, "speculate", spec)
     monkeypatch.setattr(ModelRunner, "decode", dec)
     sps = SpsProfile([1, 6, 12, 40], [100.0, 100.0, 70.0, 20.0])
-    _, seen, _ = _run([*MODEL, *LOAD_AWARE], sps)
+    _, seen, _ = _run([*MODEL, *LOAD_AWARE, "spec.gate=off"], sps)
     assert widths == [1 + max(n) for _, n in seen] and min(widths) < 4
 
 

@@ -25,7 +25,8 @@ KV = {"resident": ["kv=resident", "kv.num_blocks=128"],
       "adaptive": ["kv=adaptive", *TIERED, "kv.num_blocks=40", "kv.tail_pages=3"]}
 SSM = {"eager": ["ssm=eager"], "replay": ["ssm=replay", "ssm.ring_len=8"]}  # ring of 8: windows wrap it
 PROMPTS = [[5, 9, 200, 31, 7, 5, 9], [100, 3], [42] * 9, [1, 2, 3, 1, 2, 3, 1, 2]]
-SPEC = ["spec=ngram", "spec.num_speculative_tokens=3"]
+# spec.gate=off: these tests are about the drafting steps themselves; tests/spec/test_gate.py runs the gate
+SPEC = ["spec=ngram", "spec.num_speculative_tokens=3", "spec.gate=off"]
 
 
 def serve(overrides, max_tokens=(13, 9, 16, 11), stop=(), temperature=0.0, prompts=PROMPTS, max_seq_len=64):
@@ -120,7 +121,7 @@ def test_bad_spec_input_one_line_exit_2(args, needle, tmp_path):
     assert "Traceback" not in p.stderr
 
 
-NEURAL = ["spec.drafter=random", "spec.num_speculative_tokens=3"]
+NEURAL = ["spec.drafter=random", "spec.num_speculative_tokens=3", "spec.gate=off"]
 
 
 @pytest.mark.parametrize("scheme,ssm,kv", [("dflash", "eager", "adaptive"), ("dspark", "replay", "adaptive"),
@@ -163,7 +164,8 @@ def test_shipped_dflash2_drafter_is_lossless_and_accepts(preset, ssm):
     text = [ids[i * 200: i * 200 + 40] for i in range(4)]  # held-out source code, as the drafter was trained on
     base = [f"model={preset}", "runtime.device=cpu"]
     _, plain = serve(base, max_tokens=(16, 16, 16, 16), prompts=text, max_seq_len=96)
-    eng, reqs = serve([*base, *SSM[ssm], "spec=dflash2"], max_tokens=(16, 16, 16, 16), prompts=text, max_seq_len=96)
+    eng, reqs = serve([*base, *SSM[ssm], "spec=dflash2", "spec.gate=off"], max_tokens=(16, 16, 16, 16), prompts=text,
+                      max_seq_len=96)
     assert [r.output_ids for r in reqs] == [r.output_ids for r in plain]
     assert sum(eng.accepted) / len(eng.accepted) > 1.05
 
@@ -219,7 +221,7 @@ def test_overlapped_speculation_equals_synced_steps(preset, spec):
     ids = heldout_tokens(load_tokenizer(shipped_dir(preset) / "tokenizer.json").encode, 800)
     prompts = [ids[i * 150: i * 150 + 24 + 5 * i] for i in range(4)]
     base = [f"model={preset}", "runtime.device=cpu", "ssm=replay", "ssm.ring_len=8", f"spec={spec}",
-            "spec.num_speculative_tokens=3"]
+            "spec.num_speculative_tokens=3", "spec.gate=off"]
     _, plain = serve(base[:2], max_tokens=(24, 17, 30, 9), prompts=prompts, max_seq_len=96)
     stop = (plain[2].output_ids[11],)  # request 2 ends on it, inside a chain
     runs = {}
@@ -261,7 +263,8 @@ def test_a_reused_request_id_drafts_as_a_fresh_one(scheme):
     from synodic.models.weights import shipped_dir
     ids = heldout_tokens(load_tokenizer(shipped_dir("tiny_mamba2") / "tokenizer.json").encode, 800)
     prompts = [ids[i * 200: i * 200 + 40] for i in range(3)]
-    eng = Engine(build_graph(compose(["model=tiny_mamba2", "runtime.device=cpu", f"spec={scheme}"]), max_seq_len=96))
+    eng = Engine(build_graph(compose(["model=tiny_mamba2", "runtime.device=cpu", f"spec={scheme}", "spec.gate=off"]),
+                             max_seq_len=96))
     runs = []
     for _ in range(2):
         reqs = [Request(i, list(p), SamplingParams(max_tokens=24)) for i, p in enumerate(prompts)]

@@ -1,0 +1,99 @@
+"""Whether a greedy speculative step drafts at all, or the batch runs plain decode steps instead.
+
+A verify window of 1 + γ tokens over b rows costs more as b grows (at a few hundred rows it is compute-bound),
+while what the drafts earn per row does not grow, so every drafter loses to plain decoding past some batch, and
+a weak drafter loses everywhere. A gate decides per step from rates it holds; a closed gate sends the batch to
+the overlapped plain loop and drafts again only to re-measure (a probe): after `wait` plain steps, where each
+probe that still loses doubles the wait up to max_wait, so a batch where drafts cannot pay spends about one step
+in max_wait on them. Only the last `feed` plain steps before a probe hand a neural drafter their features
+(`feeds`; the rest are exact plain steps). Greedy batches only: a sampled row's draws are per speculative step.
+
+Two gates share that schedule:
+- `MeasuredGate` (here): every scheme. Per batch bucket (rows rounded up to a power of two, as CUDA graphs are
+  captured), moving averages of the tokens per second that the engine measured drafting steps and plain steps to
+  produce; the bucket drafts while the first beats the second. It needs no profile, so it measures each side
+  once per bucket: a drafting step first, then plain steps until one is timed.
+- `load_aware.DraftGate`: load-aware DSpark with an SPS profile that prices draft and plain steps; it predicts
+  both rates at any batch from the profile and the recent acceptance."""
+
+
+class Gate:
+    """The probe schedule and counters; a subclass says whether drafting beats plain steps at b rows (`open`)."""
+
+    def __init__(self, max_wait: int = 256, feed: int = 64):
+        self.max_wait, self.feed = max_wait, feed
+        self.wait, self.since = 1, 0         # plain steps between probes; plain steps since the last draft
+        self.probes = 0                      # steps drafted while the gate was closed
+        self.plain_steps = 0                 # plain steps run instead of drafting
+
+    def open(self, b: int) -> bool:
+        raise NotImplementedError
+
+    def drafts(self, b: int) -> bool:
+        """Whether the next step over b rows drafts: the gate is open, or a probe is due."""
+        return self.open(b) or self.since >= self.wait
+
+    def feeds(self) -> bool:
+        """Whether a plain step launched now feeds the drafter's context: one of the last `feed` before the probe
+        (the plain loop launches a step before reading back the one in flight, which `since` does not count yet,
+        so wait - since plain steps are still to run, this one included)."""
+        return self.wait - self.since <= self.feed
+
+    def _drafted(self, b: int) -> None:
+        """After a drafting step's rates are in: the next probe's wait."""
+        self.wait = 1 if self.open(b) else min(2 * self.wait, self.max_wait)
+        self.since = 0
+
+    def summary(self) -> dict:
+        return {"plain_steps": self.plain_steps, "probes": self.probes, "wait": self.wait, "feed": self.feed}
+
+
+def bucket(b: int) -> int:
+    return 1 << (max(b, 1) - 1).bit_length()
+
+
+class MeasuredGate(Gate):
+    """Drafting against plain steps by the rates the engine measured, per batch bucket (module docstring)."""
+
+    def __init__(self, max_wait: int = 256, feed: int = 64, decay: float = 0.3):
+        super().__init__(max_wait, feed)
+        self.decay = decay
+        self.spec: dict[int, float] = {}   # bucket → tokens / s of drafting steps (kept tokens over the step)
+        self.plain: dict[int, float] = {}  # bucket → tokens / s of plain steps
+
+    def open(self, b: int) -> bool:
+        k = bucket(b)
+        if k not in self.spec:
+            return True   # the drafter is what was asked for: measure it first
+        if k not in self.plain:
+            return False  # then plain steps until one is timed
+        return self.spec[k] > self.plain[k]
+
+    def drafts(self, b: int) -> bool:
+        k = bucket(b)
+        if k in self.spec and k not in self.plain:
+            return False  # (no probe before the plain side has a rate to compare with)
+        return super().drafts(b)
+
+    def plain_step(self, b: int, seconds: float | None = None) -> None:
+        """A plain step over b rows ran (in `seconds`, when timed: a step that captured a graph is not)."""
+        self.since += 1
+        self.plain_steps += 1
+        if seconds is not None and seconds > 0:
+            _average(self.plain, bucket(b), b / seconds, self.decay)
+
+    def observe(self, b: int, kept: float, verified: float, seconds: float | None = None) -> None:
+        """A drafting step over b rows kept `kept` tokens per row (in `seconds`, when timed)."""
+        self.probes += not self.open(b)
+        if seconds is not None and seconds > 0:
+            _average(self.spec, bucket(b), b * kept / seconds, self.decay)
+        self._drafted(b)
+
+    def summary(self) -> dict:
+        return {**super().summary(), "kind": "measured",
+                "tokens_per_s": {str(k): {"drafting": self.spec.get(k), "plain": self.plain.get(k)}
+                                 for k in sorted({*self.spec, *self.plain})}}
+
+
+def _average(rates: dict, k: int, x: float, decay: float) -> None:
+    rates[k] = x if k not in rates else rates[k] + decay * (x - rates[k])

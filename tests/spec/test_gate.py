@@ -1,0 +1,124 @@
+"""spec.gate=auto (synodic/spec/gate.py): greedy batches draft only where drafting steps beat plain steps. The
+MeasuredGate's schedule (a drafting step first, then plain steps until one is timed, then the faster side, with
+probes at doubling waits), and through the Engine for every scheme, synced and overlapped: a closed gate runs
+plain steps and probes, an open one drafts every step, and the output is plain greedy decoding's either way."""
+import pytest
+
+from synodic.config.compose import compose
+from synodic.engine.engine import Engine
+from synodic.engine.request import Request, SamplingParams
+from synodic.graph import build_graph
+from synodic.spec.gate import MeasuredGate, bucket
+
+MODEL = ["model.weights=random", "runtime.device=cpu", "+model.overrides.num_hidden_layers=6",
+         "+model.overrides.hybrid_override_pattern=M*-*M*", "ssm=replay", "ssm.ring_len=8"]
+SCHEMES = {"ngram": ["spec=ngram", "spec.num_speculative_tokens=3"],
+           "dflash2": ["spec=dflash2", "spec.drafter=random", "spec.num_speculative_tokens=3"],
+           "dspark": ["spec=dspark", "spec.drafter=random", "spec.num_speculative_tokens=3"]}
+PROMPTS = [[5, 9, 200, 31, 7, 5, 9], [100, 3], [42] * 9, [1, 2, 3, 1, 2, 3, 1, 2]]
+
+
+class FixedGate(MeasuredGate):
+    """A MeasuredGate whose rates are set, not measured (a shared CPU's step times would decide at random)."""
+
+    def __init__(self, spec: float, plain: float):
+        super().__init__()
+        self.rate = (spec, plain)
+
+    def open(self, b):
+        return self.rate[0] > self.rate[1]
+
+    def plain_step(self, b, seconds=None):
+        super().plain_step(b, None)
+
+    def observe(self, b, kept, verified, seconds=None):
+        super().observe(b, kept, verified, None)
+
+
+def _serve(overrides, gate=None, max_tokens=12):
+    eng = Engine(build_graph(compose(overrides), max_seq_len=64))
+    if gate is not None:
+        if hasattr(eng.drafter, "_gate"):
+            eng.drafter._gate = gate
+        else:
+            eng.drafter.gate = gate
+    reqs = [Request(i, p, SamplingParams(max_tokens=max_tokens)) for i, p in enumerate(PROMPTS)]
+    eng.generate(reqs)
+    return [r.output_ids for r in reqs], eng
+
+
+def test_measured_gate_schedule():
+    g = MeasuredGate(max_wait=8)
+    assert g.drafts(3)                        # nothing measured: draft
+    g.observe(3, 2.0, 4.0, None)              # a capture: not timed, still unknown
+    assert g.drafts(3)
+    g.observe(3, 2.0, 4.0, 0.01)              # 600 tokens/s drafting at bucket 4
+    assert not g.drafts(3) and not g.drafts(4)  # the plain side next, even though a probe would be due
+    g.plain_step(4, None)
+    assert not g.drafts(4)
+    g.plain_step(4, 0.002)                    # 2000 tokens/s plain: plain wins
+    assert not g.open(4) and g.drafts(4)      # since (2) >= wait (2): a probe
+    g.observe(4, 2.0, 4.0, 0.01)              # still losing: the wait doubles
+    assert g.probes == 1 and g.wait == 4
+    assert g.drafts(5)                        # bucket 8 has no rates yet: measured on its own
+    waits = []
+    for _ in range(4):
+        while not g.drafts(4):
+            g.plain_step(4, 0.002)
+        g.observe(4, 2.0, 4.0, 0.01)
+        waits.append(g.wait)
+    assert waits == [8, 8, 8, 8]              # capped at max_wait
+    g.observe(4, 40.0, 41.0, 0.01)            # acceptance jumped: 16000 tokens/s moves the average past plain
+    assert g.open(4) and g.wait == 1
+    assert bucket(1) == 1 and bucket(3) == 4 and bucket(4) == 4 and bucket(5) == 8
+    assert g.summary()["tokens_per_s"]["4"]["plain"] == pytest.approx(2000.0)
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+@pytest.mark.parametrize("overlap", ["true", "false"])
+def test_closed_gate_runs_plain_steps_and_stays_lossless(scheme, overlap):
+    over = [*MODEL, f"runtime.overlap={overlap}"]
+    plain, _ = _serve(over)
+    g = FixedGate(spec=1.0, plain=10.0)
+    out, eng = _serve([*over, *SCHEMES[scheme]], g)
+    assert out == plain
+    s = eng.spec_stats.summary()
+    assert g.plain_steps > 0 and g.probes >= 1
+    assert s["steps"] - s["plain_steps"] == g.probes  # closed from the start: every drafting step is a probe
+    assert eng.drafter.summary()["gate"]["plain_steps"] == g.plain_steps
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_open_gate_drafts_every_step(scheme):
+    plain, _ = _serve(MODEL)
+    g = FixedGate(spec=10.0, plain=1.0)
+    out, eng = _serve([*MODEL, *SCHEMES[scheme]], g)
+    assert out == plain and g.plain_steps == 0 and g.probes == 0
+
+
+def test_measured_gate_on_real_step_times():
+    """The default gate, timing this machine's steps: whatever it decides, the output is plain greedy's, and it
+    holds both rates of the buckets it ran."""
+    plain, _ = _serve(MODEL, max_tokens=24)
+    out, eng = _serve([*MODEL, *SCHEMES["dflash2"]], max_tokens=24)
+    g = eng.drafter.gate
+    assert out == plain and isinstance(g, MeasuredGate)
+    rates = g.summary()["tokens_per_s"]
+    assert rates and any(r["drafting"] and r["plain"] for r in rates.values())
+
+
+def test_gate_off_and_sampled_rows_always_draft():
+    _, eng = _serve([*MODEL, *SCHEMES["dflash2"], "spec.gate=off"])
+    assert eng.drafter.gate is None
+    eng = Engine(build_graph(compose([*MODEL, *SCHEMES["ngram"]]), max_seq_len=64))
+    g = eng.drafter.gate = FixedGate(spec=1.0, plain=10.0)
+    reqs = [Request(i, p, SamplingParams(max_tokens=8, temperature=1.0, seed=i)) for i, p in enumerate(PROMPTS)]
+    eng.generate(reqs)
+    assert g.plain_steps == 0 and eng.spec_stats.summary()["plain_steps"] < eng.spec_stats.summary()["steps"]
+
+
+def test_controlled_drafter_shares_its_drafters_gate():
+    from synodic.spec.controlled import ControlledDrafter
+    eng = Engine(build_graph(compose([*MODEL, *SCHEMES["dflash2"]]), max_seq_len=64))
+    c = ControlledDrafter(eng.drafter, 3, [0.5] * 3, {0: [1, 2, 3]}, 512)
+    assert c.gate is eng.drafter.gate and c.gate is not None
