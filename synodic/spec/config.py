@@ -57,8 +57,8 @@ class NgramSpec(Component):
         return 1 + self.num_speculative_tokens
 
     def build(self, ctx):
-        from .ngram import NgramDrafter
         from .gate import MeasuredGate
+        from .ngram import NgramDrafter
         return NgramDrafter(self.num_speculative_tokens, self.max_ngram, self.min_ngram,
                             MeasuredGate() if self.gate == "auto" else None)
 
