@@ -24,6 +24,9 @@ class SpecStats:
         self.emitted += emitted
         self.draft_s += draft_s
         self.verify_s += verify_s
+        if not any(n_drafts):  # (a plain step: no per-row loop on the host between overlapped steps)
+            self.plain_rows += len(n_drafts)
+            return
         for n, m in zip(n_drafts, accepted):
             if n == 0:
                 self.plain_rows += 1
