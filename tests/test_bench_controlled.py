@@ -15,7 +15,7 @@ RATES = [0.8, 0.5, 0.3]
 BASE = ["model=tiny_gdn", "model.weights=random", "runtime.device=cpu", "runtime.max_slots=8"]
 
 
-def _run(p: BenchPipeline, spec=("spec=ngram", "spec.num_speculative_tokens=3")):
+def _run(p: BenchPipeline, spec=("spec=ngram", "spec.num_speculative_tokens=3", "spec.gate=off")):
     from synodic.pipelines.bench import row_tokens
     cfg = compose(BASE + list(spec))
     graph = build_graph(cfg, row_tokens(p, cfg.spec.window) + 1, max_slots=8)
@@ -83,7 +83,7 @@ def test_controlled_needs_rates_for_the_scheme():
     with pytest.raises(ConfigError, match="pipeline.measured_rates has"):
         _run(p)
     with pytest.raises(ConfigError, match="2 rates for spec.num_speculative_tokens=4"):
-        _run(p.model_copy(update={"acceptance_rates": [0.5] * 2}), ("spec=ngram", "spec.num_speculative_tokens=4"))
+        _run(p.model_copy(update={"acceptance_rates": [0.5] * 2}), ("spec=ngram", "spec.num_speculative_tokens=4", "spec.gate=off"))
 
 
 def test_the_shipped_default_rates_cover_the_shipped_drafters():
@@ -102,7 +102,7 @@ def test_the_captured_step_path_draws_the_same_acceptances_as_the_host_path(monk
     from synodic.spec.controlled import ControlledDrafter
     p = BenchPipeline(batch_sizes=[8], prompt_len=6, steps=12, warmup=1, stagger=2, repeats=1,
                       acceptance="controlled", acceptance_rates=RATES, acceptance_seed=5)
-    spec = ("spec=dflash2", "spec.drafter=random", "spec.num_speculative_tokens=3")
+    spec = ("spec=dflash2", "spec.drafter=random", "spec.num_speculative_tokens=3", "spec.gate=off")
     used = []
     speculate = ModelRunner.speculate
     monkeypatch.setattr(ModelRunner, "speculate", lambda self, *a, **k: used.append(1) or speculate(self, *a, **k))
@@ -147,7 +147,7 @@ def test_forced_acceptance_keeps_the_rates_when_the_target_disagrees_with_the_re
     from synodic.engine.engine import Engine
     from synodic.engine.runner import ModelRunner
     from synodic.spec.controlled import ControlledDrafter
-    spec = ("spec=dflash2", "spec.drafter=random", "spec.num_speculative_tokens=3")
+    spec = ("spec=dflash2", "spec.drafter=random", "spec.num_speculative_tokens=3", "spec.gate=off")
     p = BenchPipeline(batch_sizes=[8], prompt_len=6, steps=32, warmup=1, stagger=2, repeats=1,
                       acceptance="controlled", acceptance_rates=RATES, acceptance_seed=5)
     ctl, _, _, _ = _run_with(p, spec, _shifted)
@@ -178,7 +178,7 @@ def test_forced_acceptance_keeps_the_rates_when_the_target_disagrees_with_the_re
 
 def test_forced_equals_controlled_where_the_target_follows_the_reference():
     """With the real reference (fp32 CPU: the verify agrees with the plain run), forcing changes nothing."""
-    spec = ("spec=dflash2", "spec.drafter=random", "spec.num_speculative_tokens=3")
+    spec = ("spec=dflash2", "spec.drafter=random", "spec.num_speculative_tokens=3", "spec.gate=off")
     p = BenchPipeline(batch_sizes=[8], prompt_len=6, steps=12, warmup=1, stagger=2, repeats=1,
                       acceptance="controlled", acceptance_rates=RATES, acceptance_seed=2)
     a, ea, _, _ = _run(p, spec)

@@ -50,6 +50,8 @@ MAX_TOKENS = [17, 9, 13, 5]  # the batch shrinks 4 → 3 (padded to 4) → 2 →
 
 
 def serve(overrides, emulate: bool, prompts=PROMPTS):
+    if any(o.startswith("spec=") for o in overrides) and "spec.verify=load_aware" not in overrides:
+        overrides = [*overrides, "spec.gate=off"]  # (MeasuredGate decides from step times, which differ by run)
     eng = Engine(build_graph(compose(["runtime.device=cpu", *overrides]), max_seq_len=64))
     run = eng.runner
     gate = eng.drafter.gate if eng.drafter is not None else None

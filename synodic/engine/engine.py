@@ -382,9 +382,9 @@ class Engine:
                          1.0 if plain else sum(n_drafts[i] + 1 for i in live) / len(live),
                          None if self.runner.capture_s != self._cap_seen else end - t_gate)
         self._cap_seen = self.runner.capture_s
-        return end
         if progress is not None:
             progress(len(live))
+        return end
 
     def _spec_fixed(self, batch):
         """A greedy step over the fixed window 1 + γ (ModelRunner.speculate: one CUDA graph per bucket with graphs
