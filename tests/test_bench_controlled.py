@@ -83,7 +83,8 @@ def test_controlled_needs_rates_for_the_scheme():
     with pytest.raises(ConfigError, match="pipeline.measured_rates has"):
         _run(p)
     with pytest.raises(ConfigError, match="2 rates for spec.num_speculative_tokens=4"):
-        _run(p.model_copy(update={"acceptance_rates": [0.5] * 2}), ("spec=ngram", "spec.num_speculative_tokens=4", "spec.gate=off"))
+        _run(p.model_copy(update={"acceptance_rates": [0.5] * 2}),
+             ("spec=ngram", "spec.num_speculative_tokens=4", "spec.gate=off"))
 
 
 def test_the_shipped_default_rates_cover_the_shipped_drafters():
