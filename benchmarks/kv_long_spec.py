@@ -505,6 +505,7 @@ def _main(a, argv, t0: float) -> dict:
                    f"kv.block_size={a.block_size}", f"kv.indexer={a.indexer}",
                    f"kv.learned_key_dtype={a.learned_key_dtype}", f"runtime.seed={a.seed}",
                    "spec=dflash2", "spec.drafter=random", f"spec.num_speculative_tokens={a.gamma}",
+                   "spec.gate=off",  # (the benchmark times speculative steps under each policy: every step drafts)
                    f"spec.context_window={a.context_window}",
                    f"runtime.overlap={ {None: 'null', True: 'true', False: 'false'}[a.overlap]}"])
     arch = cfg.model.architecture()

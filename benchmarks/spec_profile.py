@@ -42,7 +42,7 @@ def main(argv=None) -> None:
     from synodic.engine.text import load_codec
     from synodic.graph import build_graph, checkpoint_dir
     p = dict(GPU if torch.cuda.is_available() else SMOKE)
-    over = [f"model={a.model}", f"ssm={a.ssm}", f"spec={a.spec}", f"runtime.device={p['device']}",
+    over = [f"model={a.model}", f"ssm={a.ssm}", f"spec={a.spec}", *_every_step(a.spec), f"runtime.device={p['device']}",
             f"runtime.max_slots={a.batch}", f"runtime.cuda_graphs={a.graphs}", *a.over]
     cfg = compose(over)
     prompts = heldout_prompts(load_codec(checkpoint_dir(cfg.model)), a.batch, p["prompt_tokens"])
@@ -79,7 +79,7 @@ def census_main(a) -> None:
     out_tokens = max(p["output_tokens"], 8 * (a.step + 1))  # the round must reach that step
     text, rows = [], {}
     for spec in a.specs:
-        over = [f"model={a.model}", f"ssm={a.ssm}", f"spec={spec}", f"runtime.device={device}",
+        over = [f"model={a.model}", f"ssm={a.ssm}", f"spec={spec}", *_every_step(spec), f"runtime.device={device}",
                 f"runtime.max_slots={a.batch}", "runtime.cuda_graphs=false", *a.over,
                 "runtime.overlap=false"]  # one _spec_step call a step (overlapped, one call serves a chain of them)
         cfg = compose(over)
@@ -320,6 +320,11 @@ def census_table(c: dict, title: str) -> str:
         top = sorted(v.items(), key=lambda kv: -kv[1])[:12]
         lines.append(f"  {o}: " + " ".join(f"{k}={n}" for k, n in top))
     return "\n".join(lines)
+
+
+def _every_step(spec: str) -> list[str]:
+    """spec.gate=off for a speculative scheme: the profile is of drafting steps, which the gate may skip."""
+    return [] if spec.split()[0] == "none" else ["spec.gate=off"]
 
 
 if __name__ == "__main__":
