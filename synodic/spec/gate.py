@@ -10,9 +10,11 @@ in max_wait on them. Only the last `feed` plain steps before a probe hand a neur
 
 Two gates share that schedule:
 - `MeasuredGate` (here): every scheme. Per batch bucket (rows rounded up to a power of two, as CUDA graphs are
-  captured), moving averages of the tokens per second that the engine measured drafting steps and plain steps to
-  produce; the bucket drafts while the first beats the second. It needs no profile, so it measures each side
-  once per bucket: a drafting step first, then plain steps until one is timed.
+  captured), the tokens per second that the engine measured drafting steps and plain steps to produce; the bucket
+  drafts while the first beats the second. Each rate is a ratio of moving sums (tokens over seconds), not an
+  average of per-step rates, which would weigh the short steps of a chain over the synced step that starts it.
+  It needs no profile, so it measures each side once per bucket: a drafting step first, then plain steps until
+  one is timed.
 - `load_aware.DraftGate`: load-aware DSpark with an SPS profile that prices draft and plain steps; it predicts
   both rates at any batch from the profile and the recent acceptance."""
 
@@ -55,23 +57,34 @@ def bucket(b: int) -> int:
 class MeasuredGate(Gate):
     """Drafting against plain steps by the rates the engine measured, per batch bucket (module docstring)."""
 
-    def __init__(self, max_wait: int = 256, feed: int = 64, decay: float = 0.3):
+    def __init__(self, max_wait: int = 256, feed: int = 64, decay: float = 0.2):
         super().__init__(max_wait, feed)
         self.decay = decay
-        self.spec: dict[int, float] = {}   # bucket → tokens / s of drafting steps (kept tokens over the step)
-        self.plain: dict[int, float] = {}  # bucket → tokens / s of plain steps
+        self._spec: dict[int, list[float]] = {}   # bucket → moving [tokens, seconds] of drafting steps (kept tokens)
+        self._plain: dict[int, list[float]] = {}  # bucket → moving [tokens, seconds] of plain steps
+
+    @property
+    def spec(self) -> dict[int, float]:
+        """Bucket → tokens / s of drafting steps."""
+        return {k: t / s for k, (t, s) in self._spec.items()}
+
+    @property
+    def plain(self) -> dict[int, float]:
+        """Bucket → tokens / s of plain steps."""
+        return {k: t / s for k, (t, s) in self._plain.items()}
 
     def open(self, b: int) -> bool:
         k = bucket(b)
-        if k not in self.spec:
+        if k not in self._spec:
             return True   # the drafter is what was asked for: measure it first
-        if k not in self.plain:
+        if k not in self._plain:
             return False  # then plain steps until one is timed
-        return self.spec[k] > self.plain[k]
+        (ts, ss), (tp, sp) = self._spec[k], self._plain[k]
+        return ts * sp > tp * ss
 
     def drafts(self, b: int) -> bool:
         k = bucket(b)
-        if k in self.spec and k not in self.plain:
+        if k in self._spec and k not in self._plain:
             return False  # (no probe before the plain side has a rate to compare with)
         return super().drafts(b)
 
@@ -80,20 +93,26 @@ class MeasuredGate(Gate):
         self.since += 1
         self.plain_steps += 1
         if seconds is not None and seconds > 0:
-            _average(self.plain, bucket(b), b / seconds, self.decay)
+            _average(self._plain, bucket(b), b, seconds, self.decay)
 
     def observe(self, b: int, kept: float, verified: float, seconds: float | None = None) -> None:
         """A drafting step over b rows kept `kept` tokens per row (in `seconds`, when timed)."""
         self.probes += not self.open(b)
         if seconds is not None and seconds > 0:
-            _average(self.spec, bucket(b), b * kept / seconds, self.decay)
+            _average(self._spec, bucket(b), b * kept, seconds, self.decay)
         self._drafted(b)
 
     def summary(self) -> dict:
+        spec, plain = self.spec, self.plain
         return {**super().summary(), "kind": "measured",
-                "tokens_per_s": {str(k): {"drafting": self.spec.get(k), "plain": self.plain.get(k)}
-                                 for k in sorted({*self.spec, *self.plain})}}
+                "tokens_per_s": {str(k): {"drafting": spec.get(k), "plain": plain.get(k)}
+                                 for k in sorted({*spec, *plain})}}
 
 
-def _average(rates: dict, k: int, x: float, decay: float) -> None:
-    rates[k] = x if k not in rates else rates[k] + decay * (x - rates[k])
+def _average(sums: dict, k: int, tokens: float, seconds: float, decay: float) -> None:
+    """Moving tokens and seconds of bucket k (their ratio is the bucket's rate)."""
+    if k not in sums:
+        sums[k] = [tokens, seconds]
+    else:
+        t, s = sums[k]
+        sums[k] = [t + decay * (tokens - t), s + decay * (seconds - s)]
