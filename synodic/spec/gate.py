@@ -5,8 +5,9 @@ while what the drafts earn per row does not grow, so every drafter loses to plai
 a weak drafter loses everywhere. A gate decides per step from rates it holds; a closed gate sends the batch to
 the overlapped plain loop and drafts again only to re-measure (a probe): after `wait` plain steps, where each
 probe that still loses doubles the wait up to max_wait, so a batch where drafts cannot pay spends about one step
-in max_wait on them. Only the last `feed` plain steps before a probe hand a neural drafter their features
-(`feeds`; the rest are exact plain steps). Greedy batches only: a sampled row's draws are per speculative step.
+in max_wait on them; each winning drafting step halves it. Only the last `feed` plain steps before a probe hand a
+neural drafter their features (`feeds`; the rest are exact plain steps). Greedy batches only: a sampled row's
+draws are per speculative step.
 
 Two gates share that schedule:
 - `MeasuredGate` (here): every scheme. Per batch bucket (rows rounded up to a power of two, as CUDA graphs are
@@ -42,8 +43,9 @@ class Gate:
         return self.wait - self.since <= self.feed
 
     def _drafted(self, b: int) -> None:
-        """After a drafting step's rates are in: the next probe's wait."""
-        self.wait = 1 if self.open(b) else min(2 * self.wait, self.max_wait)
+        """After a drafting step's rates are in: the next probe's wait, doubled by a losing step and halved by a
+        winning one (not reset: one lucky probe would otherwise reopen a losing batch to probes every step)."""
+        self.wait = max(1, self.wait // 2) if self.open(b) else min(2 * self.wait, self.max_wait)
         self.since = 0
 
     def summary(self) -> dict:

@@ -69,7 +69,7 @@ def test_measured_gate_schedule():
         waits.append(g.wait)
     assert waits == [8, 8, 8, 8]              # capped at max_wait
     g.observe(4, 40.0, 41.0, 0.01)            # acceptance jumped: 16000 tokens/s moves the average past plain
-    assert g.open(4) and g.wait == 1
+    assert g.open(4) and g.wait == 4          # a winning step halves the wait
     assert bucket(1) == 1 and bucket(3) == 4 and bucket(4) == 4 and bucket(5) == 8
     assert g.summary()["tokens_per_s"]["4"]["plain"] == pytest.approx(2000.0)
 

@@ -89,7 +89,7 @@ def test_gate_closes_and_probes_at_doubling_intervals():
         g.observe(2, kept=2.0, verified=4.0)  # the probe finds the same acceptance
     assert waits == [2, 4, 8, 8, 8, 8] and g.probes == 6 and g.plain_steps == sum(waits)
     g.observe(2, kept=8.0, verified=8.0)  # the text turns repetitive: the average moves halfway, the gate opens
-    assert g.kept == pytest.approx(5.0) and g.open(2) and g.wait == 1
+    assert g.kept == pytest.approx(5.0) and g.open(2) and g.wait == 4  # (a winning step halves the wait)
 
 
 def test_gate_prices_the_measured_step_times():
