@@ -72,7 +72,7 @@ def _serve(temperature=0.0, reference=None):
     eng = Engine(build_graph(compose(MODEL), max_seq_len=64, window=GAMMA + 1))
     if reference is not None:
         draft = RecordingDraft(eng, reference, eng.graph.model.config.vocab_size)
-        cfg = SimpleNamespace(num_speculative_tokens=GAMMA, context_window=64, drafter="test")
+        cfg = SimpleNamespace(num_speculative_tokens=GAMMA, context_window=64, drafter="test", gate="off")
         eng._use_drafter(NeuralDrafter(draft, cfg, "cpu"), GAMMA)
     reqs = [Request(i, p, SamplingParams(max_tokens=12, temperature=temperature, seed=i))
             for i, p in enumerate(PROMPTS)]

@@ -60,7 +60,8 @@ def test_walk_acceptance_equals_the_engines_tokens_per_step(preset, scheme, ssm)
     ids = heldout_tokens(load_tokenizer(shipped_dir(preset) / "tokenizer.json").encode, 2000)
     prompts = torch.tensor([ids[i * 500: i * 500 + P] for i in range(3)])
     eng = Engine(build_graph(compose([f"model={preset}", "runtime.device=cpu", f"ssm={ssm}", f"spec={scheme}",
-                                      f"spec.num_speculative_tokens={gamma}"]), max_seq_len=P + new + 16))
+                                      f"spec.num_speculative_tokens={gamma}", "spec.gate=off"]),
+                             max_seq_len=P + new + 16))
     held = continuations(eng.graph.model, prompts, new, 0.0)
     walk = walk_acceptance(eng.drafter.model, eng.graph.model, held, P, gamma)
     reqs = [Request(i, p.tolist(), SamplingParams(max_tokens=walk["max_tokens"])) for i, p in enumerate(prompts)]
