@@ -213,8 +213,9 @@ class NeuralDrafter(Drafter):
         if self.deferred is None:
             r = self.model._ring
             # the plain loop checks the gate before reading the step in flight back: up to max_wait + 1 plain steps
-            # run between two drafting steps
-            rows = min(self.gate.max_wait + 1, r["window"])
+            # run between two drafting steps, of which at most feed + 1 feed (Gate.feeds)
+            g = self.gate
+            rows = min(g.max_wait + 1, g.feed + 1, r["window"])
             self.deferred = LazyRing(self.model, max_slots, rows, r["kv"].dtype, self.device)
         return self.deferred
 
@@ -224,12 +225,13 @@ class NeuralDrafter(Drafter):
 
 
 class LazyRing:
-    """The context ring's feed of plain steps, deferred while load-aware DSpark's gate is closed: each step keeps
-    its tokens' fused features (the drafter's fc + norm, one small GEMM) in a per-slot buffer of `rows` positions
-    instead of running every draft layer's K / V projection, and `flush` appends them to the ring in one batch
-    before the next drafting step. The ring then holds what eager feeding would have written: the gate drafts at
-    least every max_wait + 1 plain steps and rows = min(max_wait + 1, the ring's window), so nothing the ring
-    would still hold is overwritten in the buffer, and a buffered position never replaces a newer one in it."""
+    """The context ring's feed of plain steps, deferred while a neural drafter's gate is closed: each fed step
+    keeps its tokens' fused features (the drafter's fc + norm, one small GEMM) in a per-slot buffer of `rows`
+    positions instead of running every draft layer's K / V projection, and `flush` appends them to the ring in one
+    batch before the next drafting step. The ring then holds what eager feeding of those steps would have written:
+    the gate drafts at least every max_wait + 1 plain steps, of which at most feed + 1 feed, and rows = min(max_wait
+    + 1, feed + 1, the ring's window), so nothing fed that the ring would still hold is overwritten in the buffer,
+    and a buffered position never replaces a newer one in it."""
     ring_key = "lazy-ring"  # (ModelRunner.decode captures a graph per ring kind)
 
     def __init__(self, model, max_slots: int, rows: int, dtype, device):
