@@ -119,8 +119,9 @@ def test_decode_pipeline_on_ray_with_speculation(tmp_path):
     """pipeline=decode end to end on replicas: results.json's spec section is the replicas' counters summed, and
     the outputs are the local run's."""
     from synodic.pipelines.decode import run
-    local = _cfg("model=tiny_mamba2", "spec=ngram", "workload.max_tokens=12")
-    ray_cfg = _cfg("model=tiny_mamba2", "spec=ngram", "workload.max_tokens=12", "runtime=ray", "runtime.replicas=2")
+    spec = ("spec=ngram", "spec.gate=off")  # (a gate's choices follow each process's step times)
+    local = _cfg("model=tiny_mamba2", *spec, "workload.max_tokens=12")
+    ray_cfg = _cfg("model=tiny_mamba2", *spec, "workload.max_tokens=12", "runtime=ray", "runtime.replicas=2")
     want, got = run(local, tmp_path / "local"), run(ray_cfg, tmp_path / "ray")
     assert [r["output_ids"] for r in got["requests"]] == [r["output_ids"] for r in want["requests"]]
     assert got["spec"]["emitted_tokens"] == want["spec"]["emitted_tokens"] > 0
