@@ -203,7 +203,8 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
 
     def snap():  # at a read-back: that step is done; in overlap mode the next one is queued (not waited for)
         st = eng.spec_stats
-        return (time.perf_counter(), eng.runner.capture_s, dict(eng.ledger.totals), eng.ledger.tokens, st.emitted)
+        return (time.perf_counter(), eng.runner.capture_s, dict(eng.ledger.totals), eng.ledger.tokens, st.emitted,
+                st.plain_steps)
 
     def progress(_live: int) -> None:
         k = tick[0] = tick[0] + 1
@@ -232,7 +233,7 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
     if off:
         raise RuntimeError(f"bench: requests {off[:8]} at batch {b} were preempted or ended early "
                            f"({reqs[off[0]].finish_reason}); the point would not time {b} rows")
-    (t0, c0, L0, n0, e0), (t1, c1, L1, n1, e1) = marks[0], marks[1]
+    (t0, c0, L0, n0, e0, q0), (t1, c1, L1, n1, e1, q1) = marks[0], marks[1]
     step_s = (t1 - t0 - (c1 - c0)) / p.steps
     tokens = (e1 - e0) if G else (n1 - n0)
     bytes_ = {k: (L1[k] - L0.get(k, 0)) / p.steps for k in L1}
@@ -243,12 +244,15 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
            "outputs_sha1": outputs_digest(reqs)}
     if G:
         row["tokens_per_row_step"] = tokens / p.steps / b
+        # timed steps that did not draft: the gate's choice (spec.gate=auto), past spec.max_batch, or no drafts
+        row["plain_steps"] = q1 - q0
         row["acceptance"] = p.acceptance if controlled else "real"
         row["acceptance_by_position"] = [None if x is None else round(x, 4)
                                          for x in conditional_rates(eng.spec_stats)]
         if controlled:
             row["outputs_match_reference"] = all(reference[r.id][:len(r.output_ids)] == r.output_ids for r in reqs)
             row["uncontrolled_drafts"] = eng.drafter.unknown_drafts()
+
     if prof is not None:
         key = "self_cuda_time_total" if graph.device.type == "cuda" else "self_cpu_time_total"
         profile_path.write_text(f"batch {b}, {p.steps} uncaptured decode steps\n" + prof.key_averages().table(
@@ -415,6 +419,7 @@ def combine_replicas(rows: list[dict]) -> dict:
             out[k] = sum(r[k] for r in rows)
     if "tokens_per_row_step" in out:
         out["tokens_per_row_step"] = _mean([r["tokens_per_row_step"] for r in rows])
+        out["plain_steps"] = max(r["plain_steps"] for r in rows)
         out["acceptance_by_position"] = [_mean(list(xs)) for xs in zip(*(r["acceptance_by_position"] for r in rows))]
     if "outputs_match_reference" in out:
         out["outputs_match_reference"] = all(r["outputs_match_reference"] for r in rows)
@@ -559,7 +564,7 @@ def run(cfg, run_dir: Path) -> dict:
     if w.distributed:
         cols[2:2] = ["replicas", "batch_total"]
     if any("acceptance" in r for r in rows):
-        cols += ["tokens_per_row_step", "acceptance"]
+        cols += ["tokens_per_row_step", "plain_steps", "acceptance"]
     if admissions:
         cols += ["admitted"]
     md = markdown_table(rows, cols)
