@@ -273,8 +273,13 @@ def combine_repeats(reps: list[dict]) -> dict:
     fastest, spread = median / min - 1; `warning` when the spread exceeds 10 %."""
     ms = [r["step_ms"] for r in reps]
     med, lo = statistics.median(ms), min(ms)
-    out = dict(reps[0])  # bytes and tokens per step are the same in every repeat (same requests, greedy)
-    per_step = reps[0]["tokens_per_s"] * reps[0]["step_ms"] / 1e3
+    # bytes and tokens per step are the same in every repeat (same requests, greedy), unless a speculative gate
+    # (spec.gate=auto) drafted in different steps of different repeats: then the row is the median repeat's
+    out = dict(reps[0])
+    if len({(round(r["tokens_per_s"] * r["step_ms"], 6), r.get("plain_steps")) for r in reps}) > 1:
+        out = dict(sorted(reps, key=lambda r: r["step_ms"])[(len(reps) - 1) // 2])
+        med = out["step_ms"]
+    per_step = out["tokens_per_s"] * out["step_ms"] / 1e3
     out.update(step_ms=med, tokens_per_s=per_step / (med / 1e3), GB_per_s=out["bytes_per_step"] / (med / 1e3) / 1e9,
                step_ms_min=lo, step_ms_median=med, repeats=len(reps), spread=med / lo - 1 if lo > 0 else 0.0)
     if out["spread"] > SPREAD_WARN:

@@ -70,6 +70,19 @@ def test_repeats_report_min_and_median_and_warn_when_they_disagree():
     assert noisy["step_ms"] == 1.12 and "12%" in noisy["warning"] and "> 10%" in noisy["warning"]
 
 
+def test_repeats_that_drafted_differently_report_the_median_repeat():
+    """Under spec.gate=auto repeats may draft in different steps (tokens per step differ): the row is the median
+    repeat's own step time and tokens, not one repeat's tokens over another's time."""
+    from synodic.pipelines.bench import combine_repeats
+
+    def rep(ms, tokens, plain):
+        return {"batch": 4, "step_ms": ms, "tokens_per_s": tokens / (ms / 1e3), "bytes_per_step": 1e6,
+                "GB_per_s": 0.0, "plain_steps": plain}
+    row = combine_repeats([rep(2.0, 12.0, 0), rep(1.0, 4.0, 10), rep(1.5, 8.0, 4)])
+    assert row["step_ms"] == 1.5 and abs(row["tokens_per_s"] - 8.0 / 1.5e-3) < 1e-6 and row["plain_steps"] == 4
+    assert row["step_ms_min"] == 1.0 and row["repeats"] == 3
+
+
 def test_mixed_kv_policies_write_one_csv_with_the_union_of_columns(tmp_path):
     """'' and 'kv=adaptive' report different ledger keys; the CSV holds their union with empty cells, and the
     repeats' min / median columns."""
