@@ -18,13 +18,15 @@ Two gates share that schedule:
   one is timed.
 - `load_aware.DraftGate`: load-aware DSpark with an SPS profile that prices draft and plain steps; it predicts
   both rates at any batch from the profile and the recent acceptance."""
+import math
 
 
 class Gate:
     """The probe schedule and counters; a subclass says whether drafting beats plain steps at b rows (`open`)."""
 
-    def __init__(self, max_wait: int = 256, feed: int = 64):
+    def __init__(self, max_wait: int = 256, feed: int = 64, probe_share: float = 0.02):
         self.max_wait, self.feed = max_wait, feed
+        self.probe_share = probe_share  # the plain throughput a losing batch's probes may cost, at most
         self.wait, self.since = 1, 0         # plain steps between probes; plain steps since the last draft
         self.probes = 0                      # steps drafted while the gate was closed
         self.plain_steps = 0                 # plain steps run instead of drafting
@@ -42,10 +44,22 @@ class Gate:
         so wait - since plain steps are still to run, this one included)."""
         return self.wait - self.since <= self.feed
 
+    def _probe_excess(self, b: int) -> float | None:
+        """Plain steps' worth of time a drafting step over b rows costs beyond the tokens it keeps (None: unknown)."""
+        return None
+
     def _drafted(self, b: int) -> None:
-        """After a drafting step's rates are in: the next probe's wait, doubled by a losing step and halved by a
-        winning one (not reset: one lucky probe would otherwise reopen a losing batch to probes every step)."""
-        self.wait = max(1, self.wait // 2) if self.open(b) else min(2 * self.wait, self.max_wait)
+        """After a drafting step's rates are in: the next probe's wait. A winning step halves it (not a reset: one
+        lucky probe would otherwise reopen a losing batch to probes every step); a losing one doubles it, and at
+        least to the wait at which a probe's excess cost is probe_share of the plain steps between probes, so a
+        drafter far behind stops probing often at once instead of after a ramp of doublings."""
+        if self.open(b):
+            self.wait = max(1, self.wait // 2)
+        else:
+            wait, excess = 2 * self.wait, self._probe_excess(b)
+            if excess is not None and excess > 0:
+                wait = max(wait, math.ceil(excess / self.probe_share))
+            self.wait = min(wait, self.max_wait)
         self.since = 0
 
     def summary(self) -> dict:
@@ -59,21 +73,22 @@ def bucket(b: int) -> int:
 class MeasuredGate(Gate):
     """Drafting against plain steps by the rates the engine measured, per batch bucket (module docstring)."""
 
-    def __init__(self, max_wait: int = 256, feed: int = 64, decay: float = 0.2):
-        super().__init__(max_wait, feed)
+    def __init__(self, max_wait: int = 256, feed: int = 64, decay: float = 0.2, probe_share: float = 0.02):
+        super().__init__(max_wait, feed, probe_share)
         self.decay = decay
-        self._spec: dict[int, list[float]] = {}   # bucket → moving [tokens, seconds] of drafting steps (kept tokens)
-        self._plain: dict[int, list[float]] = {}  # bucket → moving [tokens, seconds] of plain steps
+        # bucket → moving [tokens, seconds, steps] of drafting steps (kept tokens) and of plain steps
+        self._spec: dict[int, list[float]] = {}
+        self._plain: dict[int, list[float]] = {}
 
     @property
     def spec(self) -> dict[int, float]:
         """Bucket → tokens / s of drafting steps."""
-        return {k: t / s for k, (t, s) in self._spec.items()}
+        return {k: t / s for k, (t, s, _) in self._spec.items()}
 
     @property
     def plain(self) -> dict[int, float]:
         """Bucket → tokens / s of plain steps."""
-        return {k: t / s for k, (t, s) in self._plain.items()}
+        return {k: t / s for k, (t, s, _) in self._plain.items()}
 
     def open(self, b: int) -> bool:
         k = bucket(b)
@@ -81,8 +96,15 @@ class MeasuredGate(Gate):
             return True   # the drafter is what was asked for: measure it first
         if k not in self._plain:
             return False  # then plain steps until one is timed
-        (ts, ss), (tp, sp) = self._spec[k], self._plain[k]
+        (ts, ss, _), (tp, sp, _) = self._spec[k], self._plain[k]
         return ts * sp > tp * ss
+
+    def _probe_excess(self, b: int) -> float | None:
+        k = bucket(b)
+        if k not in self._spec or k not in self._plain:
+            return None
+        (ts, ss, ns), (tp, sp, np_) = self._spec[k], self._plain[k]
+        return (ss / ns) / (sp / np_) - (ts / ns) / (tp / np_)  # a drafting step's time and tokens, in plain steps
 
     def drafts(self, b: int) -> bool:
         k = bucket(b)
@@ -112,9 +134,8 @@ class MeasuredGate(Gate):
 
 
 def _average(sums: dict, k: int, tokens: float, seconds: float, decay: float) -> None:
-    """Moving tokens and seconds of bucket k (their ratio is the bucket's rate)."""
+    """Moving tokens, seconds and steps of bucket k (tokens over seconds is the bucket's rate)."""
     if k not in sums:
-        sums[k] = [tokens, seconds]
+        sums[k] = [tokens, seconds, 1.0]
     else:
-        t, s = sums[k]
-        sums[k] = [t + decay * (tokens - t), s + decay * (seconds - s)]
+        sums[k] = [x + decay * (y - x) for x, y in zip(sums[k], (tokens, seconds, 1.0))]

@@ -122,8 +122,8 @@ class DraftGate(Gate):
     traffic, not of one batch."""
 
     def __init__(self, sps: SpsProfile, max_wait: int = 256, decay: float = 0.5, cost_decay: float = 0.5,
-                 plain_decay: float = 0.1, feed: int = 64):
-        super().__init__(max_wait, feed)
+                 plain_decay: float = 0.1, feed: int = 64, probe_share: float = 0.02):
+        super().__init__(max_wait, feed, probe_share)
         self.sps, self.decay = sps, decay
         self.cost_decay, self.plain_decay = cost_decay, plain_decay  # 0: price steps by the profile alone
         self.kept: float | None = None      # tokens kept per row-step (accepted drafts + 1)
@@ -144,6 +144,12 @@ class DraftGate(Gate):
             return True
         spec, plain = self.rates(b)
         return spec > plain
+
+    def _probe_excess(self, b: int) -> float | None:
+        if self.kept is None:
+            return None
+        plain_s = self.plain_cost / self.sps.plain(b)
+        return self._spec_s(b, self.verified) * self.spec_cost / plain_s - self.kept
 
     def plain_step(self, b: int, seconds: float | None = None) -> None:
         """A plain step over b rows ran (in `seconds`, when timed: a step that captured a graph is not)."""

@@ -58,8 +58,8 @@ def test_measured_gate_schedule():
     assert not g.drafts(4)
     g.plain_step(4, 0.002)                    # 2000 tokens/s plain: plain wins
     assert not g.open(4) and g.drafts(4)      # since (2) >= wait (2): a probe
-    g.observe(4, 2.0, 4.0, 0.01)              # still losing: the wait doubles
-    assert g.probes == 1 and g.wait == 4
+    g.observe(4, 2.0, 4.0, 0.01)              # still losing: a probe costs 5 plain steps for 1.5 steps' tokens,
+    assert g.probes == 1 and g.wait == 8      # so 2 % of plain throughput needs 175 steps between probes (cap 8)
     assert g.drafts(5)                        # bucket 8 has no rates yet: measured on its own
     waits = []
     for _ in range(4):

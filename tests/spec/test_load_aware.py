@@ -76,7 +76,8 @@ def test_gate_stays_open_where_drafts_pay():
 
 
 def test_gate_closes_and_probes_at_doubling_intervals():
-    g = DraftGate(_gated(plain=200.0, draft=100.0), max_wait=8)  # 20 ms for 2 tokens a row against 5 ms for 1
+    # 20 ms for 2 tokens a row against 5 ms for 1; no probe budget (probe_share inf): the doubling alone
+    g = DraftGate(_gated(plain=200.0, draft=100.0), max_wait=8, probe_share=float("inf"))
     g.observe(2, kept=2.0, verified=4.0)
     assert not g.open(2)
     waits = []
@@ -102,3 +103,14 @@ def test_gate_prices_the_measured_step_times():
     for _ in range(40):
         g.plain_step(2, seconds=3 / 100.0)
     assert g.plain_cost == pytest.approx(3.0, rel=0.05) and g.open(2)
+
+
+def test_a_losing_probe_waits_for_its_budget():
+    """A drafting step that costs 4 plain steps and keeps 2 tokens a row wastes 2 plain steps: at 2 % of plain
+    throughput the next probe waits 100 steps, not 2 (capped at max_wait)."""
+    g = DraftGate(_gated(plain=200.0, draft=100.0), max_wait=256)
+    g.observe(2, kept=2.0, verified=4.0)
+    assert g._probe_excess(2) == pytest.approx(2.0) and g.wait == 100
+    g = DraftGate(_gated(plain=200.0, draft=100.0), max_wait=64)
+    g.observe(2, kept=2.0, verified=4.0)
+    assert g.wait == 64
