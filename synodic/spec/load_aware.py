@@ -129,14 +129,24 @@ class DraftGate(Gate):
         self.kept: float | None = None      # tokens kept per row-step (accepted drafts + 1)
         self.verified: float | None = None  # tokens verified per row-step (chosen drafts + 1)
         self.spec_cost = self.plain_cost = 1.0  # measured step time / the profile's
+        self._spec_key, self._spec_val, self._plain_rate = None, 0.0, {}
 
     def _spec_s(self, b: int, verified: float) -> float:
-        return 1.0 / self.sps.draft(b) + 1.0 / self.sps(b * verified)
+        # one entry: the plain loop asks at every step, and b and verified change only between drafting steps
+        if self._spec_key != (b, verified):
+            self._spec_key = (b, verified)
+            self._spec_val = 1.0 / self.sps.draft(b) + 1.0 / self.sps(b * verified)
+        return self._spec_val
+
+    def _plain(self, b: int) -> float:
+        if b not in self._plain_rate:  # (np.interp costs microseconds a call, on the host between plain steps)
+            self._plain_rate[b] = self.sps.plain(b)
+        return self._plain_rate[b]
 
     def rates(self, b: int) -> tuple[float, float]:
         """(predicted tokens/s speculating, tokens/s of plain steps) at b rows."""
         spec = b * self.kept / (self._spec_s(b, self.verified) * self.spec_cost)
-        return spec, b * self.sps.plain(b) / self.plain_cost
+        return spec, b * self._plain(b) / self.plain_cost
 
     def open(self, b: int) -> bool:
         """Whether drafting over b rows is predicted to beat plain steps (True before anything is measured)."""
@@ -148,7 +158,7 @@ class DraftGate(Gate):
     def _probe_excess(self, b: int) -> float | None:
         if self.kept is None:
             return None
-        plain_s = self.plain_cost / self.sps.plain(b)
+        plain_s = self.plain_cost / self._plain(b)
         return self._spec_s(b, self.verified) * self.spec_cost / plain_s - self.kept
 
     def plain_step(self, b: int, seconds: float | None = None) -> None:
@@ -156,7 +166,7 @@ class DraftGate(Gate):
         self.since += 1
         self.plain_steps += 1
         if seconds is not None:
-            self.plain_cost += self.plain_decay * (_ratio(seconds * self.sps.plain(b)) - self.plain_cost)
+            self.plain_cost += self.plain_decay * (_ratio(seconds * self._plain(b)) - self.plain_cost)
 
     def observe(self, b: int, kept: float, verified: float, seconds: float | None = None) -> None:
         """A drafting step over b rows kept / verified these mean tokens per row (in `seconds`, when timed)."""
