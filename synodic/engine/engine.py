@@ -139,7 +139,7 @@ class Engine:
                 self._spec_step(batch, on_token, progress)
                 continue
             # plain decode steps, overlapped; a speculative engine's (past spec.max_batch, or the last before a
-            # probe while load-aware DSpark's gate finds that drafts cannot pay) also feed the drafter's context
+            # probe while the drafter's gate finds that drafts cannot pay) also feed the drafter's context
             ts, cap = time.perf_counter(), self.runner.capture_s
             self._cap_seen, self._last_read = cap, None
             step = self._launch(batch, [r.output_ids[-1] for r in batch], 0, self._plain_ring(batch))
@@ -148,8 +148,8 @@ class Engine:
                 nxt = None
                 keep = self._chain_rows(step)
                 if keep is not None and self.drafter is not None and self._speculates(keep):
-                    keep = None  # speculation resumes after this step (the batch shrank to spec.max_batch, or a
-                    # load-aware gate drafts again)
+                    keep = None  # speculation resumes after this step (the batch shrank to spec.max_batch, or the
+                    # gate drafts again)
                 if keep is not None:
                     rows = [step.batch[i] for i in keep]
                     nxt = self._launch(rows, self._gather(step.tokens, keep), 1, self._plain_ring(rows))
@@ -175,8 +175,8 @@ class Engine:
 
     def _speculates(self, rows: list) -> bool:
         """Whether a speculative engine drafts for these rows (requests, or indices of a step's rows) this step:
-        not past spec.max_batch and, under load-aware DSpark's gate (synodic.spec.load_aware.DraftGate), where
-        drafting is predicted to beat plain steps or a probe is due. Only all-greedy batches are gated: a sampled
+        not past spec.max_batch and, under the drafter's gate (synodic/spec/gate.py), where drafting beats plain
+        steps or a probe is due. Only all-greedy batches are gated: a sampled
         row's draws are per speculative step, so its tokens must not depend on the gate's choices."""
         if self._past_max_batch(rows):
             return False
@@ -187,7 +187,7 @@ class Engine:
 
     def _plain_ring(self, batch):
         """What a speculative engine's plain step feeds: the drafter's context ring (past spec.max_batch), or,
-        while load-aware DSpark's gate is closed, its LazyRing (flushed by the next drafting step) in the last
+        while the drafter's gate is closed, its LazyRing (flushed by the next drafting step) in the last
         `gate.feed` steps before a probe and nothing before them; None without a drafter that reads target
         features."""
         if self.drafter is None or not self.runner.hidden_layers:
