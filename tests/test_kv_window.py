@@ -172,7 +172,8 @@ def test_adaptive_budget_counts_the_drafter_ring():
 def test_neural_drafter_step_commits_the_kv_window(kind):
     """A device drafter's greedy step (ModelRunner.speculate: draft, verify, accept and commit as one forward, a
     CUDA graph on a GPU) commits the KV policy's window too: plain greedy's tokens under hot-buffer pressure."""
-    neural = ["spec=dflash", "spec.drafter=random", "spec.num_speculative_tokens=3", "spec.context_window=16"]
+    neural = ["spec=dflash", "spec.drafter=random", "spec.num_speculative_tokens=3", "spec.context_window=16",
+              "spec.gate=off"]
     _, plain, _ = serve(PRESSURE[kind], PROMPTS, max_tokens=12)
     eng, reqs, _ = serve([*PRESSURE[kind], *neural], PROMPTS, max_tokens=12)
     assert [r.output_ids for r in reqs] == [r.output_ids for r in plain]

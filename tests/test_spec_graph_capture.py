@@ -57,6 +57,7 @@ def serve(overrides, emulate: bool, prompts=PROMPTS):
     gate = eng.drafter.gate if eng.drafter is not None else None
     if gate is not None:  # load-aware DSpark's gate from the shipped profile alone: step times differ between runs
         gate.cost_decay = gate.plain_decay = 0.0
+        gate.probe_share = float("inf")  # (probes by doubling: a budgeted wait outlasts these short runs)
     if emulate:
         run.use_graphs = True
         run._record = lambda bucket, forward: (g := cap.FakeGraph(run, bucket, forward), g.out)

@@ -79,7 +79,8 @@ def test_replayed_context_seeds_the_drafter():
     """spec=dflash2 (random drafter, real acceptance): the drafter's ring is seeded from the recorded hidden states,
     so drafts, acceptance and outputs equal real prefills'; a record made without speculation (graph.spec off)
     still carries the drafter's hidden layers."""
-    cfg = compose([*BASE, "kv=adaptive", "spec=dflash2", "spec.drafter=random", "spec.num_speculative_tokens=3"])
+    cfg = compose([*BASE, "kv=adaptive", "spec=dflash2", "spec.drafter=random", "spec.num_speculative_tokens=3",
+                   "spec.gate=off"])
     graph = build_graph(cfg, PROMPT_LEN + 4 * OUT + 8)
     a, b = _prompts()
     prompts = [a, b, a, b]
