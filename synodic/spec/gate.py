@@ -12,8 +12,9 @@ draws are per speculative step.
 Two gates share that schedule:
 - `MeasuredGate` (here): every scheme. Per batch bucket (rows rounded up to a power of two, as CUDA graphs are
   captured), the tokens per second that the engine measured drafting steps and plain steps to produce; the bucket
-  drafts while the first beats the second. Each rate is a ratio of moving sums (tokens over seconds), not an
-  average of per-step rates, which would weigh the short steps of a chain over the synced step that starts it.
+  drafts while the first beats the second. Each rate is moving-average tokens over moving-average seconds per
+  step, not an average of per-step rates, which would weigh the short steps of a chain over the synced step that
+  starts it.
   It needs no profile, so it measures each side once per bucket: a drafting step first, then plain steps until
   one is timed.
 - `load_aware.DraftGate`: load-aware DSpark with an SPS profile that prices draft and plain steps; it predicts
@@ -76,19 +77,19 @@ class MeasuredGate(Gate):
     def __init__(self, max_wait: int = 256, feed: int = 64, decay: float = 0.2, probe_share: float = 0.02):
         super().__init__(max_wait, feed, probe_share)
         self.decay = decay
-        # bucket → moving [tokens, seconds, steps] of drafting steps (kept tokens) and of plain steps
+        # bucket → moving averages [tokens, seconds] per step of drafting steps (kept tokens) and of plain steps
         self._spec: dict[int, list[float]] = {}
         self._plain: dict[int, list[float]] = {}
 
     @property
     def spec(self) -> dict[int, float]:
         """Bucket → tokens / s of drafting steps."""
-        return {k: t / s for k, (t, s, _) in self._spec.items()}
+        return {k: t / s for k, (t, s) in self._spec.items()}
 
     @property
     def plain(self) -> dict[int, float]:
         """Bucket → tokens / s of plain steps."""
-        return {k: t / s for k, (t, s, _) in self._plain.items()}
+        return {k: t / s for k, (t, s) in self._plain.items()}
 
     def open(self, b: int) -> bool:
         k = bucket(b)
@@ -96,15 +97,15 @@ class MeasuredGate(Gate):
             return True   # the drafter is what was asked for: measure it first
         if k not in self._plain:
             return False  # then plain steps until one is timed
-        (ts, ss, _), (tp, sp, _) = self._spec[k], self._plain[k]
+        (ts, ss), (tp, sp) = self._spec[k], self._plain[k]
         return ts * sp > tp * ss
 
     def _probe_excess(self, b: int) -> float | None:
         k = bucket(b)
         if k not in self._spec or k not in self._plain:
             return None
-        (ts, ss, ns), (tp, sp, np_) = self._spec[k], self._plain[k]
-        return (ss / ns) / (sp / np_) - (ts / ns) / (tp / np_)  # a drafting step's time and tokens, in plain steps
+        (ts, ss), (tp, sp) = self._spec[k], self._plain[k]
+        return ss / sp - ts / tp  # a drafting step's time and its tokens, each in plain steps
 
     def drafts(self, b: int) -> bool:
         k = bucket(b)
@@ -134,8 +135,9 @@ class MeasuredGate(Gate):
 
 
 def _average(sums: dict, k: int, tokens: float, seconds: float, decay: float) -> None:
-    """Moving tokens, seconds and steps of bucket k (tokens over seconds is the bucket's rate)."""
+    """Moving averages of bucket k's tokens and seconds per step (their ratio is the bucket's rate)."""
     if k not in sums:
-        sums[k] = [tokens, seconds, 1.0]
+        sums[k] = [tokens, seconds]
     else:
-        sums[k] = [x + decay * (y - x) for x, y in zip(sums[k], (tokens, seconds, 1.0))]
+        t, s = sums[k]
+        sums[k] = [t + decay * (tokens - t), s + decay * (seconds - s)]
