@@ -69,20 +69,22 @@ def main(argv=None) -> None:
             for spec in specs:
                 v = Variant(model, spec, batch, p, prompts)
                 if spec.endswith("gate=auto"):
-                    v.eng.drafter._gate = ShutGate()  # (after the warm-up round: its graphs are captured)
+                    v.eng.drafter.gate = ShutGate()  # (after the warm-up round: its graphs are captured)
                 vs.append(v)
-            last = {}
+            last, drafted = {}, {}
             for _ in range(a.repeats):
                 for v in vs:
                     host.clear()
                     r = v.measure()
                     last[v.spec] = {k: round(1e3 * t / max(r["steps"], 1), 4) for k, t in host.items()}
+                    drafted[v.spec] = r.get("spec_steps", 0) - r.get("plain_steps", 0)
             base = statistics.median(vs[0].rates)
             for v in vs:
                 rate = statistics.median(v.rates)
                 label = v.spec.replace("spec.gate=auto", "gate shut")
                 rows.append({"model": model, "batch": batch, "variant": label, "decode_tokens_per_s": rate,
-                             "vs_plain": rate / base, "host_ms_per_step": last[v.spec]})
+                             "vs_plain": rate / base, "drafting_steps": drafted[v.spec],
+                             "host_ms_per_step": last[v.spec]})
                 print(f"{model:12s} b={batch:<4d} {label:24s} {rate:10.1f} tok/s x{rate / base:.2f}", flush=True)
             del vs
             if torch.cuda.is_available():

@@ -80,7 +80,7 @@ class Variant:
                        acceptance_rate_by_position=s["acceptance_rate_by_position"], spec_steps=s["steps"],
                        plain_steps=s["plain_steps"])
             gate = eng.drafter.summary().get("gate")
-            if gate is not None:  # load-aware DSpark: the gate's state after this round (its counts accumulate)
+            if gate is not None:  # the drafter's gate after this round (its counts accumulate over rounds)
                 out["gate"] = gate
         return out
 

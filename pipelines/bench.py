@@ -252,7 +252,6 @@ def time_point(graph, b: int, p: BenchPipeline, profile_path: Path | None = None
         if controlled:
             row["outputs_match_reference"] = all(reference[r.id][:len(r.output_ids)] == r.output_ids for r in reqs)
             row["uncontrolled_drafts"] = eng.drafter.unknown_drafts()
-
     if prof is not None:
         key = "self_cuda_time_total" if graph.device.type == "cuda" else "self_cpu_time_total"
         profile_path.write_text(f"batch {b}, {p.steps} uncaptured decode steps\n" + prof.key_averages().table(

@@ -60,7 +60,7 @@ class Engine:
         self._use_drafter(graph.spec, getattr(graph.cfg.spec, "num_speculative_tokens", 0))
         self.spec_max_batch = getattr(graph.cfg.spec, "max_batch", None)
         self.spec_stats = SpecStats()
-        self._cap_seen, self._last_read = 0.0, None  # a load-aware gate's step timing (captures excluded)
+        self._cap_seen, self._last_read = 0.0, None  # the drafter's gate's step timing (captures excluded)
         self.lazy_ring = True  # a closed gate's plain steps defer the drafter's ring feed (spec.runtime.LazyRing)
 
     def _use_drafter(self, drafter, gamma: int) -> None:

@@ -31,7 +31,7 @@ class Drafter:
     uses_history = False   # looks up the context in the runner's device token history (bind_history)
     picks_lengths = False  # chooses each row's draft count (draft_confident, lengths; the staged window is the longest)
     chains = False         # its draft_device needs nothing from the host: greedy steps may be queued back to back
-    gate = None            # a load_aware.DraftGate: whether a greedy step drafts at all (load-aware DSpark)
+    gate = None            # a synodic.spec.gate.Gate: whether a greedy step drafts at all (None: every step)
     deferred = None        # a LazyRing: context a closed gate's plain steps buffered (flushed before drafting)
     history = None
 
@@ -80,6 +80,9 @@ class SyntheticDrafter(Drafter):
         return {"scheme": "synthetic"}
 
 
+_UNBUILT = object()  # NeuralDrafter's gate before its first use
+
+
 class NeuralDrafter(Drafter):
     """Drives a synodic.spec.models.DraftModel: its context ring takes the committed tokens' target
     features, propose() drafts a block from the last committed token (the anchor)."""
@@ -92,7 +95,7 @@ class NeuralDrafter(Drafter):
         self.lookup_hint = getattr(getattr(model, "config", None), "lookup_hint", 0)
         self.uses_history = bool(self.lookup_hint)  # the hints: prompt lookup over the runner's token history
         self.sps = None  # an SpsProfile: DSpark's load-aware verify lengths (set by spec=dspark verify=load_aware)
-        self._gate = None
+        self._gate, self._gate_sps = None, _UNBUILT  # (the gate property builds it)
         self.deferred = None  # the deferred ring feed of a closed gate's plain steps (lazy_ring)
         self._wbytes: dict[int, int] = {}
         self._linear_weight_bytes = linear_weight_bytes
@@ -157,18 +160,24 @@ class NeuralDrafter(Drafter):
     @property
     def gate(self):
         """Whether a greedy step drafts (synodic/spec/gate.py): load-aware DSpark's DraftGate when its SPS profile
-        prices plain and draft steps (one per profile), else a MeasuredGate; None with spec.gate=off. Kept across
-        generate() calls."""
+        prices plain and draft steps, else a MeasuredGate; None with spec.gate=off. Built on first use and again
+        when the profile is replaced; kept across generate() calls. (The engine asks at every step.)"""
+        if self._gate_sps is not self.sps:
+            self.gate = self._make_gate()
+        return self._gate
+
+    @gate.setter
+    def gate(self, gate) -> None:
+        self._gate, self._gate_sps = gate, self.sps
+
+    def _make_gate(self):
         if self.cfg.gate == "off":
             return None
         if self.sps is not None and self.sps.gates:
-            if not hasattr(self._gate, "sps") or self._gate.sps is not self.sps:
-                from synodic.spec.load_aware import DraftGate
-                self._gate = DraftGate(self.sps, feed=self.cfg.gate_feed)
-        elif self._gate is None or hasattr(self._gate, "sps"):
-            from synodic.spec.gate import MeasuredGate
-            self._gate = MeasuredGate(feed=self.cfg.gate_feed)
-        return self._gate
+            from synodic.spec.load_aware import DraftGate
+            return DraftGate(self.sps, feed=self.cfg.gate_feed)
+        from synodic.spec.gate import MeasuredGate
+        return MeasuredGate(feed=self.cfg.gate_feed)
 
     @property
     def picks_lengths(self) -> bool:

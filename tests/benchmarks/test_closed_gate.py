@@ -13,3 +13,4 @@ def test_closed_gate_smoke(tmp_path, monkeypatch):
     assert [r["variant"] for r in rows] == ["none", "dflash2 gate shut", "dflash2 spec.gate=off"]
     assert all(r["decode_tokens_per_s"] > 0 for r in rows) and rows[0]["vs_plain"] == 1.0
     assert "_finish" in rows[1]["host_ms_per_step"]
+    assert rows[1]["drafting_steps"] == 0 < rows[2]["drafting_steps"]  # shut: no step drafted, not even a probe

@@ -38,10 +38,7 @@ class FixedGate(MeasuredGate):
 def _serve(overrides, gate=None, max_tokens=12):
     eng = Engine(build_graph(compose(overrides), max_seq_len=64))
     if gate is not None:
-        if hasattr(eng.drafter, "_gate"):
-            eng.drafter._gate = gate
-        else:
-            eng.drafter.gate = gate
+        eng.drafter.gate = gate
     reqs = [Request(i, p, SamplingParams(max_tokens=max_tokens)) for i, p in enumerate(PROMPTS)]
     eng.generate(reqs)
     return [r.output_ids for r in reqs], eng
