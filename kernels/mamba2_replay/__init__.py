@@ -55,7 +55,7 @@ def _inner(t):
     return t if t is None or t.stride(-1) == 1 else t.contiguous()
 
 
-VERIFY_IMPLS = ("auto", "head_group", "per_head")
+VERIFY_IMPLS = ("auto", "group", "head_group", "per_head")
 
 
 def _verify_impl(impl: str) -> str:
@@ -125,7 +125,9 @@ def mamba2_replay_verify(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
     ``impl`` (Triton): "per_head" = the eager-shaped kernels of ``verify`` (one head per program, state
     tile read once, ring loaded without waiting for the cursor, group-level B.C products in a prologue
     kernel at larger batches; config = (BLOCK_P, num_warps[, gram[, maxnreg]])), "head_group" = the
-    ``head_group`` kernel (config = (BLOCK_P, heads per program, num_warps[, maxnreg])); "auto" = per-head."""
+    ``head_group`` kernel (config = (BLOCK_P, heads per program, num_warps[, maxnreg])), "group" = ``verify_group``
+    (one program per (row, group), looping over the group's heads; config = (num_warps, num_stages[, head
+    splits])); "auto" = per-head."""
     p = plan or LaunchPlan()
     config, impl = p.config, p.impl
     impl = _verify_impl(impl)
@@ -139,6 +141,11 @@ def mamba2_replay_verify(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
                                         ckpt_lo_scale=ckpt_lo_scale)
     x, B, C, z = _inner(x), _inner(B), _inner(C), _inner(z)
     y = torch.empty_like(x)
+    if impl == "group":
+        from .verify_group import launch_verify_group
+        return launch_verify_group(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
+                                   z, y, L=L, ckpt_scale=ckpt_scale, ckpt_lo=ckpt_lo, ckpt_lo_scale=ckpt_lo_scale,
+                                   config=config)
     if impl == "per_head":
         from .verify import launch_verify
         return launch_verify(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z,

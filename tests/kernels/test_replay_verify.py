@@ -120,6 +120,39 @@ def test_mamba2_verify_per_head_matches_ref(H, G, P, N, T, mode, dtype, config, 
     check_ring_and_untouched(c, c_ref, c0, {"ring_x": 0.0, "ring_dt": 1e-6, "ring_B": 0.0}, T)
 
 
+GROUP_CASES = [  # (H, G, P, N, T, mode, model dtype, config (num_warps, num_stages[, head splits]) or None, z)
+    (3, 1, 5, 7, 3, "fp32", torch.float32, (4, 2), True),                 # P, N below tl.dot's 16, padded
+    (9, 3, 6, 12, 4, "dual_bf16", torch.float32, (4, 1, 3), False),       # three programs a group, one head each
+    (5, 5, 5, 10, 1, "dual_fp8", torch.float32, None, True),              # G = H, T = 1
+    (4, 2, 12, 16, 4, "single_fp8", torch.bfloat16, (2, 3, 2), True),     # bf16 ring / activations / y
+    (6, 2, 20, 24, 3, "fp32", torch.float32, (4, 2), True),               # P, N not powers of two, above 16
+]
+
+
+@pytest.mark.parametrize("H,G,P,N,T,mode,dtype,config,use_z", GROUP_CASES)
+def test_mamba2_verify_group_matches_ref(H, G, P, N, T, mode, dtype, config, use_z, device):
+    c, kw = mamba_problem(H, G, P, N, T, mode, dtype, seed=H * 10 + N + T)
+    if not use_z:
+        kw["z"] = None
+    c = {k: v.to(device) for k, v in c.items()}
+    kw = {k: (v.to(device) if v is not None else None) for k, v in kw.items()}
+    c0 = {k: v.clone() for k, v in c.items()}
+    c_ref = {k: v.clone() for k, v in c.items()}
+    y = mamba2_replay_verify(**c, **kw, L=L, backend="triton", plan=LaunchPlan(impl="group", config=config))
+    y_ref = mamba2_replay_verify(**c_ref, **kw, L=L, backend="ref")
+    assert y.dtype == dtype and not torch.isnan(y).any()
+    assert torch.all(y[kw["slot_ids"] < 0] == 0)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert rel(y, y_ref) <= tol, rel(y, y_ref)
+    check_ring_and_untouched(c, c_ref, c0, {"ring_x": 0.0, "ring_dt": 1e-6, "ring_B": 0.0}, T)
+
+
+def test_mamba2_verify_group_rejects_bad_split():
+    c, kw = mamba_problem(6, 2, 5, 7, 3, "fp32", torch.float32, seed=1)
+    with pytest.raises(ValueError, match="head splits"):
+        mamba2_replay_verify(**c, **kw, L=L, backend="triton", plan=LaunchPlan(impl="group", config=(4, 2, 2)))
+
+
 @pytest.mark.parametrize("gram", [False, True])
 def test_mamba2_verify_per_head_matches_head_group(gram, device):
     H, G, P, N, T = 6, 2, 5, 7, 3
