@@ -58,10 +58,20 @@ def _inner(t):
 VERIFY_IMPLS = ("auto", "group", "head_group", "per_head")
 
 
-def _verify_impl(impl: str) -> str:
+# batch x heads from which "auto" verifies an fp32 checkpoint with the per-group kernel: 1.13-1.14x the per-head
+# kernel at 128 and 256 rows of nemotron_h_8b's 128 heads, even at 32; equal with a low-precision copy
+# (docs/tuning/replay.md)
+GROUP_MIN_ROWS = 16384
+
+
+def _verify_impl(impl: str, rows: int = 0, ckpt=None, ckpt_lo=None, config=None) -> str:
     if impl not in VERIFY_IMPLS:
         raise ValueError(f"impl: expected one of {VERIFY_IMPLS}, got {impl!r}")
-    return "per_head" if impl == "auto" else impl
+    if impl != "auto":
+        return impl
+    fp32 = ckpt is not None and ckpt.dtype == torch.float32 and ckpt_lo is None
+    # a config given with "auto" is a per-head one (the documented default impl)
+    return "group" if fp32 and config is None and rows >= GROUP_MIN_ROWS else "per_head"
 
 
 def mamba2_replay_decode(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids,
@@ -127,10 +137,11 @@ def mamba2_replay_verify(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, 
     kernel at larger batches; config = (BLOCK_P, num_warps[, gram[, maxnreg]])), "head_group" = the
     ``head_group`` kernel (config = (BLOCK_P, heads per program, num_warps[, maxnreg])), "group" = ``verify_group``
     (one program per (row, group), looping over the group's heads; config = (num_warps, num_stages[, head
-    splits])); "auto" = per-head."""
+    splits])); "auto" = per-group for an fp32 checkpoint from ``GROUP_MIN_ROWS`` batch x heads (config None),
+    else per-head."""
     p = plan or LaunchPlan()
     config, impl = p.config, p.impl
-    impl = _verify_impl(impl)
+    impl = _verify_impl(impl, x.shape[0] * ckpt.shape[1], ckpt, ckpt_lo, config)
     _check_cache(ckpt, ring_x, ring_dt, ring_B, write_pos, L, ckpt_scale, ckpt_lo, ckpt_lo_scale)
     T = x.shape[1]
     if T > L:

@@ -143,7 +143,7 @@ def pick_group_config(batch: int, H: int, G: int) -> tuple[int, int, int]:
     split = 1
     while split < hpg and batch * G * split < 1024 and hpg % (2 * split) == 0:  # ~8 programs an SM
         split *= 2
-    return 4, 2, split
+    return 4, 3, split  # nemotron_h_8b, 128-256 rows: (4, 3) 630 us, (4, 2) 688, (8, 3) 900 (docs/tuning/replay.md)
 
 
 def launch_verify_group(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,

@@ -147,10 +147,21 @@ def test_mamba2_verify_group_matches_ref(H, G, P, N, T, mode, dtype, config, use
     check_ring_and_untouched(c, c_ref, c0, {"ring_x": 0.0, "ring_dt": 1e-6, "ring_B": 0.0}, T)
 
 
-def test_mamba2_verify_group_rejects_bad_split():
+def test_mamba2_verify_group_rejects_bad_split(device):
     c, kw = mamba_problem(6, 2, 5, 7, 3, "fp32", torch.float32, seed=1)
+    c, kw = ({k: v.to(device) for k, v in d.items()} for d in (c, kw))
     with pytest.raises(ValueError, match="head splits"):
         mamba2_replay_verify(**c, **kw, L=L, backend="triton", plan=LaunchPlan(impl="group", config=(4, 2, 2)))
+
+
+def test_mamba2_verify_auto_picks_group_for_large_fp32_windows():
+    from synodic.kernels.mamba2_replay import GROUP_MIN_ROWS, _verify_impl
+    fp32, bf16 = torch.zeros(1, dtype=torch.float32), torch.zeros(1, dtype=torch.bfloat16)
+    assert _verify_impl("auto", GROUP_MIN_ROWS, fp32) == "group"
+    assert _verify_impl("auto", GROUP_MIN_ROWS - 1, fp32) == "per_head"
+    assert _verify_impl("auto", GROUP_MIN_ROWS, fp32, ckpt_lo=bf16) == "per_head"  # dual precision: equal speed
+    assert _verify_impl("auto", GROUP_MIN_ROWS, fp32, config=(64, 2, True)) == "per_head"  # a per-head config
+    assert _verify_impl("per_head", GROUP_MIN_ROWS, fp32) == "per_head"
 
 
 @pytest.mark.parametrize("gram", [False, True])
@@ -239,7 +250,7 @@ def test_gdn_verify_per_head_matches_head_group(gram, l2, device):
 def test_verify_impl_and_config_errors(device):
     c, kw = mamba_problem(3, 1, 5, 7, 1, "fp32", torch.float32, seed=1)
     c, kw = ({k: v.to(device) for k, v in d.items()} for d in (c, kw))
-    with pytest.raises(ValueError, match=r"impl.*'auto', 'head_group', 'per_head'.*'v3'"):
+    with pytest.raises(ValueError, match=r"impl.*'auto', 'group', 'head_group', 'per_head'.*'v3'"):
         mamba2_replay_verify(**c, **kw, L=L, backend="ref", plan=LaunchPlan(impl="v3"))
     with pytest.raises(ValueError, match="BLOCK_P, num_warps"):
         mamba2_replay_verify(**c, **kw, L=L, backend="triton",
