@@ -15,8 +15,9 @@ Then per batch it times
   * replay verify (if `synodic.kernels.mamba2_replay` / `gdn_replay` import): `*_replay_flush(min_room=T)`
     + `*_replay_verify` with write_pos = L/2 = 8 in a ring of L = 16 (the flush does not fire), same
     timing; its bytes are an estimate (checkpoint + 8 ring entries read, T entries written, window
-    inputs and outputs). The verify is the default impl ("per_head", verify.py); the head-group kernel is timed
-    as the extra variant "replay_verify_head_group" (verify alone, CUDA graph:
+    inputs and outputs). The verify is the default impl ("auto": per-group for an fp32 checkpoint at >= 16384
+    batch x heads, else per-head); the head-group kernel is timed as the extra variant
+    "replay_verify_head_group" (verify alone, CUDA graph:
     `replay_verify_head_group_only_us_graph`).
     `--sweep` times (impl, config) launch configs of both at the given batches (VERIFY_SWEEP).
 and prints the speedup replay/eager (= eager time / replay time, the faster of plain and graph for
@@ -44,12 +45,14 @@ from synodic.results.env import git_commit
 MAMBA = dict(H=128, P=64, N=128, G=8)
 # (impl, config): per-head = (BLOCK, num_warps[, gram[, maxnreg]]) (gram: group / key-head dot products in a
 # prologue kernel); head-group = (BLOCK, heads per program, num_warps, maxnreg)
-# (impl, config); per-head config = (BLOCK, warps, gram[, maxnreg[, dot]]): the candidates that were ever close to
-# the default (the sweeps' losers, and their times, are in docs/tuning/replay.md).
+# (impl, config); per-head config = (BLOCK, warps, gram[, maxnreg[, dot]]), group = (warps, stages[, head splits]):
+# the candidates that were ever close to the default (the sweeps' losers, and their times, are in
+# docs/tuning/replay.md).
 VERIFY_SWEEP = {"mamba2": [("per_head", (64, 2, True)), ("per_head", (32, 2, True)),
                            ("per_head", (64, 2, True, None, True)),
                            ("per_head", (64, 4, True, None, True)), ("per_head", (32, 2, True, None, True)),
-                           ("per_head", (64, 8, True, None, True)), ("per_head", (32, 4, True, None, True))],
+                           ("per_head", (64, 8, True, None, True)), ("per_head", (32, 4, True, None, True)),
+                           ("group", (4, 3)), ("group", (4, 2)), ("group", (4, 2, 2))],
                 "gdn": [("per_head", (32, 1, True, None, True)), ("per_head", (64, 2, True, None, True)),
                         ("per_head", (32, 1, True, 128, True)), ("per_head", (32, 1, True, 168, True)),
                         ("per_head", (32, 1, True, 255, True)), ("per_head", (64, 2, True, 128, True)),
@@ -419,7 +422,7 @@ def main(argv=None):
             if rp is not None:
                 try:
                     row["replay_us"], row["replay_us_graph"] = time_plain(rp, rot), time_graph(rp, rot)
-                    row["replay_verify_only_us_graph"] = time_graph(rv, rot)  # default impl (per-head)
+                    row["replay_verify_only_us_graph"] = time_graph(rv, rot)  # default impl ("auto")
                     rv.impl = "head_group"  # variant "replay_verify_head_group"
                     row["replay_verify_head_group_only_us_graph"] = time_graph(rv, rot)
                     rv.impl = "auto"
