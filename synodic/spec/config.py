@@ -13,6 +13,10 @@ _GAMMA = "γ: draft tokens proposed per step (the verify window is 1 + γ tokens
 _GATE = ("auto: greedy batches draft only where drafting steps beat plain decode steps (load-aware DSpark prices "
          "both by its SPS profile, every other drafter by the step times it measures per batch bucket), running "
          "plain steps otherwise and drafting again only to re-measure (synodic/spec/gate.py); off: every step drafts")
+_MAX_WAIT = ("most plain steps a closed gate runs between two probes (drafting steps that re-measure); a losing "
+             "probe doubles the wait up to this. Each probe costs a synced drafting step and a break in the "
+             "overlapped plain chain, so fewer probes lose less where drafts cannot pay, and a closed batch "
+             "notices later when they can again")
 _MAX_BATCH = ("speculate only in steps of at most this many rows; a larger batch runs plain decode steps (its "
               "verify window would cost more than the drafts earn: docs/speculative.md); null: always speculate")
 
@@ -44,6 +48,7 @@ class NgramSpec(Component):
                            "for that row this step (a one-token verify)")
     max_batch: int | None = Field(None, ge=1, description=_MAX_BATCH)
     gate: Literal["auto", "off"] = Field("auto", description=_GATE)
+    gate_max_wait: int = Field(1024, ge=1, description=_MAX_WAIT)
 
     @model_validator(mode="after")
     def _order(self):
@@ -60,7 +65,7 @@ class NgramSpec(Component):
         from .gate import MeasuredGate
         from .ngram import NgramDrafter
         return NgramDrafter(self.num_speculative_tokens, self.max_ngram, self.min_ngram,
-                            MeasuredGate() if self.gate == "auto" else None)
+                            MeasuredGate(max_wait=self.gate_max_wait) if self.gate == "auto" else None)
 
 
 class _NeuralSpec(Component):
@@ -77,10 +82,11 @@ class _NeuralSpec(Component):
                                 "ring per request (device memory independent of context length)")
     max_batch: int | None = Field(None, ge=1, description=_MAX_BATCH)
     gate: Literal["auto", "off"] = Field("auto", description=_GATE)
+    gate_max_wait: int = Field(1024, ge=1, description=_MAX_WAIT)
     gate_feed: int = Field(64, ge=1, description="while the gate keeps a batch on plain steps, how many plain "
                            "steps before each probe hand the drafter their features (the others run as exact "
-                           "plain steps, and the probe's context skips their positions); 257 or more feeds every "
-                           "one")
+                           "plain steps, and the probe's context skips their positions); gate_max_wait + 1 or "
+                           "more feeds every one")
 
     @property
     def window(self) -> int:

@@ -25,7 +25,7 @@ import math
 class Gate:
     """The probe schedule and counters; a subclass says whether drafting beats plain steps at b rows (`open`)."""
 
-    def __init__(self, max_wait: int = 256, feed: int = 64, probe_share: float = 0.02):
+    def __init__(self, max_wait: int = 1024, feed: int = 64, probe_share: float = 0.02):
         self.max_wait, self.feed = max_wait, feed
         self.probe_share = probe_share  # the plain throughput a losing batch's probes may cost, at most
         self.wait, self.since = 1, 0         # plain steps between probes; plain steps since the last draft
@@ -74,7 +74,7 @@ def bucket(b: int) -> int:
 class MeasuredGate(Gate):
     """Drafting against plain steps by the rates the engine measured, per batch bucket (module docstring)."""
 
-    def __init__(self, max_wait: int = 256, feed: int = 64, decay: float = 0.2, probe_share: float = 0.02):
+    def __init__(self, max_wait: int = 1024, feed: int = 64, decay: float = 0.2, probe_share: float = 0.02):
         super().__init__(max_wait, feed, probe_share)
         self.decay = decay
         # bucket → moving averages [tokens, seconds] per step of drafting steps (kept tokens) and of plain steps

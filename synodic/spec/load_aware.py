@@ -121,7 +121,7 @@ class DraftGate(Gate):
     mid-step, do not. The state carries across generate() calls: a server's acceptance is a property of its
     traffic, not of one batch."""
 
-    def __init__(self, sps: SpsProfile, max_wait: int = 256, decay: float = 0.5, cost_decay: float = 0.5,
+    def __init__(self, sps: SpsProfile, max_wait: int = 1024, decay: float = 0.5, cost_decay: float = 0.5,
                  plain_decay: float = 0.1, feed: int = 64, probe_share: float = 0.02):
         super().__init__(max_wait, feed, probe_share)
         self.sps, self.decay = sps, decay

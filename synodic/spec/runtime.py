@@ -175,9 +175,9 @@ class NeuralDrafter(Drafter):
             return None
         if self.sps is not None and self.sps.gates:
             from synodic.spec.load_aware import DraftGate
-            return DraftGate(self.sps, feed=self.cfg.gate_feed)
+            return DraftGate(self.sps, max_wait=self.cfg.gate_max_wait, feed=self.cfg.gate_feed)
         from synodic.spec.gate import MeasuredGate
-        return MeasuredGate(feed=self.cfg.gate_feed)
+        return MeasuredGate(max_wait=self.cfg.gate_max_wait, feed=self.cfg.gate_feed)
 
     @property
     def picks_lengths(self) -> bool:
