@@ -94,15 +94,20 @@ def mamba_problem(H, G, P, N, T, mode, dtype, seed):
     return c, kw
 
 
-@pytest.mark.parametrize("H,G,P,N,T,mode,dtype,config,use_z,direct", MAMBA_CASES)
-def test_mamba2_verify_per_head_matches_ref(H, G, P, N, T, mode, dtype, config, use_z, direct, device):
-    c, kw = mamba_problem(H, G, P, N, T, mode, dtype, seed=H * 100 + N + T)
+def mamba_on(device, use_z, *problem, seed):
+    """A mamba_problem on the test device (z dropped unless use_z), with two untouched copies of its cache: the
+    state before the call and the reference's own."""
+    c, kw = mamba_problem(*problem, seed=seed)
     if not use_z:
         kw["z"] = None
     c = {k: v.to(device) for k, v in c.items()}
     kw = {k: (v.to(device) if v is not None else None) for k, v in kw.items()}
-    c0 = {k: v.clone() for k, v in c.items()}
-    c_ref = {k: v.clone() for k, v in c.items()}
+    return c, kw, {k: v.clone() for k, v in c.items()}, {k: v.clone() for k, v in c.items()}
+
+
+@pytest.mark.parametrize("H,G,P,N,T,mode,dtype,config,use_z,direct", MAMBA_CASES)
+def test_mamba2_verify_per_head_matches_ref(H, G, P, N, T, mode, dtype, config, use_z, direct, device):
+    c, kw, c0, c_ref = mamba_on(device, use_z, H, G, P, N, T, mode, dtype, seed=H * 100 + N + T)
     if direct:  # straight into the launcher with a NaN-poisoned output: every element must be written
         y = torch.full_like(kw["x"], float("nan"))
         keys = ("x", "dt", "A", "B", "C", "D", "dt_bias", "slot_ids", "z")
@@ -131,13 +136,7 @@ GROUP_CASES = [  # (H, G, P, N, T, mode, model dtype, config (num_warps, num_sta
 
 @pytest.mark.parametrize("H,G,P,N,T,mode,dtype,config,use_z", GROUP_CASES)
 def test_mamba2_verify_group_matches_ref(H, G, P, N, T, mode, dtype, config, use_z, device):
-    c, kw = mamba_problem(H, G, P, N, T, mode, dtype, seed=H * 10 + N + T)
-    if not use_z:
-        kw["z"] = None
-    c = {k: v.to(device) for k, v in c.items()}
-    kw = {k: (v.to(device) if v is not None else None) for k, v in kw.items()}
-    c0 = {k: v.clone() for k, v in c.items()}
-    c_ref = {k: v.clone() for k, v in c.items()}
+    c, kw, c0, c_ref = mamba_on(device, use_z, H, G, P, N, T, mode, dtype, seed=H * 10 + N + T)
     y = mamba2_replay_verify(**c, **kw, L=L, backend="triton", plan=LaunchPlan(impl="group", config=config))
     y_ref = mamba2_replay_verify(**c_ref, **kw, L=L, backend="ref")
     assert y.dtype == dtype and not torch.isnan(y).any()
