@@ -141,9 +141,11 @@ def pick_group_config(batch: int, H: int, G: int) -> tuple[int, int, int]:
     """(num_warps, num_stages, head splits) for the per-group verify."""
     hpg = H // G
     split = 1
-    while split < hpg and batch * G * split < 1024 and hpg % (2 * split) == 0:  # ~8 programs an SM
+    # heads split over programs until ~512 programs run (nemotron_h_8b at batch 32 on the H100: 2 splits 112 us,
+    # 4 splits 132, none 134); at batch 256: (4, 3) 630 us, (4, 2) 688, (8, 3) 900 (docs/tuning/replay.md)
+    while split < hpg and batch * G * split < 512 and hpg % (2 * split) == 0:
         split *= 2
-    return 4, 3, split  # nemotron_h_8b, 128-256 rows: (4, 3) 630 us, (4, 2) 688, (8, 3) 900 (docs/tuning/replay.md)
+    return 4, 3, split
 
 
 def launch_verify_group(ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
