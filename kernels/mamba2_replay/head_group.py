@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .._tl import _decode_cursor, _group_tile, _load_state, _serial_fold, _store_state, _window_cursor
-from ..replay_common import WP_TICKET, is_fp8, next_pow2
+from ..replay_common import FOLDS, WP_TICKET, is_fp8, next_pow2
 
 MODE_DECODE, MODE_VERIFY, MODE_FLUSH = 0, 1, 2
 
@@ -35,7 +35,7 @@ def _mamba2_head_group_kernel(
     T: tl.constexpr, TP: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HPP: tl.constexpr, MODE: tl.constexpr, HAS_Z: tl.constexpr, CK_FP8: tl.constexpr,
     HAS_LO: tl.constexpr, LO_FP8: tl.constexpr, ADVANCE: tl.constexpr, NPROG: tl.constexpr,
-    TICKET: tl.constexpr,
+    TICKET: tl.constexpr, FOLD: tl.constexpr = 0,
 ):
     """Decode (MODE 0: one token, its own ordering below), verify (MODE 1: a T-token window, output-only)
     and flush (MODE 2: fold ring[:wp]); one signature, a constexpr branch per mode."""
@@ -173,12 +173,26 @@ def _mamba2_head_group_kernel(
             los_base = los_ptr + ring_h * P
             if MODE == 2:
                 if flush:
-                    # fold ring[:wp] into the checkpoint (the eager recurrence, replayed serially)
                     S = tl.load(ck_base + st_off, mask=tile_mask, other=0.0).to(tl.float32)
                     if CK_FP8:
                         S = S * tl.load(cks_base + offs_p, mask=pm, other=0.0)[:, None]
-                    S = _serial_fold(S, rx_base + offs_p, rB_base + offs_n,
-                                     rdt_base, P, N, wp, A_h, pm, nm, L, True)
+                    if FOLD == 0:  # the eager recurrence, replayed serially (one load latency per entry)
+                        S = _serial_fold(S, rx_base + offs_p, rB_base + offs_n,
+                                         rdt_base, P, N, wp, A_h, pm, nm, L, True)
+                    else:  # the whole ring loaded at once and folded as one dot: e^{A sum d} S + (w x)^T B
+                        dtr = tl.load(rdt_base + offs_l, mask=lm, other=0.0)
+                        tot = tl.sum(dtr, axis=0)
+                        wr = tl.where(lm, dtr * tl.exp(A_h * (tot - tl.cumsum(dtr, axis=0))), 0.0)
+                        xr = tl.load(rx_base + offs_l[:, None] * P + offs_p[None, :],
+                                     mask=lm[:, None] & pm[None, :], other=0.0).to(tl.float32)
+                        rBf = tl.load(rB_base + offs_l[:, None] * N + offs_n[None, :],
+                                      mask=lm[:, None] & nm[None, :], other=0.0).to(tl.float32)
+                        if FOLD == 1:
+                            S = tl.exp(A_h * tot) * S + tl.dot(tl.trans(wr[:, None] * xr), rBf,
+                                                               input_precision="ieee")
+                        else:
+                            S = tl.exp(A_h * tot) * S + tl.dot(tl.trans(wr[:, None] * xr), rBf,
+                                                               input_precision="tf32x3")
                     _store_state(ck_base, cks_base, st_off, S, offs_p, pm, tile_mask, CK_FP8)
                     if HAS_LO:
                         _store_state(lo_base, los_base, st_off, S, offs_p, pm, tile_mask, LO_FP8)
@@ -257,6 +271,14 @@ def launch(mode, ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt
         return
     bp, hpp, nw, maxnreg = ((tuple(config) + (None,))[:4] if config
                             else pick_config(b, H, P, hpg, T, ckpt_lo is not None and mode == MODE_DECODE))
+    # a flush may fold its ring as one dot (config's fifth entry: "dot" fp32 FMA, "tf32x3"; tl.dot tiles need
+    # BLOCK_P >= 16), else serially (docs/tuning/replay.md)
+    fold = (tuple(config) + (None, None))[4] if config else None
+    fold = "serial" if fold is None else fold
+    if fold not in ("serial", "dot", "tf32x3"):
+        raise ValueError(f"config: flush fold {fold!r}, expected one of ['dot', 'serial', 'tf32x3']")
+    if fold != "serial" and (mode != MODE_FLUSH or bp < 16):
+        raise ValueError(f"config: fold {fold!r} needs a flush launch with BLOCK_P >= 16, got BLOCK_P={bp}")
     if hpg % hpp:
         hpp = 1
     extra = {} if maxnreg is None else {"maxnreg": maxnreg}
@@ -287,5 +309,5 @@ def launch(mode, ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt
         HPP=hpp, MODE=mode, HAS_Z=z is not None, CK_FP8=is_fp8(ckpt),
         HAS_LO=ckpt_lo is not None, LO_FP8=is_fp8(ckpt_lo), ADVANCE=bool(advance) and mode != MODE_VERIFY,
         NPROG=nprog,
-        TICKET=WP_TICKET, num_warps=nw, **extra,
+        TICKET=WP_TICKET, FOLD=FOLDS[fold], num_warps=nw, **extra,
     )

@@ -262,3 +262,47 @@ def test_heads_per_program_shares_group_precompute(device):
         y = mamba2_replay_decode(**c, x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=bias, slot_ids=sid, z=z, L=L,
                                  backend="triton", plan=LaunchPlan(config=(8, 3, 4)))
         assert rel(y, mamba2_decode_ref(S_eager, x, dt, A, B, C, D, bias, sid, z)) <= 1e-4
+
+
+@pytest.mark.parametrize("fold", ["dot", "tf32x3"])
+def test_flush_folds_the_ring_as_one_dot(fold, device):
+    """A flush launch whose config asks for a dot fold (the whole ring loaded at once) writes the checkpoint, its
+    bf16 copy and the cursors the serial fold and the reference write; rows below the rule are untouched."""
+    L, H2, G2, P2, N2 = 6, 4, 2, 20, 24   # two P-tiles of 16 (the second partial), N not a power of two
+    gen = torch.Generator().manual_seed(3)
+    A = params(gen, device, H=H2)[0]
+    c, _ = fresh(device, L, gen, lo_dtype=torch.bfloat16, H=H2, G=G2, P=P2, N=N2)
+    wp = torch.tensor([0, 3, L, 5], dtype=torch.int32)
+    for s in range(SLOTS):
+        n = int(wp[s])
+        c["ring_x"][s, :, :n] = torch.randn(H2, n, P2, generator=gen).to(device)
+        c["ring_dt"][s, :, :n] = (torch.rand(H2, n, generator=gen) * 0.6).to(device)
+        c["ring_B"][s, :, :n] = torch.randn(G2, n, N2, generator=gen).to(device)
+    c["write_pos"].copy_(wp.to(device))
+    sid = torch.tensor([3, -1, 1, 2, 0], dtype=torch.int32, device=device)
+    c0, c_serial, c_ref = ({k: v.clone() for k, v in c.items()} for _ in range(3))
+    mamba2_replay_flush(**c, A=A, slot_ids=sid, L=L, min_room=2, backend="triton",
+                        plan=LaunchPlan(config=(16, 1, 4, None, fold)))
+    mamba2_replay_flush(**c_serial, A=A, slot_ids=sid, L=L, min_room=2, backend="triton",
+                        plan=LaunchPlan(config=(16, 1, 4, None)))
+    mamba2_replay_flush(**c_ref, A=A, slot_ids=sid, L=L, min_room=2, backend="ref")
+    assert c["write_pos"].tolist() == c_ref["write_pos"].tolist() == [0, 3, 0, 0]  # wp + 2 > L fires at 5 and 6
+    for s in range(SLOTS):
+        for other in (c_serial, c_ref):
+            assert rel(c["ckpt"][s], other["ckpt"][s]) <= 1e-5, (s, rel(c["ckpt"][s], other["ckpt"][s]))
+            assert rel(c["ckpt_lo"][s].float(), other["ckpt_lo"][s].float()) <= 2 ** -7
+    for s in (0, 1):  # below the rule: the checkpoint stays bit for bit
+        assert torch.equal(c["ckpt"][s], c0["ckpt"][s])
+
+
+def test_flush_fold_config_errors(device):
+    gen = torch.Generator().manual_seed(4)
+    A = params(gen, device)[0]
+    c, _ = fresh(device, 4, gen)
+    sid = torch.tensor([0], dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="flush fold 'bf16x3'"):
+        mamba2_replay_flush(**c, A=A, slot_ids=sid, L=4, backend="triton", plan=LaunchPlan(config=(16, 1, 4, None,
+                                                                                                    "bf16x3")))
+    with pytest.raises(ValueError, match="BLOCK_P >= 16"):
+        mamba2_replay_flush(**c, A=A, slot_ids=sid, L=4, backend="triton", plan=LaunchPlan(config=(8, 1, 4, None,
+                                                                                                   "dot")))
