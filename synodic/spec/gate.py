@@ -31,6 +31,8 @@ class Gate:
         self.wait, self.since = 1, 0         # plain steps between probes; plain steps since the last draft
         self.probes = 0                      # steps drafted while the gate was closed
         self.plain_steps = 0                 # plain steps run instead of drafting
+        # seconds and count of the timed probes and plain steps: what a probe costs in plain steps, in results
+        self._probe_t, self._plain_t = [0.0, 0], [0.0, 0]
 
     def open(self, b: int) -> bool:
         raise NotImplementedError
@@ -49,6 +51,21 @@ class Gate:
         """Plain steps' worth of time a drafting step over b rows costs beyond the tokens it keeps (None: unknown)."""
         return None
 
+    def _plain_ran(self, seconds: float | None) -> None:
+        self.since += 1
+        self.plain_steps += 1
+        if seconds is not None and seconds > 0:
+            self._plain_t[0] += seconds
+            self._plain_t[1] += 1
+
+    def _drafting_ran(self, b: int, seconds: float | None) -> None:
+        """Before the step's rates are in: count it as a probe if the gate was closed (and its time)."""
+        if not self.open(b):
+            self.probes += 1
+            if seconds is not None and seconds > 0:
+                self._probe_t[0] += seconds
+                self._probe_t[1] += 1
+
     def _drafted(self, b: int) -> None:
         """After a drafting step's rates are in: the next probe's wait. A winning step halves it (not a reset: one
         lucky probe would otherwise reopen a losing batch to probes every step); a losing one doubles it, and at
@@ -64,7 +81,9 @@ class Gate:
         self.since = 0
 
     def summary(self) -> dict:
-        return {"plain_steps": self.plain_steps, "probes": self.probes, "wait": self.wait, "feed": self.feed}
+        mean = lambda t: 1e3 * t[0] / t[1] if t[1] else None  # noqa: E731
+        return {"plain_steps": self.plain_steps, "probes": self.probes, "wait": self.wait, "feed": self.feed,
+                "probe_ms": mean(self._probe_t), "plain_ms": mean(self._plain_t)}
 
 
 def bucket(b: int) -> int:
@@ -115,14 +134,13 @@ class MeasuredGate(Gate):
 
     def plain_step(self, b: int, seconds: float | None = None) -> None:
         """A plain step over b rows ran (in `seconds`, when timed: a step that captured a graph is not)."""
-        self.since += 1
-        self.plain_steps += 1
+        self._plain_ran(seconds)
         if seconds is not None and seconds > 0:
             _average(self._plain, bucket(b), b, seconds, self.decay)
 
     def observe(self, b: int, kept: float, verified: float, seconds: float | None = None) -> None:
         """A drafting step over b rows kept `kept` tokens per row (in `seconds`, when timed)."""
-        self.probes += not self.open(b)
+        self._drafting_ran(b, seconds)
         if seconds is not None and seconds > 0:
             _average(self._spec, bucket(b), b * kept, seconds, self.decay)
         self._drafted(b)

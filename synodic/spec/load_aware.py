@@ -163,14 +163,13 @@ class DraftGate(Gate):
 
     def plain_step(self, b: int, seconds: float | None = None) -> None:
         """A plain step over b rows ran (in `seconds`, when timed: a step that captured a graph is not)."""
-        self.since += 1
-        self.plain_steps += 1
+        self._plain_ran(seconds)
         if seconds is not None:
             self.plain_cost += self.plain_decay * (_ratio(seconds * self._plain(b)) - self.plain_cost)
 
     def observe(self, b: int, kept: float, verified: float, seconds: float | None = None) -> None:
         """A drafting step over b rows kept / verified these mean tokens per row (in `seconds`, when timed)."""
-        self.probes += not self.open(b)
+        self._drafting_ran(b, seconds)
         if self.kept is None:
             self.kept, self.verified = kept, verified
         else:

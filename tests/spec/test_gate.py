@@ -68,7 +68,10 @@ def test_measured_gate_schedule():
     g.observe(4, 40.0, 41.0, 0.01)            # acceptance jumped: 16000 tokens/s moves the average past plain
     assert g.open(4) and g.wait == 4          # a winning step halves the wait
     assert bucket(1) == 1 and bucket(3) == 4 and bucket(4) == 4 and bucket(5) == 8
-    assert g.summary()["tokens_per_s"]["4"]["plain"] == pytest.approx(2000.0)
+    s = g.summary()
+    assert s["tokens_per_s"]["4"]["plain"] == pytest.approx(2000.0)
+    # six probes (the last one won), each timed at 10 ms, against 2 ms plain steps: what a probe costs
+    assert s["probes"] == 6 and s["probe_ms"] == pytest.approx(10.0) and s["plain_ms"] == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize("scheme", list(SCHEMES))
