@@ -20,6 +20,7 @@ import triton.language as tl
 
 from .._tl import _decode_cursor, _group_tile, _load_state, _serial_fold, _store_state, _window_cursor
 from ..replay_common import FOLDS, WP_TICKET, is_fp8, next_pow2
+from .decode import _fold_ring
 
 MODE_DECODE, MODE_VERIFY, MODE_FLUSH = 0, 1, 2
 
@@ -179,20 +180,16 @@ def _mamba2_head_group_kernel(
                     if FOLD == 0:  # the eager recurrence, replayed serially (one load latency per entry)
                         S = _serial_fold(S, rx_base + offs_p, rB_base + offs_n,
                                          rdt_base, P, N, wp, A_h, pm, nm, L, True)
-                    else:  # the whole ring loaded at once and folded as one dot: e^{A sum d} S + (w x)^T B
+                    else:  # the whole ring loaded at once and folded as one dot (the decode kernel's fold)
                         dtr = tl.load(rdt_base + offs_l, mask=lm, other=0.0)
-                        tot = tl.sum(dtr, axis=0)
-                        wr = tl.where(lm, dtr * tl.exp(A_h * (tot - tl.cumsum(dtr, axis=0))), 0.0)
+                        ct = A_h * tl.sum(dtr, axis=0)
+                        wr = tl.where(lm, dtr * tl.exp(ct - A_h * tl.cumsum(dtr, axis=0)), 0.0)
                         xr = tl.load(rx_base + offs_l[:, None] * P + offs_p[None, :],
                                      mask=lm[:, None] & pm[None, :], other=0.0).to(tl.float32)
                         rBf = tl.load(rB_base + offs_l[:, None] * N + offs_n[None, :],
                                       mask=lm[:, None] & nm[None, :], other=0.0).to(tl.float32)
-                        if FOLD == 1:
-                            S = tl.exp(A_h * tot) * S + tl.dot(tl.trans(wr[:, None] * xr), rBf,
-                                                               input_precision="ieee")
-                        else:
-                            S = tl.exp(A_h * tot) * S + tl.dot(tl.trans(wr[:, None] * xr), rBf,
-                                                               input_precision="tf32x3")
+                        S = _fold_ring(S, ct, wr, xr, rBf, rdt_base, rx_base, rB_base, A_h, wp, offs_p, offs_n,
+                                       pm, nm, P, N, L, FOLD)
                     _store_state(ck_base, cks_base, st_off, S, offs_p, pm, tile_mask, CK_FP8)
                     if HAS_LO:
                         _store_state(lo_base, los_base, st_off, S, offs_p, pm, tile_mask, LO_FP8)

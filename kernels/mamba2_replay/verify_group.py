@@ -141,8 +141,9 @@ def pick_group_config(batch: int, H: int, G: int) -> tuple[int, int, int]:
     """(num_warps, num_stages, head splits) for the per-group verify."""
     hpg = H // G
     split = 1
-    # heads split over programs until ~512 programs run (nemotron_h_8b at batch 32 on the H100: 2 splits 112 us,
-    # 4 splits 132, none 134); at batch 256: (4, 3) 630 us, (4, 2) 688, (8, 3) 900 (docs/tuning/replay.md)
+    # heads split over programs until ~512 programs run (nemotron_h_8b at batch 32 on the H100, 4 warps and 2
+    # stages: 2 splits 112 us, 4 splits 132, none 134); at batch 256: (4, 3) 630 us, (4, 2) 688, (8, 3) 900
+    # (docs/tuning/replay.md)
     while split < hpg and batch * G * split < 512 and hpg % (2 * split) == 0:
         split *= 2
     return 4, 3, split

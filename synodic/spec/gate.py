@@ -81,9 +81,13 @@ class Gate:
         self.since = 0
 
     def summary(self) -> dict:
-        mean = lambda t: 1e3 * t[0] / t[1] if t[1] else None  # noqa: E731
         return {"plain_steps": self.plain_steps, "probes": self.probes, "wait": self.wait, "feed": self.feed,
-                "probe_ms": mean(self._probe_t), "plain_ms": mean(self._plain_t)}
+                "probe_ms": _mean_ms(self._probe_t), "plain_ms": _mean_ms(self._plain_t)}
+
+
+def _mean_ms(t: list) -> float | None:
+    """Mean milliseconds of a [seconds, count] sum (None before anything was timed)."""
+    return 1e3 * t[0] / t[1] if t[1] else None
 
 
 def bucket(b: int) -> int:
