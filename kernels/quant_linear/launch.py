@@ -47,16 +47,17 @@ from .dotp import _qdotp_kernel
 from .gemm import _qgemm_kernel
 from .gemv32 import _qgemv32_kernel
 from .gemvh import _qgemvh_kernel, gemvh_omul
+from .tc import _qtc_kernel
 
 # --- launch ----------------------------------------------------------------------------------------------------
 
-KERNELS = ("dot", "gemv32", "dotp", "gemvh")  # config KERNEL: tl.dot (any M) | CUDA-core GEMV from int32 code
-# words (M = 1) | tl.dot on bf16-decoded, K-permuted weight tiles (any M; see "dotp" above) | the fp16x2 GEMV
-# (any M, 1 or 2 rows per program; gemvh.py)
+KERNELS = ("dot", "gemv32", "dotp", "gemvh", "tc")  # config KERNEL: tl.dot (any M) | CUDA-core GEMV from int32
+# code words (M = 1) | tl.dot on bf16-decoded, K-permuted weight tiles (any M; see "dotp" above) | the fp16x2 GEMV
+# (any M, 1 or 2 rows per program; gemvh.py) | the plain tensor-core GEMM (any M; tc.py)
 
 
 CONFIG_KEYS = {"KERNEL", "BLOCK_N", "BLOCK_K", "BLOCK_M", "SPLIT_K", "SEM", "num_warps", "num_stages", "FP8_CVT",
-               "TWO_MUL", "PREFETCH"}
+               "TWO_MUL", "PREFETCH", "SWAP"}
 
 
 def _auto_split(progs: int, K: int, bk: int, sms: int, per_sm: int, min_iters: int, ceil: bool = False,
@@ -81,6 +82,8 @@ def _split(kern: str, fmt: str, M: int, N: int, K: int, bn: int, bk: int, sms: i
     if kern in ("dot", "dotp"):
         progs = triton.cdiv(N, bn) * triton.cdiv(M, rows or _bm(M))
         return _auto_split(progs, K, bk, sms, 6 if kern == "dotp" and fmt == "nvfp4" else 4, 4)
+    if kern == "tc":  # up to 2 programs per SM (its tiles hold one or two), >= 4 K steps each
+        return _auto_split(triton.cdiv(N, bn) * triton.cdiv(M, rows or _bm(M)), K, bk, sms, 2, 4)
     if kern == "gemv32":
         return _auto_split(triton.cdiv(N, bn), K, bk, sms, 16, 1)
     if (rows or min(2, M)) == 1:
@@ -151,6 +154,21 @@ def default_config(M: int, N: int, K: int, fmt: str, sms: int = 132, fp32_act: b
                 num_warps=4, num_stages=st)
 
 
+def tc_step(fmt: str) -> int:
+    """The "tc" kernel's K step (its BLOCK_K): 64 code bytes a row."""
+    return 128 if FMT_IDS[fmt] <= 1 else 64
+
+
+def tc_config(M: int, fmt: str) -> dict:
+    """The "tc" kernel's tile by rows (H100 sweep, BENCHMARKS.md Q7): to 32 rows the weight as the MMA's wide side
+    ([128 x 64-row] register-A tiles, rows padded to >= 16); from 33, x as the A operand, [64 rows x 128], 4 warps."""
+    if M <= 32:
+        return dict(KERNEL="tc", SWAP=1, BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_N=128,
+                    BLOCK_K=tc_step(fmt), SEM=True, num_warps=4, num_stages=3)
+    return dict(KERNEL="tc", SWAP=0, BLOCK_M=64, BLOCK_N=128, BLOCK_K=tc_step(fmt), SEM=True, num_warps=4,
+                num_stages=4)
+
+
 def _dot_config(M: int, N: int, K: int, fmt: str, sms: int) -> dict:
     """Config of the "dot" kernel when a config asks for it (the best of its sweep, docs/tuning/quant_linear.md):
     4-bit [64 x 128] on 4 warps, 4 stages; MXFP8 [128 x 64] with the hardware fp8 conversion (FP8_CVT)."""
@@ -187,6 +205,8 @@ def resolve_config(M: int, N: int, K: int, fmt: str, config: dict | None, sms: i
                     num_stages=2)
     elif kern == "dot":
         base = _dot_config(M, N, K, fmt, sms)
+    elif kern == "tc":
+        base = tc_config(M, fmt)
     else:  # dotp: the M >= 2 default's tile
         base = dict(KERNEL=kern, BLOCK_N=64, BLOCK_K=128 if FMT_IDS[fmt] <= 1 else 64, SEM=True, num_warps=4,
                     num_stages=4)
@@ -256,6 +276,13 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
         raise ValueError(f"config BLOCK_M={cfg['BLOCK_M']!r}: KERNEL='gemvh' takes 1 or 2 rows per program")
     if kern == "dotp" and ("TWO_MUL" in cfg or "BLOCK_M" in cfg and cfg["BLOCK_M"] < 16):
         raise ValueError("config KERNEL='dotp': no TWO_MUL, BLOCK_M >= 16")
+    if "SWAP" in cfg and kern != "tc":
+        raise ValueError(f"config SWAP={cfg['SWAP']!r}: only KERNEL='tc' takes it, got KERNEL={kern!r}")
+    if kern == "tc":
+        check_tile(cfg)
+        if bk != tc_step(fmt) or cfg["SWAP"] not in (0, 1) or "TWO_MUL" in cfg:
+            raise ValueError(f"config KERNEL='tc': BLOCK_K={tc_step(fmt)} for {fmt} (got {bk}), SWAP 0 or 1 (got "
+                             f"{cfg['SWAP']!r}), no TWO_MUL")
     dummy = data
     common = dict(FMT=FMT_IDS[fmt], QBLOCK=qblock, HAS_S=s is not None, HAS_BIAS=bias is not None,
                   ACT_Q=1 if act_quant == "mxfp4" else 0, BLOCK_N=bn, BLOCK_K=bk, FP8_CVT=cvt,
@@ -283,6 +310,23 @@ def quant_linear_triton(x2d: torch.Tensor, data: torch.Tensor, scale: torch.Tens
             BLOCK_M=bm, ASM=low, EVEN=N % bn == 0 and K % bk == 0, SH=r - _DSH, SHMUL=float(2.0 ** (r - _DSH)),
             OMUL=float(2.0 ** _DSH),
             **{k: v for k, v in common.items() if k not in ("FP8_CVT", "ACT_Q")})
+    elif kern == "tc":
+        if act_quant is not None:  # x is split into even / odd k in the kernel: quantize it (exactly) beforehand
+            from synodic.quant.qtensor import fake_quant
+            x2d = fake_quant(x2d.float() if s is None else x2d.float() * s, act_quant).to(x2d.dtype)
+            s = None
+        bm = int(cfg["BLOCK_M"])
+        grid = (triton.cdiv(M, bm), split, triton.cdiv(N, bn))  # M tiles of an N tile side by side: L2 reuse
+        cnt = _counters(x2d.device, grid[0] * grid[2]) if sem else None
+        sem = cnt is not None
+        low = x2d.dtype == torch.bfloat16 and not interp
+        _qtc_kernel[grid](
+            x2d, data, scale, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias,
+            y, part, dummy if cnt is None else cnt, M, N, K, k_per, x2d.stride(0), data.stride(0), scale.stride(0),
+            FMT=FMT_IDS[fmt], QBLOCK=qblock, HAS_S=s is not None, HAS_BIAS=bias is not None, SPLIT=split, SEM=sem,
+            DOT_DT=tl.bfloat16 if low else tl.float32, DOT_PREC="tf32" if low else "ieee", BLOCK_M=bm, BLOCK_N=bn,
+            SWAP=int(cfg["SWAP"]), ASM=low, EVEN_K=K % bk == 0, SH=r - _DSH, SHMUL=float(2.0 ** (r - _DSH)),
+            OMUL=float(2.0 ** _DSH), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     elif kern == "gemvh":
         bm = int(cfg.get("BLOCK_M", min(2, M)))
         grid = (triton.cdiv(N, bn), split, triton.cdiv(M, bm))

@@ -434,6 +434,48 @@ def test_dotp_config_checks(device):
             quant_linear(x, quantize(w, "mxfp8_e4m3"), backend="triton", config=dict(cfg, KERNEL="dotp"))
 
 
+# --- tc: the plain tensor-core GEMM over the stored layout (x split into even / odd k in registers) --------------
+
+TC_CASES = [  # fmt, N, K, M, dtype, act_quant, with s and bias, config (KERNEL="tc" added)
+    ("mxfp4", 37, 160, 3, F32, None, True, dict(SWAP=1, BLOCK_N=16, BLOCK_M=16, SPLIT_K=2)),  # partial K step
+    ("mxfp4", 70, 384, 20, BF16, None, False, dict(SWAP=0, BLOCK_N=32, BLOCK_M=16, SPLIT_K=3, SEM=False)),
+    ("mxfp4", 33, 96, 17, F32, "mxfp4", True, dict(SWAP=0, BLOCK_N=16, BLOCK_M=32)),
+    ("nvfp4", 41, 272, 5, BF16, None, True, dict(SWAP=1, BLOCK_N=32, BLOCK_M=16, SPLIT_K=2)),
+    ("nvfp4", 24, 256, 40, F16, None, False, dict(SWAP=0, BLOCK_N=16, BLOCK_M=32)),  # fp16: fp32 operands
+    ("mxfp8_e4m3", 24, 96, 2, BF16, None, True, dict(SWAP=1, BLOCK_N=16, BLOCK_M=16, SPLIT_K=2)),
+    ("mxfp8_e5m2", 19, 192, 33, F32, None, True, dict(SWAP=0, BLOCK_N=16, BLOCK_M=16)),
+]
+
+
+@pytest.mark.parametrize("fmt,N,K,M,dtype,act,with_sb,config", TC_CASES)
+def test_tc_matches_ref(fmt, N, K, M, dtype, act, with_sb, config, device, nan_empty):
+    check_kernel_matches_ref("tc", fmt, N, K, M, dtype, act, with_sb, config, device, seed=N * K + M + 7)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8_e4m3"])
+@pytest.mark.parametrize("swap", [0, 1])
+def test_tc_one_hot_rows_exact(fmt, swap, device):
+    """One-hot x: y is a column of dequant(q), at every k of a step (both planes, every block); NVFP4 within one
+    rounding (its tensor scale multiplies the sum)."""
+    from synodic.quant import dequantize
+    N, K = 24, 256
+    q = fp8_weight(fmt, N, K, device, seed=18) if fmt.startswith("mxfp8") else \
+        quantize(make(N, K, 1, torch.float32, device, seed=18)[0], fmt)
+    eye = torch.eye(K, device=device, dtype=F32)
+    y = quant_linear(eye, q, backend="triton", config=dict(KERNEL="tc", SWAP=swap, BLOCK_N=16, BLOCK_M=64))
+    torch.testing.assert_close(y, dequantize(q).T, rtol=0 if fmt != "nvfp4" else 2.0 ** -23, atol=0)
+
+
+def test_tc_config_checks(device):
+    w, x, _, _ = make(16, 128, 1, torch.float32, device, seed=19)
+    q = quantize(w, "mxfp4")
+    for cfg, word in ((dict(BLOCK_K=64), "BLOCK_K=128"), (dict(SWAP=2), "SWAP 0 or 1"), (dict(BLOCK_M=8), "BLOCK_M")):
+        with pytest.raises(ValueError, match=word):
+            quant_linear(x, q, backend="triton", config=dict(cfg, KERNEL="tc"))
+    with pytest.raises(ValueError, match="only KERNEL='tc'"):
+        quant_linear(x, q, backend="triton", config=dict(KERNEL="dotp", SWAP=1))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX: GPU only (the interpreter runs _dec_ref)")
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3", "mxfp8_e5m2"])
 def test_dotp_asm_decode_matches_ref(fmt):
