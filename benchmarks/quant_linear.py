@@ -64,6 +64,11 @@ GEMVH_M1 = [dict(KERNEL="gemvh", BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stage
 # the H200 and were removed)
 GEMVH_MN = [dict(KERNEL="gemvh", BLOCK_N=32, BLOCK_K=512, BLOCK_M=2, num_warps=4, num_stages=2),
             dict(KERNEL="gemvh", BLOCK_N=64, BLOCK_K=512, BLOCK_M=2, num_warps=4, num_stages=2)]
+# tc (the stored-layout tensor-core GEMM, tc.py): both orientations; BLOCK_M is clipped to the rows in candidates()
+TC_MN = [dict(KERNEL="tc", SWAP=1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, num_warps=nw, num_stages=3)
+         for bm, bn, nw in ((64, 64, 4), (64, 128, 4), (128, 128, 8), (256, 128, 8))] + \
+        [dict(KERNEL="tc", SWAP=0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, num_warps=nw, num_stages=st)
+         for bm, bn, nw, st in ((64, 128, 4, 4), (128, 128, 8, 3), (128, 256, 8, 3))]
 SWEEP = {
     "m1": GEMVH_M1 + DOTP_M1 + [
            dict(KERNEL="gemv32", BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=2),
@@ -90,7 +95,7 @@ SWEEP = {
            dict(KERNEL="dot", BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4),
            dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=3),
            dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, TWO_MUL=True),
-           dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, BLOCK_M=16)],
+           dict(KERNEL="dot", BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4, BLOCK_M=16)] + TC_MN,
 }
 
 
@@ -106,6 +111,10 @@ def candidates(M: int, fmt: str, kernels: tuple[str, ...] | None = None) -> list
         c = dict(c)
         if not fmt.startswith(("mxfp4", "nvfp4")):
             c["BLOCK_K"] = max(32, c["BLOCK_K"] // 2)
+        if c["KERNEL"] == "tc":  # x rows per tile: a power of two >= 16, no larger than the rows need
+            c["BLOCK_M"] = min(c["BLOCK_M"], max(16, triton.next_power_of_2(M)))
+            if c in out:
+                continue
         out.append(c)
     return out
 

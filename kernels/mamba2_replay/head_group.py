@@ -258,6 +258,21 @@ def pick_config(batch: int, H: int, P: int, hpg: int, T: int = 1, lo: bool = Fal
     return bp, 1, nw, None
 
 
+# rows (batch x heads) from which a flush without a config folds its ring as one tf32x3 dot instead of serially:
+# 1.43-1.50x on nemotron_h_8b's layer at batch 32-256 (H100, docs/tuning/replay.md); smaller launches unmeasured
+FLUSH_DOT_MIN_ROWS = 4096
+
+
+def flush_config(batch: int, H: int, P: int, hpg: int) -> tuple:
+    """A flush launch's default config: the whole ring folded as one tf32x3 dot from FLUSH_DOT_MIN_ROWS rows
+    ([32, N] tiles on 8 warps, [64, N] on 4 from twice that), else pick_config's serial fold."""
+    bp = next_pow2(P)
+    if batch * H < FLUSH_DOT_MIN_ROWS or bp < 16:
+        return pick_config(batch, H, P, hpg)
+    bp = min(64 if batch * H >= 2 * FLUSH_DOT_MIN_ROWS else 32, bp)
+    return bp, 1, 4 if bp >= 64 else 8, None, "tf32x3"
+
+
 def launch(mode, ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt_bias, slot_ids, z, y, *,
            L, T, ckpt_scale, ckpt_lo, ckpt_lo_scale, advance, min_room=None, config=None):
     slots, H, P, N = ckpt.shape
@@ -266,6 +281,8 @@ def launch(mode, ckpt, ring_x, ring_dt, ring_B, write_pos, x, dt, A, B, C, D, dt
     b = slot_ids.shape[0]
     if b == 0:
         return
+    if not config and mode == MODE_FLUSH:
+        config = flush_config(b, H, P, hpg)
     bp, hpp, nw, maxnreg = ((tuple(config) + (None,))[:4] if config
                             else pick_config(b, H, P, hpg, T, ckpt_lo is not None and mode == MODE_DECODE))
     # a flush may fold its ring as one dot (config's fifth entry: "dot" fp32 FMA, "tf32x3"; tl.dot tiles need

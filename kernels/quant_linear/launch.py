@@ -160,13 +160,15 @@ def tc_step(fmt: str) -> int:
 
 
 def tc_config(M: int, fmt: str) -> dict:
-    """The "tc" kernel's tile by rows (H100 sweep, BENCHMARKS.md Q7): to 32 rows the weight as the MMA's wide side
-    ([128 x 64-row] register-A tiles, rows padded to >= 16); from 33, x as the A operand, [64 rows x 128], 4 warps."""
+    """The "tc" kernel's tile by rows (the H100 sweep's winners, BENCHMARKS.md Q7): to 32 rows the weight as the MMA's
+    wide side ([128 weight rows x M padded to >= 16], register A, 4 warps); 33-128 rows x as the A operand, [64 rows
+    x 128] on 4 warps; above, [128 x 128] on 8 warps."""
     if M <= 32:
         return dict(KERNEL="tc", SWAP=1, BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_N=128,
                     BLOCK_K=tc_step(fmt), SEM=True, num_warps=4, num_stages=3)
-    return dict(KERNEL="tc", SWAP=0, BLOCK_M=64, BLOCK_N=128, BLOCK_K=tc_step(fmt), SEM=True, num_warps=4,
-                num_stages=4)
+    bm, nw, st = (64, 4, 4) if M <= 128 else (128, 8, 3)
+    return dict(KERNEL="tc", SWAP=0, BLOCK_M=bm, BLOCK_N=128, BLOCK_K=tc_step(fmt), SEM=True, num_warps=nw,
+                num_stages=st)
 
 
 def _dot_config(M: int, N: int, K: int, fmt: str, sms: int) -> dict:

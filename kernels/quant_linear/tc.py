@@ -16,8 +16,9 @@ fp32 accumulate; 2^64, NVFP4's tensor scale and the bias in the epilogue (`_dot_
 kernels). On the interpreter (no inline asm) or for fp16 / fp32 activations the same bit patterns go through fp32
 and an IEEE fp32 dot (exact, slow).
 
-Why it exists beside dotp: dotp's K-permuted tiles are fastest to 32 rows; above, this plainer loop wins (H100,
-BENCHMARKS.md Q7). Neither reaches the bf16 linear at 128-256 rows; docs/tuning/quant_linear.md says what was
+Not routed: from 16 to 256 rows it runs within about 5 % of dotp (faster for MXFP4 at 64 rows, slower for NVFP4)
+and 1.4-1.9x faster than the repacked-layout "gemm" kernel (H100, BENCHMARKS.md Q7), with no second weight copy;
+like them it stays below the bf16 linear from 64 rows (0.4x at 256). docs/tuning/quant_linear.md says what was
 tried and what is left.
 """
 from __future__ import annotations

@@ -306,3 +306,31 @@ def test_flush_fold_config_errors(device):
     with pytest.raises(ValueError, match="BLOCK_P >= 16"):
         mamba2_replay_flush(**c, A=A, slot_ids=sid, L=4, backend="triton", plan=LaunchPlan(config=(8, 1, 4, None,
                                                                                                    "dot")))
+
+
+def test_flush_default_folds_as_tf32x3_from_the_measured_rows(device, monkeypatch):
+    """flush_config: a tf32x3 dot fold from FLUSH_DOT_MIN_ROWS rows (batch x heads), [64, N] tiles from twice that,
+    the serial fold below or where P has no 16-row tile; a flush without a config takes it and matches the reference."""
+    from synodic.kernels.mamba2_replay import head_group as hg
+    assert hg.flush_config(32, 128, 64, 16) == (32, 1, 8, None, "tf32x3")
+    assert hg.flush_config(256, 128, 64, 16) == (64, 1, 4, None, "tf32x3")
+    assert len(hg.flush_config(16, 128, 64, 16)) == 4 and len(hg.flush_config(64, 128, 8, 16)) == 4  # serial
+    monkeypatch.setattr(hg, "FLUSH_DOT_MIN_ROWS", 1)
+    L, H2, G2, P2, N2 = 6, 4, 2, 20, 24
+    gen = torch.Generator().manual_seed(5)
+    A = params(gen, device, H=H2)[0]
+    c, _ = fresh(device, L, gen, H=H2, G=G2, P=P2, N=N2)
+    wp = torch.tensor([6, 2, 5, 0], dtype=torch.int32)
+    for s in range(SLOTS):
+        n = int(wp[s])
+        c["ring_x"][s, :, :n] = torch.randn(H2, n, P2, generator=gen).to(device)
+        c["ring_dt"][s, :, :n] = (torch.rand(H2, n, generator=gen) * 0.6).to(device)
+        c["ring_B"][s, :, :n] = torch.randn(G2, n, N2, generator=gen).to(device)
+    c["write_pos"].copy_(wp.to(device))
+    sid = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device=device)
+    c_ref = {k: v.clone() for k, v in c.items()}
+    mamba2_replay_flush(**c, A=A, slot_ids=sid, L=L, backend="triton")
+    mamba2_replay_flush(**c_ref, A=A, slot_ids=sid, L=L, backend="ref")
+    assert c["write_pos"].tolist() == c_ref["write_pos"].tolist() == [0, 0, 0, 0]
+    for s in range(SLOTS):
+        assert rel(c["ckpt"][s], c_ref["ckpt"][s]) <= 1e-5
