@@ -7,7 +7,7 @@ E4M3 for NVFP4, whose FP32 per-tensor scale multiplies the accumulator once at t
 x times s (fp32), optionally fake-quantized to MXFP4 in-kernel (blocks of 32, 'floor' E8M0 scale, E2M1
 round-half-even — the same values as synodic.quant.fake_quant).
 
-Four kernels, picked by config KERNEL:
+Five kernels, picked by config KERNEL:
   * "gemvh" (CUDA cores, one or two rows; the default for M <= 2 with bf16 / fp16 activations; gemvh.py): fp16x2
     FMAs on weights decoded into fp16 halves, activations scaled per block into fp16 range; 2.1-2.3x bf16 for
     MXFP4 at M = 1 on the H200, ~1.5x at M = 2;
@@ -15,6 +15,8 @@ Four kernels, picked by config KERNEL:
     layout, K permuted inside a tile (see the note above the kernel); 0.63-0.94x bf16 at M = 32 on the H200;
   * "dot" (any M; `_qdot_kernel`; the M >= 2 default until dotp): the decoded weight tile is the left tl.dot
     operand, bf16 MMA (fp32 IEEE for fp32 activations), M = 1 padded to a 16-row tile;
+  * "tc" (any M, by config only; tc.py): a plain tensor-core GEMM, the byte tile decoded into its even-k / odd-k
+    planes against x split the same way in registers; ties dotp from 32 rows, not routed (BENCHMARKS.md Q7);
   * "gemv32" (CUDA cores, one row; the default for one row of fp32 activations; `_qgemv32_kernel`): the code
     bytes viewed as int32 words (8 nibbles / 4 bytes per word), two codes decoded per few integer ops, fp32 FMAs
     with x, block sums times the scale; see above it; 1.03-1.47x bf16.
