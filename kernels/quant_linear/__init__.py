@@ -12,13 +12,11 @@ W8A16) or 'mxfp4' (activations fake-quantized in-kernel to MXFP4, 'floor' scale 
 The weights are dequantized in registers, so decode reads ~4.25 bits (MXFP4) / 4.5 bits (NVFP4) per
 weight instead of 16. Backends: "auto" (Triton on CUDA tensors, reference otherwise) | "triton" | "ref".
 
-Kernels (dot.py, dotp.py, gemv32.py, gemvh.py; configs and launch in launch.py): "gemvh" (CUDA-core GEMV for one
-or two rows with fp16x2 FMAs), "gemv32" (the
-same from fp32 arithmetic, one row), "dotp" and "dot" (tl.dot, any M); the default config takes gemvh for M <= 2
-with bf16 / fp16 activations, gemv32 for one fp32 row, dotp above. Their speed against the bf16 linear per
-format and row count: docs/tuning/quant_linear.md.
-"gemm" (gemm.py; repack.py) is the packed GEMM for 2-256 rows over the weight repacked once at load (a QTensor
-passed as repack(q), a repack.GemmWeight); measured slower than the stored-layout kernels, not routed.
+Kernels (dot.py, dotp.py, gemv32.py, gemvh.py, tc.py; configs and launch in launch.py): "gemvh" (CUDA-core GEMV
+for one or two rows with fp16x2 FMAs), "gemv32" (the same from fp32 arithmetic, one row), "dotp" and "dot" (tl.dot,
+any M), "tc" (a plain tensor-core GEMM, any M, by config only); the default config takes gemvh for M <= 2 with
+bf16 / fp16 activations, gemv32 for one fp32 row, dotp above. Their speed against the bf16 linear per format and
+row count: docs/tuning/quant_linear.md.
 "kgemm" (kgemm.py; kmajor.py; configs and launch in kgemm_launch.py) is the packed GEMM for 2-256+ rows over the
 K-major plane layout (a QTensor passed as pack_kmajor(q), a kmajor.KMajorWeight): no shuffle of decoded data;
 QuantLinear routes to it only from synodic.quant.linear.KGEMM_MIN_ROWS (empty until a GPU run shows a win).
@@ -37,10 +35,9 @@ import torch
 
 from .kmajor import KMajorWeight, kgemm_ref, pack_kmajor, unpack_kmajor
 from .ref import quant_linear_ref
-from .repack import GemmWeight, repack, unrepack
 
-__all__ = ["KERNEL_FORMATS", "GemmWeight", "KMajorWeight", "kgemm_ref", "pack_kmajor", "quant_linear",
-           "quant_linear_ref", "repack", "unpack_kmajor", "unrepack"]
+__all__ = ["KERNEL_FORMATS", "KMajorWeight", "kgemm_ref", "pack_kmajor", "quant_linear", "quant_linear_ref",
+           "unpack_kmajor"]
 
 KERNEL_FORMATS = ("mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2")
 ACT_QUANT = (None, "mxfp4")
@@ -69,18 +66,15 @@ def _check(x, q, s, bias, act_quant) -> None:
 def quant_linear(x: torch.Tensor, q, s: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
                  act_quant: str | None = None, backend: str = "auto", config: dict | None = None) -> torch.Tensor:
     """x [..., K] (bf16 / fp16 / fp32) -> y [..., N] in x.dtype. q: a QTensor (the stored layout), or a
-    repack.GemmWeight (the packed GEMM's layout: KERNEL 'gemm', configs per launch.resolve_gemm_config; the
-    reference un-repacks it), or a kmajor.KMajorWeight (KERNEL 'kgemm', configs per
-    kgemm_launch.resolve_kgemm_config; the reference decodes the planes). `config` overrides the Triton launch
-    config (KERNEL dot | gemv32 | dotp | gemvh, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, SEM (in-kernel
-    split-K reduction), BLOCK_M (dot, dotp: rows per tile; gemvh: 1 or 2), and for dot TWO_MUL (exact decode for
-    any block scale); see launch.resolve_config; for MXFP8, FP8_CVT=True decodes with the hardware fp8
-    conversion in dot)."""
+    kmajor.KMajorWeight (KERNEL 'kgemm', configs per kgemm_launch.resolve_kgemm_config; the reference decodes the
+    planes). `config` overrides the Triton launch config (KERNEL dot | gemv32 | dotp | gemvh | tc, BLOCK_N,
+    BLOCK_K, SPLIT_K, num_warps, num_stages, SEM (in-kernel split-K reduction), BLOCK_M (dot, dotp, tc: rows per
+    tile; gemvh: 1 or 2), SWAP (tc: the weight as the MMA's A operand), and for dot TWO_MUL (exact decode for any
+    block scale); see launch.resolve_config; for MXFP8, FP8_CVT=True decodes with the hardware fp8 conversion in
+    dot)."""
     _check(x, q, s, bias, act_quant)
     if isinstance(q, KMajorWeight):
         return _kgemm(x, q, s, bias, act_quant, backend, config)
-    if isinstance(q, GemmWeight):
-        return _gemm(x, q, s, bias, act_quant, backend, config)
     if backend == "auto":
         backend = "triton" if x.is_cuda and q.fmt in KERNEL_FORMATS else "ref"
     if backend == "ref":
@@ -103,28 +97,6 @@ def quant_linear(x: torch.Tensor, q, s: torch.Tensor | None = None, bias: torch.
     y = quant_linear_triton(x2d, q.data.contiguous(), q.scale.contiguous(), p, q.fmt, q.spec.block, s, bias,
                             act_quant, config)
     return y.reshape(*x.shape[:-1], N)
-
-
-def _gemm(x, g, s, bias, act_quant, backend, config) -> torch.Tensor:
-    """quant_linear on a repacked weight: the packed GEMM (act_quant: x quantized in torch first: the GEMM is
-    weight-only), or the reference on the un-repacked weight."""
-    if backend == "auto":
-        backend = "triton" if x.is_cuda else "ref"
-    if backend == "ref":
-        return quant_linear_ref(x, unrepack(g), s, bias, act_quant)
-    if backend != "triton":
-        raise ValueError(f"backend: expected 'auto', 'triton' or 'ref', got {backend!r}")
-    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("backend: 'triton' needs CUDA tensors (or TRITON_INTERPRET=1); use 'ref' or 'auto'")
-    from .launch import quant_gemm_triton
-    x2d = x.reshape(-1, g.K)
-    s = None if s is None else s.to(torch.float32).contiguous()
-    if act_quant is not None:
-        from synodic.quant.qtensor import fake_quant
-        x2d = fake_quant(x2d.float() if s is None else x2d.float() * s, act_quant).to(x.dtype)
-        s = None
-    y = quant_gemm_triton(x2d.contiguous(), g, s, bias, config)
-    return y.reshape(*x.shape[:-1], g.N)
 
 
 def _kgemm(x, w, s, bias, act_quant, backend, config) -> torch.Tensor:

@@ -15,8 +15,8 @@ so slot j of a group's B word rows is one whole scale block (block g * E + j), K
 group's [B, BLOCK_N] words once and gets each slot's plane with one shift and mask: E planes of [B, BLOCK_N]
 weights whose k are contiguous runs, each the B operand of its own tl.dot against the x columns [B rows of k]
 it covers. No interleave of nibbles back into k order, no reshape or permute of the decoded tile: the permute
-that costs the "gemm" kernel its layout conversions is done here, once, by torch. Slots j and j + E/2 sit 16
-bits apart, so one 32-bit integer op chain decodes two weights (kgemm._pair).
+that cost the removed repacked-layout GEMM its layout conversions is done here, once, by torch. Slots j and
+j + E/2 sit 16 bits apart, so one 32-bit integer op chain decodes two weights (kgemm._pair).
 
 Factors, not scale codes: factor row g * E/2 + p holds, per n, the bf16 bit patterns of blocks g * E + p (low half)
 and g * E + p + E/2 (high half), scale * 2^(R - 64) (R: the decode's shift, kgemm._pair; exact in bf16 for E8M0
@@ -36,11 +36,31 @@ from dataclasses import dataclass
 
 import torch
 
-from .repack import check_weight, padded_codes, padded_scale
-
 KMAJOR_FORMATS = ("mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2")
 DSH = 64  # the factors carry 2^-DSH; the kernel's accumulator gets 2^DSH back
 R_SHIFT = {"mxfp4": 126, "nvfp4": 126, "mxfp8_e4m3": 120, "mxfp8_e5m2": 112}  # kgemm._pair gives value * 2^-R
+
+
+_ONE = {"mx": 127, "nvfp4": 0x38}  # the scale code of 1.0: E8M0 2^0, E4M3 1.0
+
+
+def check_weight(q, formats: tuple[str, ...], layout: str) -> None:
+    """q: a 2-D (N, K) QTensor in one of the formats a layout holds; `layout` words the error."""
+    if q.fmt not in formats:
+        raise ValueError(f"q.fmt={q.fmt!r}: {layout} {', '.join(formats)}")
+    if len(q.shape) != 2:
+        raise ValueError(f"q: expected a 2-D (N, K) weight, got shape {q.shape}")
+
+
+def padded_codes(q, KP: int) -> torch.Tensor:
+    """uint8 [N, KP]: q's element codes, one a byte (4-bit ones unpacked), zero codes past K."""
+    codes = q.codes() if q.fmt in ("mxfp4", "nvfp4") else q.data
+    return torch.nn.functional.pad(codes.to(torch.uint8), (0, KP - q.shape[1]))
+
+
+def padded_scale(q, KP: int) -> torch.Tensor:
+    """q's block scale codes [N, KP / block], the blocks past K at scale 1.0 (their codes are zero)."""
+    return torch.nn.functional.pad(q.scale, (0, KP // q.spec.block - q.scale.shape[1]), value=_ONE[q.spec.family])
 
 
 def codes_per_word(fmt: str) -> int:

@@ -46,7 +46,6 @@ from . import tuned
 from .codec import FMT_IDS
 from .dot import _DSH, _qdot_kernel
 from .dotp import _qdotp_kernel
-from .gemm import _qgemm_kernel
 from .gemv32 import _qgemv32_kernel
 from .gemvh import _qgemvh_kernel, gemvh_omul
 from .tc import _qtc_kernel
@@ -414,57 +413,10 @@ def _sms(device: torch.device) -> int:
     return _SMS[idx]
 
 
-# --- the packed GEMM ("gemm", gemm.py) over the repacked layout (repack.py) -----------------------------------
-
-GEMM_KEYS = {"KERNEL", "BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "SWAP", "SEM", "num_warps", "num_stages"}
-
-
-def gemm_default_config(M: int, N: int, K: int, fmt: str, sms: int = 132) -> dict:
-    """The GEMM's heuristic launch config (untimed; the tuned table's "gemm" section comes first). Up to 64 rows
-    the weight is the MMA's wide side (SWAP=1, rows padded to a power of two >= 16) on [64 x 256] 4-bit / [64 x
-    128] 8-bit tiles, as dotp's best small-M tiles; above, x is (SWAP=0, 64 or 128 rows per tile, [128 x 128]
-    weight tiles, 8 warps for 128 rows). K split: up to 4 programs per SM, >= 4 K tiles each."""
-    packed = FMT_IDS[fmt] <= 1
-    if M <= 64:
-        bm, bn, bk, nw, swap = min(64, max(16, triton.next_power_of_2(M))), 64, 256 if packed else 128, 4, 1
-    else:
-        bm, bn, bk, nw, swap = (64, 128, 128, 4, 0) if M <= 128 else (128, 128, 128, 8, 0)
-    return dict(KERNEL="gemm", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SWAP=swap, SEM=True, num_warps=nw, num_stages=3,
-                SPLIT_K=gemm_split(M, N, K, bm, bn, bk, sms))
-
-
-def gemm_split(M: int, N: int, K: int, bm: int, bn: int, bk: int, sms: int) -> int:
-    """The GEMM's K split for a tile: up to 4 programs per SM, each >= 4 K tiles (K: the padded length)."""
-    return _auto_split(triton.cdiv(N, bn) * triton.cdiv(M, bm), K, bk, sms, 4, 4)
-
-
-def resolve_gemm_config(M: int, N: int, KP: int, fmt: str, config: dict | None, sms: int = 132) -> dict:
-    """`config` over the GEMM's heuristic; a config that changes the tile without SPLIT_K gets its split here.
-    KP: the repacked (padded) K; a BLOCK_K that does not divide it is halved until it does (KP is a multiple of
-    the unit, the smallest tile)."""
-    from .repack import MAX_BLOCK_K, unit_codes
-    config = dict(config or {})
-    check_launch_keys(config, GEMM_KEYS, "gemm", "a repacked weight")
-    cfg = dict(gemm_default_config(M, N, KP, fmt, sms), **config)
-    if "SPLIT_K" not in config and set(config) & {"BLOCK_M", "BLOCK_N", "BLOCK_K"}:
-        cfg["SPLIT_K"] = gemm_split(M, N, KP, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], sms)
-    bk, uc = cfg["BLOCK_K"], unit_codes(fmt)
-    if bk < uc or bk > MAX_BLOCK_K or bk & (bk - 1):
-        raise ValueError(f"config BLOCK_K={bk}: expected a power of two in [{uc}, {MAX_BLOCK_K}] for {fmt}")
-    while KP % bk:
-        bk //= 2
-    if bk != cfg["BLOCK_K"]:
-        cfg["BLOCK_K"] = bk
-        if "SPLIT_K" not in config:
-            cfg["SPLIT_K"] = gemm_split(M, N, KP, cfg["BLOCK_M"], cfg["BLOCK_N"], bk, sms)
-    check_tile(cfg)
-    if cfg["SWAP"] not in (0, 1):
-        raise ValueError(f"config SWAP={cfg['SWAP']!r}: expected 0 or 1")
-    return cfg
-
+# --- checks shared with kgemm_launch ---------------------------------------------------------------------------
 
 def check_launch_keys(config: dict, keys: set, kernel: str, weight: str) -> None:
-    """A config for a single-kernel weight (gemm, kgemm): only that kernel's launch keys, and KERNEL (if given)
+    """A config for a single-kernel weight (kgemm): only that kernel's launch keys, and KERNEL (if given)
     that kernel; one-line errors naming key and value."""
     bad = sorted(set(config) - keys)
     if bad:
@@ -475,51 +427,7 @@ def check_launch_keys(config: dict, keys: set, kernel: str, weight: str) -> None
 
 
 def check_tile(cfg: dict) -> None:
-    """The MMA tile of gemm / kgemm: BLOCK_M and BLOCK_N powers of two >= 16."""
+    """The MMA tile of tc / kgemm: BLOCK_M and BLOCK_N powers of two >= 16."""
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     if bm < 16 or bm & (bm - 1) or bn < 16 or bn & (bn - 1):
         raise ValueError(f"config BLOCK_M={bm}, BLOCK_N={bn}: expected powers of two >= 16")
-
-
-def quant_gemm_triton(x2d: torch.Tensor, g, s: torch.Tensor | None, bias: torch.Tensor | None,
-                      config: dict | None = None) -> torch.Tensor:
-    """x2d [M, K] -> [M, N] in x2d.dtype, from a repacked weight g (repack.GemmWeight); activations already
-    quantized where the mode asks it (the caller's job)."""
-    M, K = x2d.shape
-    N = g.N
-    dev = x2d.device
-    if config is None:
-        config = tuned_gemm_config(M, N, g.K, g.fmt, dev)
-    cfg = resolve_gemm_config(M, N, g.KP, g.fmt, config, _sms(dev))
-    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    k_per = triton.cdiv(triton.cdiv(g.KP, cfg["SPLIT_K"]), bk) * bk
-    split = triton.cdiv(g.KP, k_per)
-    sem = split > 1 and bool(cfg.get("SEM", True))
-    grid = (triton.cdiv(M, bm), split, triton.cdiv(N, bn))
-    cnt = _counters(dev, grid[0] * grid[2]) if sem else None
-    sem = cnt is not None
-    interp = os.environ.get("TRITON_INTERPRET") == "1"
-    low = x2d.dtype == torch.bfloat16 and not interp  # bf16 operands; else fp32 ones (gemm.py)
-    y = torch.empty(M, N, dtype=x2d.dtype, device=dev)
-    part = torch.empty(split, M, N, dtype=torch.float32, device=dev) if split > 1 else y
-    r = _code_shift(g.fmt, False)
-    p = None if g.tensor_scale is None else g.tensor_scale.reshape(1).to(torch.float32)
-    dummy = g.data
-    _qgemm_kernel[grid](
-        x2d, g.data, g.scale, dummy if p is None else p, dummy if s is None else s, dummy if bias is None else bias,
-        y, part, dummy if cnt is None else cnt, M, N, K, k_per, g.KP, x2d.stride(0), g.data.stride(0),
-        g.scale.stride(0), FMT=FMT_IDS[g.fmt], QBLOCK=g.block, HAS_S=s is not None, HAS_BIAS=bias is not None,
-        SPLIT=split, SEM=sem, DOT_DT=tl.bfloat16 if low else tl.float32, DOT_PREC="tf32" if low else "ieee",
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SWAP=cfg["SWAP"], ASM=low, EVEN_N=N % bn == 0,
-        EVEN_X=K == g.KP and M % bm == 0, SH=r - _DSH, SHMUL=float(2.0 ** (r - _DSH)), OMUL=float(2.0 ** _DSH),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    if split > 1 and not sem:
-        return part.sum(0).to(x2d.dtype)
-    return y
-
-
-def tuned_gemm_config(M: int, N: int, K: int, fmt: str, device: torch.device) -> dict | None:
-    """The device's tuned "gemm" entry for a call without a config (CUDA), or None (the heuristic)."""
-    if device.type != "cuda":
-        return None
-    return tuned.lookup_gemm(_device_name(device), fmt, N, K, M)

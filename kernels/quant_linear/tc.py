@@ -17,7 +17,7 @@ kernels). On the interpreter (no inline asm) or for fp16 / fp32 activations the 
 and an IEEE fp32 dot (exact, slow).
 
 Not routed: from 16 to 256 rows it runs within about 5 % of dotp (faster for MXFP4 at 64 rows, slower for NVFP4)
-and 1.4-1.9x faster than the repacked-layout "gemm" kernel (H100, BENCHMARKS.md Q7), with no second weight copy;
+and 1.3-1.9x faster than the repacked-layout GEMM it replaced (H100, BENCHMARKS.md Q7), with no second weight copy;
 like them it stays below the bf16 linear from 64 rows (0.4x at 256). docs/tuning/quant_linear.md says what was
 tried and what is left.
 """

@@ -8,9 +8,8 @@ device's table has one, and the heuristic otherwise. The table is a file, not a 
 stay capturable in CUDA graphs and the same shapes always launch the same config.
 
 File: `tuned/<device name, non-alphanumerics as _>.json`, {"meta": {...}, "configs": {"fmt,N,K,M": config},
-"gemm": {"fmt,N,K,M": config}, "kgemm": {...}}: "configs" for the kernels over the stored layout, "gemm" for the
-packed GEMM over the repacked one (its own row buckets, GEMM_M_BUCKETS: 2-256 rows), "kgemm" for the plane-layout
-GEMM (kgemm.py over kmajor.py; the same buckets).
+"kgemm": {"fmt,N,K,M": config}}: "configs" for the kernels over the stored layout, "kgemm" for the plane-layout
+GEMM (kgemm.py over kmajor.py; its own row buckets, GEMM_M_BUCKETS: 2-256 rows).
 """
 from __future__ import annotations
 
@@ -43,7 +42,7 @@ def table_path(device_name: str, root: Path | None = None) -> Path:
 
 @lru_cache(maxsize=None)
 def load(path: Path, section: str = "configs") -> dict:
-    """{key: config} of a table file's section ("configs" or "gemm"; {} when there is none)."""
+    """{key: config} of a table file's section ("configs" or "kgemm"; {} when there is none)."""
     if not path.exists():
         return {}
     data = json.loads(path.read_text())
@@ -63,14 +62,14 @@ def lookup(device_name: str, fmt: str, N: int, K: int, M: int, root: Path | None
 
 
 def gemm_bucket(M: int) -> int | None:
-    """The GEMM's tuned row count for a call of M rows (the first of GEMM_M_BUCKETS >= M); None above 256."""
+    """A GEMM's tuned row count for a call of M rows (the first of GEMM_M_BUCKETS >= M); None above 256."""
     return next((b for b in GEMM_M_BUCKETS if M <= b), None)
 
 
 def lookup_gemm(device_name: str, fmt: str, N: int, K: int, M: int, root: Path | None = None,
-                section: str = "gemm") -> dict | None:
-    """The tuned config for a call of M rows of a repacked-weight GEMM (section "gemm": gemm.py over repack.py;
-    "kgemm": kgemm.py over kmajor.py; the same row buckets), or None."""
+                section: str = "kgemm") -> dict | None:
+    """The tuned config for a call of M rows of a GEMM over its own layout (section "kgemm": kgemm.py over
+    kmajor.py; GEMM_M_BUCKETS), or None."""
     b = gemm_bucket(M)
     if b is None:
         return None

@@ -1,5 +1,5 @@
-"""Inputs shared by the quantized GEMM tests (test_quant_gemm: the repacked layout, test_quant_kgemm: the plane
-layout): the formats both layouts hold and one seeded weight / activation / scale / bias set."""
+"""Inputs of the plane-layout GEMM tests (test_quant_kgemm): the formats the layout holds and one seeded weight /
+activation / scale / bias set."""
 import torch
 
 FORMATS = ("mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2")

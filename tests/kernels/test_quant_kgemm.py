@@ -125,14 +125,15 @@ def test_kgemm_config_checks_and_split():
 
 
 def test_kgemm_tuned_section(tmp_path):
-    """The table's "kgemm" section is looked up by the GEMM row buckets, apart from its "gemm" section."""
+    """The table's "kgemm" section is looked up by the GEMM row buckets, apart from any other section."""
     path = tmp_path / "NVIDIA_X.json"
     cfg = dict(BLOCK_M=16, BLOCK_N=64, SPLIT_K=2)
-    path.write_text(json.dumps({"meta": {}, "configs": {}, "gemm": {"mxfp4,64,512,8": dict(BLOCK_M=32)},
+    path.write_text(json.dumps({"meta": {}, "configs": {}, "other": {"mxfp4,64,512,8": dict(BLOCK_M=32)},
                                 "kgemm": {"mxfp4,64,512,8": cfg}}))
     tuned_mod.load.cache_clear()
     assert tuned_mod.lookup_gemm("NVIDIA X", "mxfp4", 64, 512, 5, root=tmp_path, section="kgemm") == cfg
-    assert tuned_mod.lookup_gemm("NVIDIA X", "mxfp4", 64, 512, 5, root=tmp_path) == dict(BLOCK_M=32)
+    assert tuned_mod.lookup_gemm("NVIDIA X", "mxfp4", 64, 512, 5, root=tmp_path) == cfg  # "kgemm" by default
+    assert tuned_mod.lookup_gemm("NVIDIA X", "mxfp4", 64, 512, 5, root=tmp_path, section="other") == dict(BLOCK_M=32)
     assert tuned_mod.lookup_gemm("NVIDIA X", "mxfp4", 64, 512, 300, root=tmp_path, section="kgemm") is None
     tuned_mod.load.cache_clear()
 
