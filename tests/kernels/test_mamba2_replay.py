@@ -264,6 +264,16 @@ def test_heads_per_program_shares_group_precompute(device):
         assert rel(y, mamba2_decode_ref(S_eager, x, dt, A, B, C, D, bias, sid, z)) <= 1e-4
 
 
+def fill_rings(c, write_pos, gen, device):
+    """Random ring entries up to each slot's cursor (write_pos per slot), and the cursors."""
+    H, P, G, N = c["ring_x"].shape[1], c["ring_x"].shape[3], c["ring_B"].shape[1], c["ring_B"].shape[3]
+    for s, n in enumerate(write_pos):
+        c["ring_x"][s, :, :n] = torch.randn(H, n, P, generator=gen).to(device)
+        c["ring_dt"][s, :, :n] = (torch.rand(H, n, generator=gen) * 0.6).to(device)
+        c["ring_B"][s, :, :n] = torch.randn(G, n, N, generator=gen).to(device)
+    c["write_pos"].copy_(torch.tensor(write_pos, dtype=torch.int32, device=device))
+
+
 @pytest.mark.parametrize("fold", ["dot", "tf32x3"])
 def test_flush_folds_the_ring_as_one_dot(fold, device):
     """A flush launch whose config asks for a dot fold (the whole ring loaded at once) writes the checkpoint, its
@@ -272,13 +282,7 @@ def test_flush_folds_the_ring_as_one_dot(fold, device):
     gen = torch.Generator().manual_seed(3)
     A = params(gen, device, H=H2)[0]
     c, _ = fresh(device, L, gen, lo_dtype=torch.bfloat16, H=H2, G=G2, P=P2, N=N2)
-    wp = torch.tensor([0, 3, L, 5], dtype=torch.int32)
-    for s in range(SLOTS):
-        n = int(wp[s])
-        c["ring_x"][s, :, :n] = torch.randn(H2, n, P2, generator=gen).to(device)
-        c["ring_dt"][s, :, :n] = (torch.rand(H2, n, generator=gen) * 0.6).to(device)
-        c["ring_B"][s, :, :n] = torch.randn(G2, n, N2, generator=gen).to(device)
-    c["write_pos"].copy_(wp.to(device))
+    fill_rings(c, [0, 3, L, 5], gen, device)
     sid = torch.tensor([3, -1, 1, 2, 0], dtype=torch.int32, device=device)
     c0, c_serial, c_ref = ({k: v.clone() for k, v in c.items()} for _ in range(3))
     mamba2_replay_flush(**c, A=A, slot_ids=sid, L=L, min_room=2, backend="triton",
@@ -320,13 +324,7 @@ def test_flush_default_folds_as_tf32x3_from_the_measured_rows(device, monkeypatc
     gen = torch.Generator().manual_seed(5)
     A = params(gen, device, H=H2)[0]
     c, _ = fresh(device, L, gen, H=H2, G=G2, P=P2, N=N2)
-    wp = torch.tensor([6, 2, 5, 0], dtype=torch.int32)
-    for s in range(SLOTS):
-        n = int(wp[s])
-        c["ring_x"][s, :, :n] = torch.randn(H2, n, P2, generator=gen).to(device)
-        c["ring_dt"][s, :, :n] = (torch.rand(H2, n, generator=gen) * 0.6).to(device)
-        c["ring_B"][s, :, :n] = torch.randn(G2, n, N2, generator=gen).to(device)
-    c["write_pos"].copy_(wp.to(device))
+    fill_rings(c, [6, 2, 5, 0], gen, device)
     sid = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device=device)
     c_ref = {k: v.clone() for k, v in c.items()}
     mamba2_replay_flush(**c, A=A, slot_ids=sid, L=L, backend="triton")
