@@ -1,6 +1,6 @@
 """The pre-window flush of a Mamba-2 replay cache (`mamba2_replay_flush(min_room=T)`, run by every verify window of
-the engine) by fold: serial rank-1 updates (one load latency per ring entry, the default) against the whole ring
-folded as one dot ("dot": fp32 FMA, "tf32x3": tensor cores).
+the engine) by fold: serial rank-1 updates (one load latency per ring entry) against the whole ring folded as one
+dot ("dot": fp32 FMA, "tf32x3": tensor cores, the default from 4096 rows: `head_group.flush_config`).
 
     python -m benchmarks.window_flush --out window_flush.json [--batches 32,128,256] [--share 0.25]
 
