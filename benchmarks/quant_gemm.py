@@ -9,7 +9,9 @@ rows; writes a JSON result.
 1. Per (shape, format, M), heaviest shapes first: bf16 F.linear; "stored" = the stored-layout kernels' default
    (gemvh / dotp, tuned table first: what a layer runs up to its packed-row limit); "tc" = the tc kernel at its
    heuristic config (`launch.tc_config`) and, until --budget seconds from the start, every tc config of
-   benchmarks.quant_linear's sweep (the fastest kept as "tc_best"); ratios bf16 us / kernel us. Every kernel is
+   benchmarks.quant_linear's sweep (the fastest kept as "tc_best"); "kgemm" = the plane-layout GEMM (kgemm.py over
+   its own packed copy, its default / tuned config), so one run decides between the two unrouted GEMMs; ratios
+   bf16 us / kernel us. Every kernel is
    checked against the torch reference first (rel. RMSE <= 2e-2) and timed as benchmarks.quant_linear times (a
    CUDA graph of calls cycling over weight copies > 4x L2: HBM reads).
 2. Libraries, on the first two shapes: gemlite (pure Python + Triton; A16W4_MXFP / A16W4_NVFP / A16W8_MXFP from
@@ -78,6 +80,7 @@ class Cell:
         self.qs = [q] + [type(q)(q.fmt, q.data.clone(), q.scale.clone(),
                                  None if q.tensor_scale is None else q.tensor_scale.clone(), q.shape)
                          for _ in range(n - 1)]
+        self.ks = None  # the plane layout of each copy, built on first use (time_kernel(kgemm=True))
         self.gen = gen
 
     def x(self, M: int) -> torch.Tensor:
@@ -114,11 +117,14 @@ def bf16_us(N: int, K: int, M: int, gen, timer) -> float:
     return us
 
 
-def time_kernel(cell: Cell, x: torch.Tensor, config, timer) -> dict:
-    """Check (vs the torch reference) and time the stored-layout kernel a config picks (None: the default)."""
-    from synodic.kernels.quant_linear import quant_linear
+def time_kernel(cell: Cell, x: torch.Tensor, config, timer, kgemm: bool = False) -> dict:
+    """Check (vs the torch reference) and time the stored-layout kernel a config picks (None: the default), or with
+    kgemm=True the plane-layout GEMM on the cell's weights packed for it (its default / tuned config)."""
+    from synodic.kernels.quant_linear import pack_kmajor, quant_linear
     ref = quant_linear(x, cell.qs[0], cell.s, backend="ref")
-    ws = cell.qs
+    if kgemm and cell.ks is None:
+        cell.ks = [pack_kmajor(q) for q in cell.qs]
+    ws = cell.ks if kgemm else cell.qs
     err = max(_err(quant_linear(x, ws[0], cell.s, backend="triton", config=config), ref) for _ in range(2))
     if err > CHECK_TOL:
         return {"err": err, "error": f"rel. RMSE {err:.2e} > {CHECK_TOL}: not timed"}
@@ -159,19 +165,21 @@ def bench_shape(N: int, K: int, ms: list[int], formats: list[str], gen, log, dea
                     break
                 tried.append(dict(config=cfg, **_guard(time_kernel, cell, x, cfg, timer)))
             row.update({f"tc_{k}": v for k, v in tried[0].items()})
+            row.update({f"kgemm_{k}": v for k, v in _guard(time_kernel, cell, x, None, timer, True).items()})
             timed = [t for t in tried if "us" in t]
             if timed:
                 best = min(timed, key=lambda t: t["us"])
                 row.update(tc_best_us=best["us"], tc_best_config=best["config"])
             row["tc_tried"] = tried
-            for k in ("stored", "tc", "tc_best"):
+            for k in ("stored", "tc", "tc_best", "kgemm"):
                 if row.get(f"{k}_us") and row["bf16_us"]:
                     row[f"{k}_x_bf16"] = row["bf16_us"] / row[f"{k}_us"]
             log(f"{N}x{K} {fmt} M={M}: bf16 {_f(row['bf16_us'])} us, stored {_f(row.get('stored_us'))} us "
                 f"({_f(row.get('stored_x_bf16'), 2)}x), tc {_f(row.get('tc_us'))} us "
                 f"({_f(row.get('tc_x_bf16'), 2)}x), best tc {_f(row.get('tc_best_us'))} us ({len(timed)} of "
-                f"{len(tried)} configs)" + "".join(
-                    f"  {k}: {row[k]}" for k in ("tc_error", "stored_error", "bf16_error") if row.get(k)))
+                f"{len(tried)} configs), kgemm {_f(row.get('kgemm_us'))} us ({_f(row.get('kgemm_x_bf16'), 2)}x)"
+                + "".join(f"  {k}: {row[k]}" for k in ("tc_error", "kgemm_error", "stored_error", "bf16_error")
+                          if row.get(k)))
             rows.append(row)
         del cell
         torch.cuda.empty_cache()
@@ -333,7 +341,8 @@ def main(argv=None) -> None:
            "python": platform.python_version(), "shapes": shapes, "ms": ms, "formats": formats,
            "notes": ["us per call in a CUDA graph over weight copies > 4x L2 (HBM reads); x_bf16 = bf16 us / us",
                      "stored: the stored-layout kernels' default (gemvh / dotp); tc: the stored-layout tensor-core "
-                     "GEMM (tc.py) at its heuristic config, tc_best: the fastest of its sweep configs",
+                     "GEMM (tc.py) at its heuristic config, tc_best: the fastest of its sweep configs; kgemm: the "
+                     "plane-layout GEMM (kgemm.py) at its default / tuned config",
                      "W4A16 / W8A16 with the DualQuant input-channel multiplier s fused; bf16 activations"],
            "bench": []}
 

@@ -23,3 +23,25 @@ def test_tc_candidates(M, fmt):
         full = resolve_config(M, 14336, 4096, fmt, c, 132)
         assert full["BLOCK_K"] == (128 if fmt in ("mxfp4", "nvfp4") else 64) and full["SPLIT_K"] >= 1
     assert {c["SWAP"] for c in cands} == {0, 1}
+
+
+@pytest.mark.parametrize("kgemm", [False, True])
+def test_time_kernel_checks_then_times_each_layout(kgemm):
+    """time_kernel on a small CPU cell (the interpreter): the stored layout or kgemm's packed copies, checked against
+    the reference, then handed to the timer (the plane layout packed once, on first use)."""
+    import torch
+
+    from synodic.quant import quantize
+
+    class Cell:  # the attributes time_kernel reads
+        def __init__(self):
+            g = torch.Generator().manual_seed(0)
+            self.s = torch.rand(256, generator=g) + 0.5
+            self.qs = [quantize(torch.randn(64, 256, generator=g) / self.s, "mxfp4") for _ in range(2)]
+            self.ks = None
+
+    cell, timed = Cell(), []
+    x = torch.randn(5, 256)
+    r = quant_gemm.time_kernel(cell, x, None, lambda fns: timed.append([f() for f in fns]) or 1.5, kgemm)
+    assert r["us"] == 1.5 and r["err"] < 1e-4 and len(timed[0]) == 2
+    assert (cell.ks is not None) == kgemm
