@@ -161,7 +161,7 @@ def tc_step(fmt: str) -> int:
 
 
 def tc_config(M: int, fmt: str) -> dict:
-    """The "tc" kernel's tile by rows (the H100 sweep's winners, BENCHMARKS.md Q7): to 32 rows the weight as the MMA's
+    """The "tc" kernel's tile by rows (from the H100 sweep, BENCHMARKS.md Q7): to 32 rows the weight as the MMA's
     wide side ([128 weight rows x M padded to >= 16], register A, 4 warps); 33-128 rows x as the A operand, [64 rows
     x 128] on 4 warps; above, [128 x 128] on 8 warps."""
     if M <= 32:
