@@ -59,7 +59,7 @@ VERIFY_IMPLS = ("auto", "group", "head_group", "per_head")
 
 
 # batch x heads from which "auto" verifies an fp32 checkpoint with the per-group kernel: 1.13-1.14x the per-head
-# kernel at 128 and 256 rows of nemotron_h_8b's 128 heads, even at 32; equal with a low-precision copy
+# kernel at batch 128 and 256 of nemotron_h_8b's 128 heads, slower at batch 32; equal with a low-precision copy
 # (docs/tuning/replay.md)
 GROUP_MIN_ROWS = 16384
 
