@@ -13,7 +13,8 @@ CONV = (6 * 64 + 2 * 1 * 64) * 3 * 4            # conv window: conv_dim x (kerne
 RING = 6 * 16 * 64 * 4 + 6 * 16 * 4 + 16 * 64 * 4  # ring_x + ring_dt + ring_B, 16 positions
 PAGE = 2 * 2 * 16 * 2 * 64 * 4                  # K and V of 16 tokens in both attention layers
 EAGER = 4 * (STATE + CONV)
-REPLAY = 4 * (STATE + RING + CONV) + 4          # + the shared int32 cursor
+REPLAY = 4 * (STATE + RING + CONV) + 4          # + the shared int32 cursor (ssm.precision=fp32)
+DUAL = REPLAY + 4 * STATE // 2                  # + the bf16 copy (ssm.precision=dual_bf16, the default)
 EAGER_SPEC = 4 * (4 * STATE + CONV)             # 1 + γ states per layer, γ = 3
 BUDGET_OVER_WEIGHTS = 10 * 2**20
 
@@ -21,9 +22,11 @@ BUDGET_OVER_WEIGHTS = 10 * 2**20
 # 4 + 5 x 4 = 24 (2 pages)
 CASES = [
     ([], EAGER, PAGE, 10 * 2**20 // (EAGER + PAGE)),                                   # 23
-    (["ssm=replay"], REPLAY, PAGE, 10 * 2**20 // (REPLAY + PAGE)),                     # 18
+    (["ssm=replay", "ssm.precision=fp32"], REPLAY, PAGE, 10 * 2**20 // (REPLAY + PAGE)),  # 18
+    (["ssm=replay"], DUAL, PAGE, 13),
     (["spec=ngram", "spec.num_speculative_tokens=3"], EAGER_SPEC, 2 * PAGE, 6),
-    (["ssm=replay", "spec=ngram", "spec.num_speculative_tokens=3"], REPLAY, 2 * PAGE, 17),
+    (["ssm=replay", "ssm.precision=fp32", "spec=ngram", "spec.num_speculative_tokens=3"], REPLAY, 2 * PAGE, 17),
+    (["ssm=replay", "spec=ngram", "spec.num_speculative_tokens=3"], DUAL, 2 * PAGE, 13),
 ]
 
 
@@ -43,7 +46,7 @@ def test_admission_counts_match_hand_computed(over, ssm, kv, admitted):
 def test_bench_times_the_admitted_batch(tmp_path):
     from synodic.pipelines.bench import run
     over = ["pipeline=bench", "model=tiny_mamba2", "model.weights=random", "runtime.device=cpu", "ssm=replay",
-            "runtime.max_slots=2", "pipeline.batch_sizes=[1]", "pipeline.prompt_len=4", "pipeline.steps=2",
+            "ssm.precision=fp32", "runtime.max_slots=2", "pipeline.batch_sizes=[1]", "pipeline.prompt_len=4", "pipeline.steps=2",
             "pipeline.warmup=1", "pipeline.stagger=0", "pipeline.repeats=1"]
     w = weights_bytes(build_graph(compose(over), 16, max_slots=1))
     cfg = compose(over + [f"pipeline.memory_budget={w + 3 * (REPLAY + PAGE) + 100}"])  # 3 requests fit, not 4

@@ -113,7 +113,7 @@ def test_decode_path_scorer_matches_forward_and_exercises_the_backend():
 
     x = torch.randint(0, 4096, (2, 40), generator=torch.Generator().manual_seed(0))
     outs = {}
-    for name, ov in [("eager", []), ("replay", ["ssm=replay", "ssm.ring_len=8"]),
+    for name, ov in [("eager", []), ("replay", ["ssm=replay", "ssm.ring_len=8", "ssm.precision=fp32"]),
                      ("fp8", ["ssm=replay", "ssm.ring_len=8", "ssm.precision=single_fp8"])]:
         g = build_graph(compose(["runtime.device=cpu", *ov]), max_seq_len=48, max_slots=2)
         outs[name] = DecodePathScorer(g)(x)

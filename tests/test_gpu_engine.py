@@ -25,7 +25,7 @@ def _serve(overrides, engine=False):
 def test_cuda_graphs_and_replay_match(preset):
     ref = _serve([f"model={preset}", "runtime.cuda_graphs=false"])
     assert _serve([f"model={preset}", "runtime.cuda_graphs=true"]) == ref
-    assert _serve([f"model={preset}", "runtime.cuda_graphs=true", "ssm=replay"]) == ref
+    assert _serve([f"model={preset}", "runtime.cuda_graphs=true", "ssm=replay", "ssm.precision=fp32"]) == ref
 
 
 TIERED = ["model=tiny_dsa", "kv.top_k=4", "kv.block_size=2", "kv.hot_buffer=6", "kv.host_num_blocks=256",

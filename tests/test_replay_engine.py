@@ -22,7 +22,7 @@ def _serve(overrides, max_tokens, device="cpu"):
 def test_replay_matches_eager_and_halves_ssm_bytes(preset):
     # 40 tokens with L=16 cross two flushes
     eager, a = _serve([f"model={preset}"], 40)
-    replay, b = _serve([f"model={preset}", "ssm=replay"], 40)
+    replay, b = _serve([f"model={preset}", "ssm=replay", "ssm.precision=fp32"], 40)
     assert [r.output_ids for r in a] == [r.output_ids for r in b]
     ea, re_ = eager.ledger.summary(), replay.ledger.summary()
     assert ea["ssm_bytes_per_token"] / re_["ssm_bytes_per_token"] >= 1.6

@@ -27,7 +27,7 @@ class ReplaySSM(Component):
     kind: Literal["replay"] = "replay"
     ring_len: int = Field(16, ge=2, le=64, description="L: ring entries; the checkpoint is rewritten every L steps")
     precision: Literal["fp32", "dual_bf16", "dual_fp8", "single_bf16", "single_fp8"] = Field(
-        "fp32", description="fp32: fp32 checkpoint; dual_*: fp32 checkpoint for the recurrence plus a "
+        "dual_bf16", description="fp32: fp32 checkpoint; dual_*: fp32 checkpoint for the recurrence plus a "
         "bf16/fp8 copy refreshed at flushes and read for outputs; single_*: one low-precision checkpoint")
     gdn_route: Literal["adjoint", "state"] = Field(
         "adjoint", description="GDN output route: adjoint (query propagated back through the ring) or "
