@@ -46,8 +46,8 @@ def test_admission_counts_match_hand_computed(over, ssm, kv, admitted):
 def test_bench_times_the_admitted_batch(tmp_path):
     from synodic.pipelines.bench import run
     over = ["pipeline=bench", "model=tiny_mamba2", "model.weights=random", "runtime.device=cpu", "ssm=replay",
-            "ssm.precision=fp32", "runtime.max_slots=2", "pipeline.batch_sizes=[1]", "pipeline.prompt_len=4", "pipeline.steps=2",
-            "pipeline.warmup=1", "pipeline.stagger=0", "pipeline.repeats=1"]
+            "ssm.precision=fp32", "runtime.max_slots=2", "pipeline.batch_sizes=[1]", "pipeline.prompt_len=4",
+            "pipeline.steps=2", "pipeline.warmup=1", "pipeline.stagger=0", "pipeline.repeats=1"]
     w = weights_bytes(build_graph(compose(over), 16, max_slots=1))
     cfg = compose(over + [f"pipeline.memory_budget={w + 3 * (REPLAY + PAGE) + 100}"])  # 3 requests fit, not 4
     out = run(cfg, tmp_path)
