@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from benchmarks._cli import out_file
+
 # (in, out) of every linear in tiny_mamba2 / tiny_gdn and their drafters, fused projections included
 SHAPES = [(256, 384), (384, 8), (384, 128), (384, 384), (384, 640), (384, 768), (384, 776), (384, 902), (384, 1024),
           (384, 2048), (384, 4096), (1024, 384), (1152, 384), (640, 384)]
@@ -38,7 +40,7 @@ def graph_us(fn, calls: int = 10, reps: int = 40) -> float:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("blas_route.json"))
+    ap.add_argument("--out", type=out_file, default=Path("blas_route.json"))
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.blas_route: needs a CUDA device")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.spec_decode import GPU, SMOKE, Variant, heldout_prompts
+from benchmarks._cli import compose_or_exit, out_file, positive_int
+from benchmarks.spec_decode import GPU, SMOKE, Variant, heldout_prompts, variant_overrides
 from synodic.spec.gate import MeasuredGate
 
 
@@ -49,13 +50,17 @@ def main(argv=None) -> None:
     from synodic.engine.text import load_codec
     from synodic.graph import checkpoint_dir
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("closed_gate.json"))
+    ap.add_argument("--out", type=out_file, default=Path("closed_gate.json"))
     ap.add_argument("--models", nargs="+", default=["tiny_mamba2", "tiny_gdn"])
-    ap.add_argument("--batches", nargs="+", type=int, default=[1, 32])
+    ap.add_argument("--batches", nargs="+", type=positive_int, default=[1, 32])
     ap.add_argument("--schemes", nargs="+", default=["dspark", "dflash2"])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=positive_int, default=3)
     a = ap.parse_args(argv)
     p = dict(GPU if torch.cuda.is_available() else SMOKE)
+    for model in a.models:  # every variant's config before the first engine is built
+        for s in ["none", *a.schemes]:
+            compose_or_exit(ap, variant_overrides(model, s, max(a.batches), p),
+                            {"model": "--models", "spec": "--schemes"})
     host: dict[str, float] = {}
     for name in HOST:  # host seconds spent in each engine function
         setattr(Engine, name, _timed(getattr(Engine, name), name, host))

@@ -17,6 +17,8 @@ import torch
 from synodic.kernels.conv1d_update import conv1d_update, new_conv_state
 from synodic.kernels.timing import COPY_GBPS_H200, graph_us
 
+from benchmarks._cli import out_file
+
 
 def run_point(B: int, C: int, gen) -> dict:
     x = torch.randn(B, C, generator=gen).to("cuda", torch.bfloat16)
@@ -36,7 +38,7 @@ def run_point(B: int, C: int, gen) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="conv1d.json")
+    ap.add_argument("--out", type=out_file, default="conv1d.json")
     ap.add_argument("--shapes", default="1x10240,8x10240,256x10240,256x8192")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():

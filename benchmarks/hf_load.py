@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._cli import nonnegative_int, out_file, positive_float, positive_int
+
 
 def hub_config(cfg) -> dict:
     """A Hub-style NemotronH config.json for HybridConfig `cfg` (the spelling published checkpoints use)."""
@@ -149,14 +151,18 @@ def host_peak(folder: Path, device: str) -> tuple[int, int]:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", required=True, help="the HF folder to write (or reuse when config.json is there)")
-    ap.add_argument("--out", default="hf_load.json")
+    ap.add_argument("--out", type=out_file, default="hf_load.json")
     ap.add_argument("--preset", default="nemotron_h_8b")
-    ap.add_argument("--layers", type=int, default=0, help="keep the first N layers (0: all)")
-    ap.add_argument("--shard-gb", type=float, default=5.0)
+    ap.add_argument("--layers", type=nonnegative_int, default=0, help="keep the first N layers (0: all)")
+    ap.add_argument("--shard-gb", type=positive_float, default=5.0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=positive_int, default=2)
     a = ap.parse_args(argv)
     from synodic.models.presets import PRESETS
+    if a.preset not in PRESETS:
+        ap.error(f"argument --preset: invalid value {a.preset!r}; expected one of {', '.join(sorted(PRESETS))}")
+    if Path(a.dir).exists() and not Path(a.dir).is_dir():
+        ap.error(f"argument --dir: invalid value {a.dir!r}; expected a directory (it is a file)")
     cfg = PRESETS[a.preset]
     if a.layers:
         p = cfg.hybrid_override_pattern[:a.layers]

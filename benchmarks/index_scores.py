@@ -27,6 +27,7 @@ from synodic.kernels.timing import COPY_GBPS_H200, graph_us  # noqa: E402
 from synodic.kernels.topk_select import topk_select_ref  # noqa: E402
 from synodic.kernels.topk_select.triton_impl import topk_select_triton  # noqa: E402
 
+from benchmarks._cli import out_file, positive_ints
 from synodic.kv.indexer import LearnedIndexer  # noqa: E402
 
 
@@ -67,13 +68,13 @@ def run_point(N, ctx, H, D, bs, device, gen, top_k=2048):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--rows", default="1,4,32")
-    ap.add_argument("--ctx", default="16384,16448,32768,65536")
+    ap.add_argument("--out", type=out_file, default=None)
+    ap.add_argument("--rows", type=positive_ints, default="1,4,32")
+    ap.add_argument("--ctx", type=positive_ints, default="16384,16448,32768,65536")
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     H, D, bs = 64, 128, 64
-    rows, ctxs = [int(x) for x in a.rows.split(",")], [int(x) for x in a.ctx.split(",")]
+    rows, ctxs = a.rows, a.ctx
     if device == "cpu":
         H, D, bs, rows, ctxs = 3, 16, 4, [2], [10]
     gen = torch.Generator(device=device).manual_seed(0)

@@ -32,6 +32,8 @@ from collections import OrderedDict
 
 import torch
 
+from benchmarks._cli import out_file
+
 # (label, preset, weights): trained checkpoints where the project ships them, random inits of the same shapes
 MODELS = [("tiny_mamba2 trained", "tiny_mamba2", "auto"), ("tiny_gdn trained", "tiny_gdn", "auto"),
           ("tiny_mamba2 random", "tiny_mamba2", "random"), ("tiny_dsa random", "tiny_dsa", "random")]
@@ -181,7 +183,7 @@ def heldout_ids(n: int) -> torch.Tensor:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="locality.json")
+    ap.add_argument("--out", type=out_file, default="locality.json")
     ap.add_argument("--tokens", type=int, default=2048, help="window length (the tiny models trained at 2048)")
     ap.add_argument("--steps", type=int, default=64, help="decode steps measured at the end of the window")
     ap.add_argument("--top-k", type=int, default=256, help="rows selected per step (bench_long: 2048 of 16384)")

@@ -51,6 +51,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._cli import compose_or_exit, nonnegative_float, out_file, positive_float, positive_int
+
 POLICIES = ("resident", "hisparse", "adaptive")
 LOADS = ("low", "moderate", "high")
 
@@ -527,7 +529,8 @@ def write(res: dict, out: Path, with_plot: bool = False, report=None) -> None:
 # -- main ---------------------------------------------------------------------------------------------
 def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="bench_long.json", help="JSON path (the .md table and .png plot go next to it)")
+    ap.add_argument("--out", type=out_file, default="bench_long.json",
+                    help="JSON path (the .md table and .png plot go next to it)")
     ap.add_argument("--smoke", action="store_true", help="tiny_dsa on the CPU, tiny sizes (automatic without CUDA)")
     ap.add_argument("--model")
     ap.add_argument("--weights", default="random", help="model.weights: random (default), auto, or a checkpoint "
@@ -536,34 +539,36 @@ def parse(argv):
                     help="random token ids (default), or consecutive slices of the shipped held-out text tokenized "
                     "with the model's tokenizer (a trained model's selections need real text to show locality)")
     ap.add_argument("--device", choices=("cpu", "cuda"))
-    ap.add_argument("--prompt-len", type=int)
-    ap.add_argument("--output-len", type=int)
-    ap.add_argument("--requests-low", type=int, help="requests (all offered at once) at the low load")
-    ap.add_argument("--requests-moderate", type=int, help="requests at the moderate load")
-    ap.add_argument("--requests-high", type=int, help="requests at the high load")
-    ap.add_argument("--top-k", type=int)
-    ap.add_argument("--hot-buffer", type=int, help="B (default 2 * top_k)")
-    ap.add_argument("--block-size", type=int)
-    ap.add_argument("--tail-pages", type=int)
+    ap.add_argument("--prompt-len", type=positive_int)
+    ap.add_argument("--output-len", type=positive_int)
+    ap.add_argument("--requests-low", type=positive_int, help="requests (all offered at once) at the low load")
+    ap.add_argument("--requests-moderate", type=positive_int, help="requests at the moderate load")
+    ap.add_argument("--requests-high", type=positive_int, help="requests at the high load")
+    ap.add_argument("--top-k", type=positive_int)
+    ap.add_argument("--hot-buffer", type=positive_int, help="B (default 2 * top_k)")
+    ap.add_argument("--block-size", type=positive_int)
+    ap.add_argument("--tail-pages", type=positive_int)
     ap.add_argument("--indexer", choices=("auto", "learned", "bf16", "fp8"), help="kv.indexer: auto = the model's "
                     "learned DSA indexer when it has one; bf16 / fp8 = training-free over key copies")
     ap.add_argument("--learned-key-dtype", choices=("fp8", "bf16"), default="fp8",
                     help="learned indexer: dtype of its cached keys")
-    ap.add_argument("--budget-gb", type=float, help="device KV budget in GB (1e9 B) shared by all policies; "
+    ap.add_argument("--budget-gb", type=positive_float, help="device KV budget in GB (1e9 B) shared by all policies; "
                     "default: the low load's full-residency demand + --budget-margin")
-    ap.add_argument("--budget-margin", type=float, default=0.03)
+    ap.add_argument("--budget-margin", type=nonnegative_float, default=0.03)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--loads", default="moderate,low,high", help="run order (moderate first: it carries the main "
                     "target, so a run cut by the deadline loses low- and high-load rows first)")
     ap.add_argument("--plan-only", action="store_true", help="print the pool sizing and exit (no model)")
-    ap.add_argument("--threads", type=int, help="torch CPU threads (smoke default 1: robust on a shared CPU)")
-    ap.add_argument("--deadline-s", type=float, help="do not start a run projected to end after this (s since start)")
-    ap.add_argument("--hard-deadline-s", type=float, help="abort a run in flight after this (s since start)")
+    ap.add_argument("--threads", type=positive_int, help="torch CPU threads (smoke default 1: robust on a shared CPU)")
+    ap.add_argument("--deadline-s", type=positive_float,
+                    help="do not start a run projected to end after this (s since start)")
+    ap.add_argument("--hard-deadline-s", type=positive_float, help="abort a run in flight after this (s since start)")
     ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                     help="compile the kernels on short prompts first (default on CUDA)")
-    ap.add_argument("--hbm-gb", type=float, default=141.0, help="HBM the budget is scaled to in the report")
-    ap.add_argument("--reserve-gb", type=float, default=16.0, help="activations etc. kept out of the full-HBM KV room")
-    ap.add_argument("--host-limit-gb", type=float, default=90.0, help="most pinned host memory allowed")
+    ap.add_argument("--hbm-gb", type=positive_float, default=141.0, help="HBM the budget is scaled to in the report")
+    ap.add_argument("--reserve-gb", type=nonnegative_float, default=16.0,
+                    help="activations etc. kept out of the full-HBM KV room")
+    ap.add_argument("--host-limit-gb", type=positive_float, default=90.0, help="most pinned host memory allowed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                     help="overlapped decode steps (runtime.overlap; default: on where the policy allows; --no-overlap: "
@@ -581,6 +586,8 @@ def parse(argv):
     bad = [p for p in a.policies if p not in POLICIES] + [ld for ld in a.loads if ld not in LOADS]
     if bad:
         ap.error(f"unknown policy/load {bad}; expected {POLICIES} / {LOADS}")
+    compose_or_exit(ap, [f"model={a.model}", f"model.weights={a.weights}"],
+                    {"model.weights": "--weights", "model": "--model"})
     return a
 
 

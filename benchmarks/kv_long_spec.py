@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import kv_long as kl
+from benchmarks._cli import compose_or_exit, nonnegative_float, out_file, positive_float, positive_int
 
 LOADS = ("moderate", "low")
 POLICIES = ("resident", "hisparse", "adaptive")
@@ -346,43 +347,51 @@ def write(res: dict, out: Path, with_plot: bool = False) -> None:
 # -- main -------------------------------------------------------------------------------------------------
 def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="long_spec.json", help="JSON path (the .md table and .png plot go next to it)")
+    ap.add_argument("--out", type=out_file, default="long_spec.json",
+                    help="JSON path (the .md table and .png plot go next to it)")
     ap.add_argument("--smoke", action="store_true", help="tiny_dsa on the CPU, tiny sizes (automatic without CUDA)")
     ap.add_argument("--model")
     ap.add_argument("--weights", default="random")
     ap.add_argument("--device", choices=("cpu", "cuda"))
-    ap.add_argument("--prompt-len", type=int, help="prompt tokens (GPU default 32512: prompt + decoded tokens stay "
+    ap.add_argument("--prompt-len", type=positive_int,
+                    help="prompt tokens (GPU default 32512: prompt + decoded tokens stay "
                     "within 32768, the 512-page view bucket at block 64)")
-    ap.add_argument("--requests-low", type=int)
-    ap.add_argument("--requests-moderate", type=int)
-    ap.add_argument("--top-k", type=int)
-    ap.add_argument("--hot-buffer", type=int, help="B (default 2 * top_k)")
-    ap.add_argument("--block-size", type=int)
-    ap.add_argument("--tail-pages", type=int)
+    ap.add_argument("--requests-low", type=positive_int)
+    ap.add_argument("--requests-moderate", type=positive_int)
+    ap.add_argument("--top-k", type=positive_int)
+    ap.add_argument("--hot-buffer", type=positive_int, help="B (default 2 * top_k)")
+    ap.add_argument("--block-size", type=positive_int)
+    ap.add_argument("--tail-pages", type=positive_int)
     ap.add_argument("--indexer", choices=("auto", "learned", "bf16", "fp8"))
     ap.add_argument("--learned-key-dtype", choices=("fp8", "bf16"), default="fp8")
     ap.add_argument("--variants", default=VARIANTS, help="comma-separated <policy>[+spec], run in this order")
     ap.add_argument("--loads", default="moderate,low")
-    ap.add_argument("--gamma", type=int, help="drafts per step (spec.num_speculative_tokens)")
+    ap.add_argument("--gamma", type=positive_int, help="drafts per step (spec.num_speculative_tokens)")
     ap.add_argument("--acceptance", choices=("forced", "controlled", "real"), default="forced")
     ap.add_argument("--rates", default="0.8", help="conditional acceptance per draft position, comma-separated "
                     "(one value: every position)")
     ap.add_argument("--acceptance-seed", type=int, default=0)
-    ap.add_argument("--context-window", type=int, default=1024, help="spec.context_window (the drafter's ring)")
-    ap.add_argument("--steps", type=int, help="timed engine steps per variant")
-    ap.add_argument("--warmup-steps", type=int, help="untimed engine steps before the timed ones (>= 1)")
-    ap.add_argument("--distinct", type=int, help="distinct prompts prefilled for real (request i holds prompt i mod "
+    ap.add_argument("--context-window", type=positive_int, default=1024,
+                    help="spec.context_window (the drafter's ring)")
+    ap.add_argument("--steps", type=positive_int, help="timed engine steps per variant")
+    ap.add_argument("--warmup-steps", type=positive_int, help="untimed engine steps before the timed ones (>= 1)")
+    ap.add_argument("--distinct", type=positive_int,
+                    help="distinct prompts prefilled for real (request i holds prompt i mod "
                     "distinct)")
-    ap.add_argument("--budget-gb", type=float, help="device KV budget in GB shared by every variant (default: the low "
+    ap.add_argument("--budget-gb", type=positive_float,
+                    help="device KV budget in GB shared by every variant (default: the low "
                     "load's full-residency demand + --budget-margin)")
-    ap.add_argument("--budget-margin", type=float, default=0.03)
-    ap.add_argument("--host-limit-gb", type=float, default=90.0, help="most pinned host memory allowed (the host pool)")
-    ap.add_argument("--hbm-gb", type=float, default=141.0, help="device memory the plan checks the total against")
-    ap.add_argument("--reserve-gb", type=float, default=8.0, help="activations, CUDA graphs, allocator slack")
+    ap.add_argument("--budget-margin", type=nonnegative_float, default=0.03)
+    ap.add_argument("--host-limit-gb", type=positive_float, default=90.0,
+                    help="most pinned host memory allowed (the host pool)")
+    ap.add_argument("--hbm-gb", type=positive_float, default=141.0,
+                    help="device memory the plan checks the total against")
+    ap.add_argument("--reserve-gb", type=nonnegative_float, default=8.0,
+                    help="activations, CUDA graphs, allocator slack")
     ap.add_argument("--plan-only", action="store_true", help="print the sizing and exit (no model)")
-    ap.add_argument("--threads", type=int)
-    ap.add_argument("--deadline-s", type=float, help="do not start a variant after this (s since start)")
-    ap.add_argument("--hard-deadline-s", type=float, help="abort a variant in flight after this")
+    ap.add_argument("--threads", type=positive_int)
+    ap.add_argument("--deadline-s", type=positive_float, help="do not start a variant after this (s since start)")
+    ap.add_argument("--hard-deadline-s", type=positive_float, help="abort a variant in flight after this")
     ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                     help="run every variant on two short contexts first, so eager kernels (adaptive's demotion "
                     "installs) compile outside the timed windows (default off: captured steps compile inside their "
@@ -404,12 +413,19 @@ def parse(argv):
     a.loads = [ld for ld in a.loads.split(",") if ld]
     if [ld for ld in a.loads if ld not in LOADS]:
         ap.error(f"--loads: expected a subset of {LOADS}")
-    rates = [float(x) for x in a.rates.split(",") if x]
+    given = a.rates
+    try:
+        rates = [float(x) for x in a.rates.split(",") if x]
+    except ValueError:
+        rates = []  # not numbers: refused below
     a.rates = rates * a.gamma if len(rates) == 1 else rates
     if len(a.rates) < a.gamma or not all(0 <= r <= 1 for r in a.rates):
-        ap.error(f"--rates {a.rates}: expected one or >= --gamma {a.gamma} values in [0, 1]")
+        ap.error(f"argument --rates: invalid value {given!r}; expected one or >= --gamma {a.gamma} comma-separated "
+                 "numbers in [0, 1]")
     if a.warmup_steps < 1 or a.steps < 1 or a.distinct < 1:
         ap.error("--steps, --warmup-steps and --distinct must be >= 1")
+    compose_or_exit(ap, [f"model={a.model}", f"model.weights={a.weights}"],
+                    {"model.weights": "--weights", "model": "--model"})
     return a
 
 

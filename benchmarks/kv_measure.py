@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import torch
 
+from benchmarks._cli import positive_floats, positive_int
 from synodic.engine.request import Request, SamplingParams, Status
 from synodic.engine.scheduler import Scheduler
 from synodic.kv.config import AdaptiveKV, HiSparseKV, ResidentKV
@@ -111,15 +112,17 @@ def run(kind: str, num_blocks: int, *, requests=8, prompt_len=1536, steps=64, la
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--loads", default="1.25,0.6,0.35", help="device pool / full-residency demand")
-    ap.add_argument("--requests", type=int, default=8)
-    ap.add_argument("--prompt-len", type=int, default=1536)
-    ap.add_argument("--steps", type=int, default=64)
-    ap.add_argument("--top-k", type=int, default=64)
+    ap.add_argument("--loads", type=positive_floats, default="1.25,0.6,0.35",
+                    help="device pool / full-residency demand")
+    # counts must be >= 1: --requests 0 would measure nothing and print an all-zero table
+    ap.add_argument("--requests", type=positive_int, default=8)
+    ap.add_argument("--prompt-len", type=positive_int, default=1536)
+    ap.add_argument("--steps", type=positive_int, default=64)
+    ap.add_argument("--top-k", type=positive_int, default=64)
     a = ap.parse_args(argv)
     full = -(-(a.prompt_len + a.steps + 1) // 16) * a.requests
     rows = []
-    for load in [float(x) for x in a.loads.split(",")]:
+    for load in a.loads:
         nb = max(1, int(full * load))
         for kind in ("resident", "hisparse", "adaptive"):
             try:

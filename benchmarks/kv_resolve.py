@@ -32,6 +32,8 @@ from synodic.kernels.kv_resolve.triton_impl import ResolveScratch  # noqa: E402
 from synodic.kernels.row_copy import copy_rows  # noqa: E402
 from synodic.kernels.timing import graph_us  # noqa: E402
 
+from benchmarks._cli import out_file, positive_int, positive_ints
+
 _POOL: dict = {}
 
 
@@ -170,16 +172,16 @@ def run_point(batch, k, row_bytes, ctx_len, bs, device, clustered, max_batch, sw
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--row-bytes", type=int, default=656)
-    ap.add_argument("--k", type=int, default=2048)
-    ap.add_argument("--ctx", type=int, default=65536)
-    ap.add_argument("--bs", type=int, default=64)
+    ap.add_argument("--out", type=out_file, default=None)
+    ap.add_argument("--row-bytes", type=positive_int, default=656)
+    ap.add_argument("--k", type=positive_int, default=2048)
+    ap.add_argument("--ctx", type=positive_int, default=65536)
+    ap.add_argument("--bs", type=positive_int, default=64)
     ap.add_argument("--sweep", action="store_true", help="also time the miss-copy launch variants")
-    ap.add_argument("--batches", default="1,8,32,128", help="requests per call, comma-separated")
+    ap.add_argument("--batches", type=positive_ints, default="1,8,32,128", help="requests per call, comma-separated")
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    batches = [int(b) for b in a.batches.split(",")]
+    batches = a.batches
     if device == "cpu":  # interpreter smoke: tiny shapes, timings meaningless
         a.k, a.ctx, a.bs, a.row_bytes, batches = 8, 97, 4, 40, [2]  # newest (96) never selected
     rows = [run_point(b, a.k, a.row_bytes, a.ctx, a.bs, device, c, max(batches), a.sweep)

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._cli import out_file
+
 GPU = dict(model="dsa_mla_7b", device="cuda", prompt_len=6144, requests=8, steps=24, top_k=2048, hot_buffer=None,
            block_size=64, gamma=3)
 SMOKE = dict(model="tiny_dsa", device="cpu", prompt_len=96, requests=2, steps=6, top_k=8, hot_buffer=16,
@@ -114,7 +116,7 @@ def run_mode(graph, a, shared: bool, prompts, ref=None) -> tuple[dict, list[list
 
 def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="kv_window.json")
+    ap.add_argument("--out", type=out_file, default="kv_window.json")
     ap.add_argument("--smoke", action="store_true", help="tiny_dsa on the CPU (automatic without CUDA)")
     ap.add_argument("--kv", choices=("hisparse", "adaptive"), default="hisparse")
     ap.add_argument("--weights", default="random", help="model.weights: random (default: selections of consecutive "

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._cli import out_file
+
 MS = [2, 4, 8, 16, 32, 64, 128, 256]
 FORMATS = ["mxfp4", "nvfp4", "mxfp8_e4m3"]
 BENCH_SHAPE = (14336, 4096)
@@ -306,7 +308,7 @@ def main(argv=None) -> None:
         table = args[args.index("--table") + 1] if "--table" in args else None
         return apply_section(Path(args[i + 1]), Path(table) if table else None)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="gemm.json")
+    ap.add_argument("--out", type=out_file, default="gemm.json")
     ap.add_argument("--budget", type=float, default=170.0, help="seconds from the start; tc's sweep stops after")
     ap.add_argument("--models", default="nemotron_h_8b,qwen35_gdn_4b")
     ap.add_argument("--max-shapes", type=int, default=5)

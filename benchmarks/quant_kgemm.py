@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._cli import out_file
 from benchmarks.quant_gemm import _err, _f, _guard, _pairs, graph_timer
 from benchmarks.quant_linear import _copies
 
@@ -373,7 +374,7 @@ def apply_section(result: Path, table: Path | None) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kgemm", action="store_true", help="(the flag quant_gemm passes this mode on with)")
-    ap.add_argument("--out", default="kgemm.json")
+    ap.add_argument("--out", type=out_file, default="kgemm.json")
     ap.add_argument("--budget", type=float, default=210.0, help="seconds from the start for everything")
     ap.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))

@@ -39,6 +39,8 @@ import triton
 import triton.language as tl
 from synodic.kernels.timing import graph_us
 
+from benchmarks._cli import out_file
+
 L2_BYTES = 60 * 2**20
 ROTATE_BYTES = 4 * L2_BYTES
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]  # (N, K) = (out, in)
@@ -517,7 +519,7 @@ def _pairs(text: str) -> list[tuple[int, int]]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="quant.json")
+    ap.add_argument("--out", type=out_file, default="quant.json")
     ap.add_argument("--budget", type=float, default=110.0,
                     help="seconds from the start; the launch-config sweep stops after")
     ap.add_argument("--no-sweep", action="store_true")

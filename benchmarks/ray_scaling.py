@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks._cli import compose_or_exit, out_file, positive_int
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -25,7 +27,11 @@ def serve(over: list[str], threads: int = 1) -> dict:
         cmd = [sys.executable, str(ROOT / "run.py"), *over, f"hydra.run.dir={d}"]
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
         if p.returncode:
-            raise SystemExit(f"{' '.join(over)}: exit {p.returncode}: {p.stderr.strip()[-400:]}")
+            # run.py's exit 2 is bad input with one `error:` line per problem: quote those and keep the 2
+            errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+            why = "; ".join(errors) if p.returncode == 2 and errors else p.stderr.strip()[-400:]
+            print(f"{' '.join(over)}: exit {p.returncode}: {why}", file=sys.stderr)
+            raise SystemExit(2 if p.returncode == 2 else 1)
         res = json.loads((Path(d) / "results.json").read_text())
     m = res["metrics"]
     return {"overrides": over, "output_tokens": m["output_tokens"], "wall_s": m["wall_s"],
@@ -36,11 +42,12 @@ def serve(over: list[str], threads: int = 1) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny_mamba2")
-    ap.add_argument("--replicas", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--requests", type=int, default=32)
-    ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--out", type=Path, default=Path("ray_scaling.json"))
+    ap.add_argument("--replicas", nargs="+", type=positive_int, default=[1, 2])
+    ap.add_argument("--requests", type=positive_int, default=32)
+    ap.add_argument("--tokens", type=positive_int, default=48)
+    ap.add_argument("--out", type=out_file, default=Path("ray_scaling.json"))
     a = ap.parse_args(argv)
+    compose_or_exit(ap, [f"model={a.model}"], {"model": "--model"})
     base = [f"model={a.model}", "runtime.device=cpu", "workload=chat", f"workload.num_requests={a.requests}",
             "workload.prompt_len=32", f"workload.output_len={a.tokens}", "workload.concurrency=8"]
     rows = [{"runtime": "local", **serve(base)}]

@@ -28,6 +28,8 @@ from synodic.kernels.mamba2_decode import mamba2_decode  # noqa: E402
 from synodic.kernels.mamba2_replay import mamba2_replay_alloc  # noqa: E402
 from synodic.kernels.mamba2_replay.decode import launch_decode as launch_m2  # noqa: E402
 
+from benchmarks._cli import out_file, positive_int
+
 L = 16
 # (config, split, flush config, cursor first): split = an output-only launch (config) + a flush launch (flush
 # config (BLOCK, warps, fold, tiles per program); None = the launcher's default); cursor first (Mamba-2):
@@ -139,8 +141,8 @@ def run(kind, b, device, shapes, configs, modes=("fp32", "dual_bf16")):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--out", type=out_file, default=None)
+    ap.add_argument("--batch", type=positive_int, default=256)
     ap.add_argument("--kinds", default="mamba2,gdn")
     ap.add_argument("--modes", default="fp32,dual_bf16", help="checkpoint modes: fp32, dual_bf16")
     ap.add_argument("--flush-sweep", action="store_true",

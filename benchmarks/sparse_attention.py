@@ -27,6 +27,8 @@ if not torch.cuda.is_available():
 from synodic.kernels.sparse_attention import sparse_attention, triton_impl  # noqa: E402
 from synodic.kernels.timing import COPY_GBPS_H200, graph_us  # noqa: E402
 
+from benchmarks._cli import out_file, positive_ints
+
 
 def run_point(N, K, nq, nkv, hd, rows, device, gen):
     dt = torch.bfloat16
@@ -60,14 +62,13 @@ def run_point(N, K, nq, nkv, hd, rows, device, gen):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="sparse_attention.json")
-    ap.add_argument("--batches", default="1,3,6,32")
-    ap.add_argument("--k", default="256,2048")
+    ap.add_argument("--out", type=out_file, default="sparse_attention.json")
+    ap.add_argument("--batches", type=positive_ints, default="1,3,6,32")
+    ap.add_argument("--k", type=positive_ints, default="256,2048")
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
-        nq, nkv, hd, rows, batches, ks = 32, 1, 288, 1 << 18, [int(b) for b in a.batches.split(",")], \
-            [int(k) for k in a.k.split(",")]
+        nq, nkv, hd, rows, batches, ks = 32, 1, 288, 1 << 18, a.batches, a.k
     else:  # smoke
         nq, nkv, hd, rows, batches, ks = 4, 1, 24, 64, [2], [40]
     gen = torch.Generator().manual_seed(0)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._cli import compose_or_exit, out_file, positive_int
+
 GPU = dict(models=["tiny_mamba2", "tiny_gdn"], batches=[1, 32], specs=["none", "ngram", "dflash2"],
            ssm="replay", prompt_tokens=64, output_tokens=96, rounds_per_batch=2, repeats=5, device="cuda")
 SMOKE = dict(models=["tiny_mamba2"], batches=[2], specs=["none", "dflash2"], ssm="replay", prompt_tokens=16,
@@ -36,6 +38,12 @@ def heldout_prompts(codec, n: int, tokens: int, seed: int = 0) -> list[list[int]
     return [ids[i * step + j: i * step + j + tokens] for i, j in enumerate(jitter)]
 
 
+def variant_overrides(model: str, spec: str, batch: int, p: dict) -> list[str]:
+    kind, *extra = spec.split()  # "dflash2 spec.dtype=bfloat16": a scheme and its overrides
+    return [f"model={model}", f"ssm={p['ssm']}", f"spec={kind}", *extra, f"runtime.device={p['device']}",
+            f"runtime.max_slots={max(batch, 1)}"]
+
+
 class Variant:
     """One (model, spec, batch) engine, warmed up: `measure()` serves one measured round and returns its row."""
 
@@ -43,9 +51,7 @@ class Variant:
         from synodic.config.compose import compose
         from synodic.engine.engine import Engine
         from synodic.graph import build_graph
-        kind, *extra = spec.split()  # "dflash2 spec.dtype=bfloat16": a scheme and its overrides
-        over = [f"model={model}", f"ssm={p['ssm']}", f"spec={kind}", *extra, f"runtime.device={p['device']}",
-                f"runtime.max_slots={max(batch, 1)}"]
+        over = variant_overrides(model, spec, batch, p)
         self.model, self.spec, self.batch, self.p, self.prompts = model, spec, batch, p, prompts
         self.eng = Engine(build_graph(compose(over), max_seq_len=p["prompt_tokens"] + p["output_tokens"] + 16))
         self.rates: list[float] = []
@@ -107,19 +113,24 @@ def measure_batch(model: str, batch: int, p: dict, prompts) -> list[dict]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("spec_decode.json"))
+    ap.add_argument("--out", type=out_file, default=Path("spec_decode.json"))
     ap.add_argument("--smoke", action="store_true", help="CPU sizes (automatic without a CUDA device)")
     ap.add_argument("--models", nargs="+")
-    ap.add_argument("--batches", nargs="+", type=int)
+    ap.add_argument("--batches", nargs="+", type=positive_int)
     ap.add_argument("--specs", nargs="+", help="spec options, each optionally with its overrides in one "
                     "quoted word: 'dflash2 spec.dtype=bfloat16'")
     ap.add_argument("--ssm")
-    ap.add_argument("--repeats", type=int, help="measured rounds per variant, interleaved across variants")
+    ap.add_argument("--repeats", type=positive_int, help="measured rounds per variant, interleaved across variants")
     a = ap.parse_args(argv)
     p = dict(SMOKE if a.smoke or not torch.cuda.is_available() else GPU)
     for k in ("models", "batches", "specs", "ssm", "repeats"):
         if getattr(a, k):
             p[k] = getattr(a, k)
+    # every variant's config before the first engine is built: a bad name fails in a second, not after a model's rows
+    for model in p["models"]:
+        for spec in p["specs"]:
+            compose_or_exit(ap, variant_overrides(model, spec, max(p["batches"]), p),
+                            {"model": "--models", "spec": "--specs", "ssm": "--ssm"})
     from synodic.config.compose import compose
     from synodic.engine.text import load_codec
     from synodic.graph import checkpoint_dir

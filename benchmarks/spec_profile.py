@@ -14,25 +14,34 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._cli import compose_or_exit, out_file, positive_int
 from benchmarks.spec_decode import GPU, SMOKE, heldout_prompts
+
+# the argument that sets each config key, named in a composition error
+FLAGS = {"model": "--model", "spec": "--spec", "ssm": "--ssm", "runtime.cuda_graphs": "--graphs",
+         "runtime.max_slots": "--batch"}
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny_mamba2")
     ap.add_argument("--spec", default="dflash2")
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", type=positive_int, default=1)
     ap.add_argument("--ssm", default="replay")
     ap.add_argument("--graphs", default="true")
-    ap.add_argument("--out", type=Path, default=Path("spec_profile.txt"))
+    ap.add_argument("--out", type=out_file, default=Path("spec_profile.txt"))
     ap.add_argument("--census", action="store_true", help="the ops of one speculative step per --specs scheme")
     ap.add_argument("--specs", nargs="+", default=["dflash2", "dspark", "dflash"], help="--census: the schemes")
     ap.add_argument("--device", default=None, help="--census: runtime.device (default: cuda if present, else cpu)")
-    ap.add_argument("--step", type=int, default=3, help="--census: which speculative step of the round (1-based)")
+    ap.add_argument("--step", type=positive_int, default=3,
+                    help="--census: which speculative step of the round (1-based)")
     ap.add_argument("--over", nargs="*", default=[], help="more config overrides (e.g. "
                     "spec.num_speculative_tokens=3 spec.drafter=random model.overrides.hidden_size=256)")
     a = ap.parse_args(argv)
     if a.census:
+        for spec in a.specs:  # every scheme's config before the first one runs
+            compose_or_exit(ap, census_overrides(a, spec, census_device(a)),
+                            {**FLAGS, "spec": "--specs", "runtime.device": "--device"})
         return census_main(a)
     from torch.profiler import ProfilerActivity, profile
 
@@ -44,6 +53,7 @@ def main(argv=None) -> None:
     p = dict(GPU if torch.cuda.is_available() else SMOKE)
     over = [f"model={a.model}", f"ssm={a.ssm}", f"spec={a.spec}", *_every_step(a.spec), f"runtime.device={p['device']}",
             f"runtime.max_slots={a.batch}", f"runtime.cuda_graphs={a.graphs}", *a.over]
+    compose_or_exit(ap, over, FLAGS)
     cfg = compose(over)
     prompts = heldout_prompts(load_codec(checkpoint_dir(cfg.model)), a.batch, p["prompt_tokens"])
     eng = Engine(build_graph(cfg, max_seq_len=p["prompt_tokens"] + p["output_tokens"] + 16))
@@ -74,14 +84,12 @@ def census_main(a) -> None:
     from synodic.engine.request import Request, SamplingParams
     from synodic.engine.text import load_codec
     from synodic.graph import build_graph, checkpoint_dir
-    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = census_device(a)
     p = dict(GPU if device == "cuda" else SMOKE)
     out_tokens = max(p["output_tokens"], 8 * (a.step + 1))  # the round must reach that step
     text, rows = [], {}
     for spec in a.specs:
-        over = [f"model={a.model}", f"ssm={a.ssm}", f"spec={spec}", *_every_step(spec), f"runtime.device={device}",
-                f"runtime.max_slots={a.batch}", "runtime.cuda_graphs=false", *a.over,
-                "runtime.overlap=false"]  # one _spec_step call a step (overlapped, one call serves a chain of them)
+        over = census_overrides(a, spec, device)
         cfg = compose(over)
         prompts = heldout_prompts(load_codec(checkpoint_dir(cfg.model)), a.batch, p["prompt_tokens"])
         eng = Engine(build_graph(cfg, max_seq_len=p["prompt_tokens"] + out_tokens + 16))
@@ -102,6 +110,16 @@ def census_main(a) -> None:
     a.out.write_text("\n\n".join(text) + "\n")
     a.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     print("\n\n".join(text))
+
+
+def census_device(a) -> str:
+    return a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def census_overrides(a, spec: str, device: str) -> list[str]:
+    return [f"model={a.model}", f"ssm={a.ssm}", f"spec={spec}", *_every_step(spec), f"runtime.device={device}",
+            f"runtime.max_slots={a.batch}", "runtime.cuda_graphs=false", *a.over,
+            "runtime.overlap=false"]  # one _spec_step call a step (overlapped, one call serves a chain of them)
 
 
 # -- census: every op of one speculative step, attributed to its owner (target / drafter / engine) ----------------

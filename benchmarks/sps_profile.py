@@ -15,6 +15,8 @@ import time
 
 import torch
 
+from benchmarks._cli import compose_or_exit, positive_int, positive_ints
+
 
 def profile(overrides: list[str], tokens: list[int], window: int = 8, context: int = 32, reps: int = 5):
     from synodic.config.compose import compose
@@ -92,11 +94,13 @@ def main(argv=None) -> None:
     from synodic.spec.load_aware import SPS_DIR, profile_file
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (model=..., runtime.device=...)")
-    ap.add_argument("--tokens", default="8,16,32,64,128,256,512")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--tokens", type=positive_ints, default="8,16,32,64,128,256,512")
+    ap.add_argument("--reps", type=positive_int, default=5)
     a = ap.parse_args(argv)
-    tokens = sorted({int(t) for t in a.tokens.split(",")})
-    prof = profile(list(a.overrides), tokens, reps=a.reps)
+    tokens = sorted(set(a.tokens))
+    overrides = list(a.overrides)
+    compose_or_exit(ap, overrides if any(o.startswith("spec=") for o in overrides) else [*overrides, "spec=dspark"])
+    prof = profile(overrides, tokens, reps=a.reps)
     SPS_DIR.mkdir(parents=True, exist_ok=True)
     path = profile_file(prof.model, prof.device)
     prof.save(path)

@@ -24,6 +24,7 @@ import sys
 import torch
 from synodic.kernels.timing import COPY_GBPS_H200, copy_gbps, graph_us
 
+from benchmarks._cli import out_file, positive_ints
 from synodic.results.env import git_commit
 
 L2_BYTES = 60 * 2**20
@@ -210,8 +211,8 @@ def write_json(res: dict, path, quiet: bool = False) -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="bench_ssm_decode.json")
-    ap.add_argument("--batches", default="1,32,256")
+    ap.add_argument("--out", type=out_file, default="bench_ssm_decode.json")
+    ap.add_argument("--batches", type=positive_ints, default="1,32,256")
     ap.add_argument("--sweep", action="store_true",
                     help="also time a grid of tile/warp configs (graph replay)")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (smoke test, also on CPU: checks only)")
@@ -220,7 +221,7 @@ def main(argv=None):
     device = "cuda" if cuda else "cpu"
     if not cuda and not args.tiny:
         sys.exit("bench_ssm_decode: needs a CUDA GPU (use --tiny for a CPU smoke test of the checks)")
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches
     problems = [(Mamba2Problem, TINY_MAMBA if args.tiny else MAMBA),
                 (GDNProblem, TINY_GDN if args.tiny else GDN)]
     sdtypes = [torch.float32, torch.bfloat16]

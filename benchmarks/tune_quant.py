@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._cli import out_file
+
 MIN_GAIN = 0.03  # a candidate must beat the heuristic's median time by this fraction
 RETIME = 3  # candidates (the heuristic among them) timed twice more
 CHECK_TOL = 2e-2
@@ -170,7 +172,8 @@ def main(argv=None) -> None:
     ap.add_argument("--models", default="nemotron_h_8b")
     ap.add_argument("--formats", default="mxfp4,nvfp4,mxfp8_e4m3")
     ap.add_argument("--ms", default="1,2,4,16")
-    ap.add_argument("--out", default=None, help="table file (default: this GPU's file under quant_linear/tuned/)")
+    ap.add_argument("--out", type=out_file, default=None,
+                    help="table file (default: this GPU's file under quant_linear/tuned/)")
     ap.add_argument("--budget", type=float, default=600.0, help="seconds; shapes left when it runs out are skipped")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

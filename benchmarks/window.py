@@ -39,6 +39,7 @@ import torch
 from synodic.kernels.replay_common import LaunchPlan
 from synodic.kernels.timing import COPY_GBPS_H200, graph_us
 
+from benchmarks._cli import out_file, positive_int, positive_ints
 from benchmarks.ssm_decode import ROTATE_BYTES, _esize, rel_rmse, write_json
 from synodic.results.env import git_commit
 
@@ -340,9 +341,9 @@ def admission(kind, shape, T, L=RING_L, budget=ADMIT_BUDGET, layers=ADMIT_LAYERS
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="bench_window.json")
-    ap.add_argument("--batches", default="1,32,128,256")
-    ap.add_argument("--T", type=int, default=4, help="window size 1 + drafts")
+    ap.add_argument("--out", type=out_file, default="bench_window.json")
+    ap.add_argument("--batches", type=positive_ints, default="1,32,128,256")
+    ap.add_argument("--T", type=positive_int, default=4, help="window size 1 + drafts")
     ap.add_argument("--kinds", default="mamba2,gdn", help="layer kinds to time (checks and admission cover both)")
     ap.add_argument("--sweep", default="", help="batches at which to time the replay verify launch configs")
     ap.add_argument("--tiny", action="store_true",
@@ -352,7 +353,7 @@ def main(argv=None):
     device = "cuda" if cuda else "cpu"
     if not cuda and not args.tiny:
         sys.exit("bench_window: needs a CUDA GPU (use --tiny for a CPU smoke test)")
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches
     sweep_batches = [int(b) for b in args.sweep.split(",") if b]
     T = args.T
     problems = [(MambaWindow, TINY_MAMBA if args.tiny else MAMBA), (GDNWindow, TINY_GDN if args.tiny else GDN)]

@@ -20,6 +20,8 @@ from synodic.kernels.mamba2_replay import mamba2_replay_alloc, mamba2_replay_flu
 from synodic.kernels.replay_common import LaunchPlan
 from synodic.kernels.timing import graph_us
 
+from benchmarks._cli import out_file, positive_float, positive_ints
+
 SHAPE = dict(H=128, P=64, N=128, G=8)
 TINY = dict(H=4, P=20, N=24, G=2)
 CONFIGS = [(32, 1, 8, None), (32, 1, 8, None, "dot"), (32, 1, 8, None, "tf32x3"), (64, 1, 4, None, "dot"),
@@ -46,14 +48,14 @@ def _flush(c, A, sid, L, T, cfg) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("window_flush.json"))
-    ap.add_argument("--batches", default="32,128,256")
-    ap.add_argument("--share", type=float, default=0.25, help="rows whose ring the flush folds")
+    ap.add_argument("--out", type=out_file, default=Path("window_flush.json"))
+    ap.add_argument("--batches", type=positive_ints, default="32,128,256")
+    ap.add_argument("--share", type=positive_float, default=0.25, help="rows whose ring the flush folds")
     ap.add_argument("--tiny", action="store_true", help="small shapes, checks only (CPU: TRITON_INTERPRET=1)")
     a = ap.parse_args(argv)
     cuda = torch.cuda.is_available() and not a.tiny
     device, shape, L, T = ("cuda" if cuda else "cpu"), (SHAPE if cuda else TINY), 16, 4
-    batches = [int(b) for b in a.batches.split(",")] if cuda else [3]
+    batches = a.batches if cuda else [3]
     configs = CONFIGS if cuda else [(16, 1, 4, None), (16, 1, 4, None, "dot"), (16, 1, 4, None, "tf32x3")]
     rows = []
     for batch in batches:
