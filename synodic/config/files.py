@@ -17,9 +17,30 @@ def note(msg: str) -> None:
         print(f"note: {msg}", file=sys.stderr)
 
 
+def shown(path: str | Path, limit: int = 80) -> str:
+    """`path` cut to `limit` characters for a message (a 5000-character value would bury the line)."""
+    s = str(path)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def lookup_problem(path: str | Path) -> str | None:
+    """Why the OS refuses to look `path` up at all (a name too long, a component it may not search): Path.is_file()
+    and is_dir() raise OSError for these instead of answering False."""
+    try:
+        Path(path).exists()
+    except OSError as e:
+        return f"not a valid path ({e.strerror or e})"
+    return None
+
+
 def text_problem(path: str | Path, what: str = "a UTF-8 text file") -> str | None:
     """Why `path` is not a readable UTF-8 text file (None when it is)."""
     p = Path(path)
+    bad = lookup_problem(p)
+    if bad:
+        return f"{bad}; expected {what}"
+    if p.is_dir():
+        return f"is a directory; expected {what}"
     if not p.is_file():
         return f"expected an existing file, {what} (no such file)"
     try:
@@ -46,18 +67,21 @@ def checkpoint_problems(d: str | Path) -> list[str]:
 
     from synodic.models.config import HybridConfig
     d = Path(d)
+    bad = lookup_problem(d)
+    if bad:
+        return [f"{bad}; expected auto, random or a checkpoint directory"]
     if not d.is_dir():
-        return [f"expected auto, random or a checkpoint directory (no directory {d})"]
+        return [f"expected auto, random or a checkpoint directory (no directory {shown(d)})"]
     from synodic.models.hf import hf_problems, is_hf_folder
     if is_hf_folder(d):  # a Hugging Face folder: its own checks (synodic/models/hf)
         return hf_problems(d)
-    out = []
+    out, cfg = [], None
     cj = d / "config.json"
     if not cj.is_file():
         out.append(f"no {cj}; expected a checkpoint directory with config.json + model.safetensors")
     else:
         try:
-            HybridConfig.model_validate_json(cj.read_text())
+            cfg = HybridConfig.model_validate_json(cj.read_text())
         except (ValidationError, UnicodeDecodeError, OSError) as e:
             first = e.errors()[0] if isinstance(e, ValidationError) else {"msg": str(e), "loc": ()}
             where = ".".join(map(str, first["loc"]))
@@ -68,7 +92,12 @@ def checkpoint_problems(d: str | Path) -> list[str]:
         out.append(f"no {st}; expected a checkpoint directory with config.json + model.safetensors")
     else:
         try:
-            _check_length(st)
+            shapes = {k: shape for k, (_, shape) in safetensors_header(st).items()}
+            # names and shapes against the model config.json describes (built on the meta device: no data read)
+            from synodic.models.weights import layout_problem
+            why = layout_problem(cfg, shapes, st) if cfg is not None else None
+            if why:
+                out.append(why)
             with safe_open(str(st), framework="pt") as f:
                 keys = list(f.keys())
                 size = st.stat().st_size
@@ -78,17 +107,22 @@ def checkpoint_problems(d: str | Path) -> list[str]:
                         note(f"model.weights={str(d)!r}: non-finite values (NaN / inf) in {len(bad)} tensor(s), "
                              f"e.g. {bad[0]}; outputs will be garbage")
         except (SafetensorError, OSError, RuntimeError, ValueError, KeyError) as e:
-            out.append(f"{st} cannot be read ({str(e).splitlines()[0][:100]}); expected a complete safetensors "
-                       f"file (truncated copy?)")
+            why = str(e).splitlines()[0][:160]
+            hint = "" if why.startswith("not a safetensors") else " (truncated copy?)"
+            out.append(f"{st} cannot be read ({why}); expected a complete safetensors file{hint}")
     tj = d / "tokenizer.json"
     if tj.is_file():
         try:
             json.loads(tj.read_text())
             from tokenizers import Tokenizer
-            Tokenizer.from_file(str(tj))
+            n = Tokenizer.from_file(str(tj)).get_vocab_size(with_added_tokens=True)
         except Exception as e:  # tokenizers raises its own Exception subclass on any bad file
             out.append(f"{tj} is not a tokenizer ({str(e).splitlines()[0][:100]}); expected a Hugging Face "
                        f"tokenizers file, or none (raw UTF-8 bytes)")
+        else:  # ids past the embedding's rows fail mid-decode (as synodic/models/hf checks for its folders)
+            if cfg is not None and n > cfg.vocab_size:
+                out.append(f"{tj} has {n} tokens; expected at most vocab_size={cfg.vocab_size} (config.json: the "
+                           "embedding's rows)")
     elif not out:
         note(f"model.weights={str(d)!r}: no tokenizer.json there; prompts are encoded as raw UTF-8 bytes")
     return out
@@ -101,27 +135,53 @@ def _finite(t) -> bool:
 
 
 
-def _check_length(st: Path) -> None:
-    """A copy cut short keeps a valid header: compare the header's data extent with the file size."""
+def safetensors_header(st: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """name → (dtype, shape) of a safetensors file from its header alone (no tensor data read). ValueError naming
+    what is wrong: a header that is not the format's JSON object of {dtype, shape, data_offsets} entries, or a copy
+    cut short (a valid header whose data extent passes the end of the file)."""
     import struct
+    st = Path(st)
+    size = st.stat().st_size
     with open(st, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
             raise ValueError("shorter than a safetensors header")
         n = struct.unpack("<Q", head)[0]
-        if n > st.stat().st_size:
+        if n > size - 8:
             raise ValueError("header length beyond the end of the file")
-        header = json.loads(f.read(n))
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    have = st.stat().st_size - 8 - n
-    if have < end:
-        raise ValueError(f"file ends {end - have} bytes before its last tensor")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            raise ValueError(f"not a safetensors file: its header is not JSON ({str(e)[:60]})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"not a safetensors file: its header is a JSON {type(header).__name__}, not an object")
+    out, end = {}, 0
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        offsets = v.get("data_offsets") if isinstance(v, dict) else None
+        if not (isinstance(v, dict) and isinstance(v.get("dtype"), str) and _naturals(v.get("shape"))
+                and _naturals(offsets) and len(offsets) == 2 and offsets[0] <= offsets[1]):
+            raise ValueError(f"not a safetensors file: header entry {shown(k, 40)!r} is {shown(repr(v), 40)}, "
+                             "not {dtype, shape, data_offsets: [begin, end]}")
+        out[k] = (v["dtype"], tuple(v["shape"]))
+        end = max(end, offsets[1])
+    if size - 8 - n < end:
+        raise ValueError(f"file ends {end - (size - 8 - n)} bytes before its last tensor")
+    return out
+
+
+def _naturals(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
 
 
 def writable_dir_problem(path: str | Path) -> str | None:
     """Why a directory cannot be created / written at `path` (checked before a long job starts)."""
     import os
     p = Path(path).expanduser().absolute()
+    bad = lookup_problem(p)
+    if bad:
+        return f"{bad}; expected a writable directory"
     if p.exists() and not p.is_dir():
         return "exists and is not a directory; expected a writable directory"
     probe = p
@@ -157,8 +217,11 @@ def data_problems(paths: list[str]) -> list[str]:
     out, docs = [], 0
     for i, s in enumerate(paths):
         p = Path(s)
+        bad = lookup_problem(p)
         if not s.strip():
             out.append(f"[{i}]={s!r}: an empty path; expected text files or folders")
+        elif bad:
+            out.append(f"[{i}]={shown(s)!r}: {bad}; expected text files or folders")
         elif not p.exists():
             out.append(f"[{i}]={s!r}: no such file or directory; expected text files or folders")
         elif p.is_dir() and (p / "meta.json").is_file() and (p / "train.bin").is_file():

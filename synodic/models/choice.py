@@ -1,7 +1,7 @@
 """`model` group: which architecture preset and which weights."""
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from synodic.config.registry import Component, register
 
@@ -44,6 +44,24 @@ class ModelChoice(Component):
                 raise ValueError("; ".join((f"{'.'.join(map(str, x['loc']))}: " if x["loc"] else "") +
                                            x["msg"].removeprefix("Value error, ") for x in e.errors())) from None
         return v
+
+    @model_validator(mode="after")
+    def _bytes_fit(self):
+        """Without a tokenizer.json, text is encoded as raw UTF-8 bytes (synodic/engine/text.py ByteCodec): ids
+        up to 255 must be rows of the embedding, or decode fails mid-run. A tokenizer.json larger than the
+        vocabulary is the weights validator's to report (files.py, models/hf)."""
+        from synodic.graph import checkpoint_dir
+        ckpt = checkpoint_dir(self)
+        if ckpt is not None and (ckpt / "tokenizer.json").is_file():
+            return self
+        from .weights import load_config
+        vocab = (load_config(ckpt) if ckpt is not None else self.architecture()).vocab_size
+        if vocab < 256:
+            key = (f"model.overrides.vocab_size={vocab}" if "vocab_size" in self.overrides and ckpt is None
+                   else f"model.weights={self.weights!r}: config.json's vocab_size={vocab}")
+            raise ValueError(f"{key} without a tokenizer.json: expected vocab_size >= 256 (text is then encoded "
+                             "as raw UTF-8 bytes, ids 0-255), or a checkpoint with a tokenizer that fits")
+        return self
 
     def architecture(self) -> HybridConfig:
         base = PRESETS[self.kind]

@@ -4,7 +4,7 @@ verify reservations through the graph (synodic/graph.py)."""
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from synodic.config.errors import ConfigError
 from synodic.config.registry import Component, register
@@ -92,6 +92,18 @@ class _NeuralSpec(Component):
     def window(self) -> int:
         return 1 + self.num_speculative_tokens
 
+    @field_validator("drafter")
+    @classmethod
+    def _drafter_dir(cls, v: str) -> str:
+        """A drafter directory's own files are checked with the config; its fit to the target when it loads."""
+        if v not in ("auto", "random"):
+            try:
+                from synodic.spec.models import drafter_config
+            except ImportError:  # no draft models in this build: `_models` says so when the graph is built
+                return v
+            drafter_config(v)
+        return v
+
     def _models(self):
         try:
             from synodic.spec import models
@@ -112,9 +124,12 @@ class _NeuralSpec(Component):
             have = dm.shipped_drafters()
             raise ConfigError([f"spec.drafter='auto': no shipped {self.kind} drafter for model={model_kind}; "
                                f"expected spec.drafter=random or a directory (shipped: {', '.join(have) or 'none'})"])
-        if not directory.is_dir():
-            raise ConfigError([f"spec.drafter='{self.drafter}': no such directory; expected auto, random or a "
-                               "directory written by pipeline=train_drafter"])
+        from synodic.config.files import lookup_problem, shown
+        bad = lookup_problem(directory) or (None if directory.is_dir() else "no such directory")
+        if bad:
+            raise ConfigError([f"spec.drafter={shown(self.drafter)!r}: {bad}; expected auto, random or a directory "
+                               "written by pipeline=train_drafter"])
+        dm.check_drafter_dir(directory)  # its files against its config.json; the target's fit is checked at load
         return directory
 
     def build(self, ctx):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ import torch
 from pydantic import ValidationError
 
 from synodic.config.errors import ConfigError
+from synodic.config.files import shown
 
 from ..config import HybridConfig
 
@@ -81,6 +81,34 @@ def pick(raw: dict, where: Path, *names: str, default=...):
     return default
 
 
+def integer(raw: dict, where: Path, *names: str, least: int = 1, default=...) -> int:
+    """pick() for a field the mapping computes with before HybridConfig validates it (H // heads, range(layers)):
+    an integer >= `least`, else one line naming the field."""
+    v = pick(raw, where, *names, default=default)
+    name = next((n for n in names if raw.get(n) is not None), names[0])
+    require(isinstance(v, int) and not isinstance(v, bool) and v >= least,
+            lambda: f"{where}: {name}={shown(repr(v), 60)}; expected an integer >= {least}")
+    return v
+
+
+def real(raw: dict, where: Path, *names: str, default=...) -> float | None:
+    """pick() for a number field the mapping converts with float() (None when absent and default=None)."""
+    v = pick(raw, where, *names, default=default)
+    if v is None:
+        return None
+    name = next((n for n in names if raw.get(n) is not None), names[0])
+    require(isinstance(v, (int, float)) and not isinstance(v, bool),
+            lambda: f"{where}: {name}={shown(repr(v), 60)}; expected a number")
+    return float(v)
+
+
+def strings(v, where: Path, key: str, expected: str) -> list[str]:
+    """A config.json list of names (layer types): a list of strings, else one line naming the field."""
+    require(isinstance(v, list) and all(isinstance(x, str) for x in v),
+            lambda: f"{where}: {key}={shown(repr(v), 60)}; expected {expected}")
+    return v
+
+
 def require(cond: bool, line) -> None:
     """`line`: the message, or a function making it (when it indexes what is checked)."""
     if not cond:
@@ -95,26 +123,15 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF
 
 
 def header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """name → (dtype, shape) of one safetensors file, after checking that its data is all there."""
+    """name → (dtype, shape) of one safetensors file, after checking that its header is well formed and its
+    data all there (synodic/config/files.py's parser, shared with synodic's own checkpoints)."""
+    from synodic.config.files import safetensors_header
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise ValueError("shorter than a safetensors header")
-            n = struct.unpack("<Q", head)[0]
-            if n > size - 8:
-                raise ValueError("header length beyond the end of the file")
-            meta = json.loads(f.read(n))
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} cannot be read ({str(e).splitlines()[0][:80]}); expected a complete "
-                              "safetensors file") from None
-    meta.pop("__metadata__", None)
-    end = max((v["data_offsets"][1] for v in meta.values()), default=0)
-    if size - 8 - n < end:
-        raise CheckpointError(f"{path} ends {end - (size - 8 - n)} bytes before its last tensor; expected a "
-                              "complete safetensors file (truncated copy?)")
-    return {k: (v["dtype"], tuple(v["shape"])) for k, v in meta.items()}
+        return safetensors_header(path)
+    except (OSError, ValueError) as e:
+        hint = "" if str(e).startswith("not a safetensors") else " (truncated copy?)"
+        raise CheckpointError(f"{path} cannot be read ({str(e).splitlines()[0][:160]}); expected a complete "
+                              f"safetensors file{hint}") from None
 
 
 def shards(folder: Path) -> dict[Path, dict[str, tuple[str, tuple[int, ...]]]]:

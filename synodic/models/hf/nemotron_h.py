@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .loader import Mapping, Source, pick, require, validated
+from .loader import Mapping, Source, integer, pick, real, require, strings, validated
 
 _KIND = {"M": "M", "mamba": "M", "linear_attention": "M", "*": "*", "attention": "*", "full_attention": "*",
          "-": "-", "mlp": "-", "E": "E", "moe": "E"}
@@ -27,9 +27,12 @@ _KIND = {"M": "M", "mamba": "M", "linear_attention": "M", "*": "*", "attention":
 
 def _pattern(raw: dict, where: Path) -> tuple[str, str]:
     if raw.get("layers_block_type") is not None:
-        key, kinds = "layers_block_type", list(raw["layers_block_type"])
+        key, kinds = "layers_block_type", raw["layers_block_type"]
     else:
-        key, kinds = "hybrid_override_pattern", list(pick(raw, where, "hybrid_override_pattern", "layers_block_type"))
+        key, kinds = "hybrid_override_pattern", pick(raw, where, "hybrid_override_pattern", "layers_block_type")
+    # the Hub writes a string of letters, transformers 5 a list of names
+    kinds = strings(list(kinds) if isinstance(kinds, str) else kinds, where, key,
+                    "a string of M * - E or a list of mamba / attention / mlp / moe, one per layer")
     bad = [k for k in kinds if k not in _KIND]
     require(not bad, lambda: f"{where}: {key} has layer type {bad[0]!r}; expected mamba (M), attention (*), mlp (-), "
                              "moe (E)")
@@ -49,9 +52,11 @@ def _moe_fields(raw: dict, where: Path, key: str, p: str) -> dict:
                 shared_expert_intermediate_size=pick(raw, where, "moe_shared_expert_intermediate_size")
                 or pick(raw, where, "intermediate_size"),
                 norm_topk_prob=bool(raw.get("norm_topk_prob", True)), moe_router="sigmoid",
-                n_group=int(raw.get("n_group") or 1), topk_group=int(raw.get("topk_group") or 1),
-                routed_scaling_factor=float(raw.get("routed_scaling_factor") or 1.0), shared_expert_gate=False,
-                moe_latent_size=int(raw.get("moe_latent_size") or 0))
+                # 0 / null mean "not grouped" and "no latent" in transformers' configs
+                n_group=integer(raw, where, "n_group", least=0, default=1) or 1,
+                topk_group=integer(raw, where, "topk_group", least=0, default=1) or 1,
+                routed_scaling_factor=real(raw, where, "routed_scaling_factor", default=1.0) or 1.0,
+                shared_expert_gate=False, moe_latent_size=integer(raw, where, "moe_latent_size", least=0, default=0))
 
 
 def mapping(raw: dict, where: Path, keys: set[str]) -> Mapping:
@@ -62,8 +67,8 @@ def mapping(raw: dict, where: Path, keys: set[str]) -> Mapping:
     require(act == "relu2", f"{where}: mlp_hidden_act={act!r}; expected 'relu2' (NemotronH's squared-ReLU MLP)")
     m_act = raw.get("mamba_hidden_act", "silu")
     require(m_act == "silu", f"{where}: mamba_hidden_act={m_act!r}; expected 'silu'")
-    H = pick(raw, where, "hidden_size")
-    nq = pick(raw, where, "num_attention_heads")
+    H = integer(raw, where, "hidden_size")
+    nq = integer(raw, where, "num_attention_heads")  # head_dim defaults to H // nq
     cfg = validated(dict(
         model_type="nemotron_h", vocab_size=pick(raw, where, "vocab_size"), hidden_size=H,
         intermediate_size=pick(raw, where, "intermediate_size"), num_hidden_layers=len(p),

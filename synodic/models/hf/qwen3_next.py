@@ -18,25 +18,32 @@ from pathlib import Path
 
 import torch
 
-from .loader import Mapping, Source, pick, require, validated
+from synodic.config.files import shown
+
+from .loader import Mapping, Source, integer, pick, real, require, strings, validated
 
 
 def _rope(raw: dict, where: Path) -> tuple[float, float]:
     rp = raw.get("rope_parameters") or {}
     scaling = raw.get("rope_scaling") or {}
+    for key, v in (("rope_parameters", rp), ("rope_scaling", scaling)):
+        require(isinstance(v, dict), lambda key=key, v=v: f"{where}: {key}={shown(repr(v), 60)}; expected an "
+                                                            "object {rope_type, rope_theta, ...} or null")
     kind = rp.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
     require(kind == "default", f"{where}: rope_type={kind!r} (rope_parameters / rope_scaling); expected "
                                "'default' (synodic implements unscaled RoPE)")
-    theta = rp.get("rope_theta", raw.get("rope_theta", 10000.0))
-    frac = rp.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.25))
-    return float(theta), float(frac)
+    theta = real(rp, where, "rope_theta", default=None)
+    frac = real(rp, where, "partial_rotary_factor", default=None)
+    return (real(raw, where, "rope_theta", default=10000.0) if theta is None else theta,
+            real(raw, where, "partial_rotary_factor", default=0.25) if frac is None else frac)
 
 
 def _layer_types(raw: dict, where: Path, n: int) -> list[str]:
     lt = raw.get("layer_types")
     if lt is None:
-        every = int(raw.get("full_attention_interval", 4))
+        every = integer(raw, where, "full_attention_interval", default=4)
         lt = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n)]
+    strings(lt, where, "layer_types", "a list of linear_attention / full_attention, one per layer")
     bad = [t for t in lt if t not in ("linear_attention", "full_attention")]
     require(not bad, lambda: f"{where}: layer_types has {bad[0]!r}; expected linear_attention or full_attention")
     return list(lt)
@@ -49,7 +56,7 @@ def mapping(raw: dict, where: Path, keys: set[str]) -> Mapping:
         require(isinstance(text, dict), f"{where}: model_type='qwen3_5' without a text_config object; expected "
                                         "the language model's config under text_config")
         raw = {"tie_word_embeddings": raw.get("tie_word_embeddings", False), **text}
-    n = pick(raw, where, "num_hidden_layers")
+    n = integer(raw, where, "num_hidden_layers")
     act = raw.get("hidden_act", "silu")
     require(act == "silu", f"{where}: hidden_act={act!r}; expected 'silu' (SwiGLU MLPs, SiLU conv)")
     require(not raw.get("attention_bias"), f"{where}: attention_bias={raw.get('attention_bias')}; expected false")
@@ -74,8 +81,8 @@ def mapping(raw: dict, where: Path, keys: set[str]) -> Mapping:
                       moe_intermediate_size=pick(raw, where, "moe_intermediate_size"),
                       shared_expert_intermediate_size=raw.get("shared_expert_intermediate_size") or 0,
                       norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
-                      decoder_sparse_step=int(raw.get("decoder_sparse_step", 1)),
-                      mlp_only_layers=list(raw.get("mlp_only_layers") or []))
+                      decoder_sparse_step=integer(raw, where, "decoder_sparse_step", default=1),
+                      mlp_only_layers=raw.get("mlp_only_layers") or [])
     cfg = validated(fields, where)
     prefix = "model.language_model." if any(k.startswith("model.language_model.") for k in keys) else "model."
     return Mapping(cfg, sources(cfg, keys, prefix, split),

@@ -13,8 +13,8 @@ from .config import SCHEMES, DraftConfig, default_target_layers
 from .draft import DraftModel
 
 __all__ = ["SCHEMES", "DraftConfig", "DraftModel", "build_draft_model", "save_draft_model", "load_draft_model",
-           "shipped_drafter_dir", "shipped_drafters", "default_target_layers", "num_target_blocks",
-           "quantize_rows", "dequantize_rows"]
+           "check_drafter_dir", "drafter_config", "shipped_drafter_dir", "shipped_drafters", "default_target_layers",
+           "num_target_blocks", "quantize_rows", "dequantize_rows"]
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets" / "drafters"
 WEIGHTS = "model.safetensors"
@@ -110,36 +110,93 @@ def _dequantized(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_draft_model(directory, target_cfg, device="cpu", dtype=torch.float32, target=None) -> DraftModel:
-    """The drafter saved in `directory`, checked against `target_cfg`; ConfigError (one line) when the directory or
-    a file is missing or the drafter was trained for another vocabulary / hidden size / depth."""
+def drafter_config(directory) -> DraftConfig:
+    """The config of the drafter saved in `directory`, after checking what needs no target: both files there,
+    config.json a DraftConfig with target layers, and model.safetensors' tensor names and shapes those of the
+    drafter config.json describes (built on the meta device, from the header: no tensor data read). ValueError
+    saying what is wrong and what was expected otherwise (the spec.drafter validator's message)."""
+    from synodic.config.files import lookup_problem, safetensors_header
     d = Path(directory)
+    bad = lookup_problem(d)
+    if bad:
+        raise ValueError(f"{bad}; expected auto, random or a directory written by pipeline=train_drafter")
     if not d.is_dir():
-        raise ConfigError([f"spec.drafter={str(d)!r}: no such directory (expected config.json + {WEIGHTS})"])
+        raise ValueError(f"no such directory (expected config.json + {WEIGHTS})")
     for f in ("config.json", WEIGHTS):
         if not (d / f).is_file():
-            raise ConfigError([f"spec.drafter={str(d)!r}: missing {f} (expected config.json + {WEIGHTS})"])
+            raise ValueError(f"missing {f} (expected config.json + {WEIGHTS})")
     try:
         cfg = DraftConfig.model_validate(json.loads((d / "config.json").read_text()))
     except Exception as e:  # malformed JSON or fields: one line naming the file
-        raise ConfigError([f"spec.drafter={str(d)!r}: config.json is not a drafter config "
-                           f"({str(e).splitlines()[0]})"]) from None
+        raise ValueError(f"config.json is not a drafter config ({str(e).splitlines()[0][:100]}); expected the "
+                         "config.json pipeline=train_drafter writes") from None
+    if not cfg.target_layers or min(cfg.target_layers) < 0:
+        raise ValueError(f"config.json has target_layers={list(cfg.target_layers)}; expected a non-empty list of "
+                         "target block indices >= 0")
+    try:
+        stored = {k: shape for k, (_, shape) in safetensors_header(d / WEIGHTS).items()}
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{WEIGHTS} is not a drafter's weights ({str(e).splitlines()[0][:160]}); expected the "
+                         f"{WEIGHTS} pipeline=train_drafter writes") from None
+    why = _layout_problem(cfg, stored)
+    if why:
+        raise ValueError(f"{WEIGHTS} {why}")
+    return cfg
+
+
+def check_drafter_dir(directory) -> DraftConfig:
+    """drafter_config, its problem as a ConfigError line naming spec.drafter."""
+    from synodic.config.files import shown
+    try:
+        return drafter_config(directory)
+    except ValueError as e:
+        raise ConfigError([f"spec.drafter={shown(directory)!r}: {e}"]) from None
+
+
+def _layout_problem(cfg: DraftConfig, stored: dict[str, tuple[int, ...]]) -> str | None:
+    """Why stored tensors of these names and shapes do not load into the drafter `cfg` describes (what
+    load_state_dict(strict=True) would raise on, found from the header). fp8 matrices are stored as codes of
+    the parameter's shape + one scale per row (key + SCALE)."""
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in DraftModel(cfg).state_dict().items()}
+    expect = {**want, **{k + SCALE: want[k][:1] for k in want if k + SCALE in stored}}
+    extra = [k for k in stored if k not in expect]
+    if extra:
+        return (f"has tensor {extra[0]!r} ({len(extra)} such), not part of the {cfg.scheme} drafter config.json "
+                f"describes; expected names such as {next(iter(want))!r}")
+    missing = [k for k in want if k not in stored]
+    if missing:
+        return (f"has no tensor {missing[0]!r} ({len(missing)} missing); expected every tensor of the {cfg.scheme} "
+                "drafter config.json describes")
+    bad = next((k for k, v in stored.items() if v != expect[k]), None)
+    if bad is not None:
+        return f"has tensor {bad!r} of shape {list(stored[bad])}; expected {list(expect[bad])} from config.json"
+    return None
+
+
+def load_draft_model(directory, target_cfg, device="cpu", dtype=torch.float32, target=None) -> DraftModel:
+    """The drafter saved in `directory`, checked against `target_cfg`; ConfigError (one line) when the directory or
+    a file is missing or the drafter was trained for another vocabulary / hidden size / depth."""
+    from synodic.config.files import shown
+    d = Path(directory)
+    key = f"spec.drafter={shown(d)!r}"
+    cfg = check_drafter_dir(d)
     blocks = num_target_blocks(target_cfg)
-    for key, mine, theirs in (("vocab_size", cfg.vocab_size, target_cfg.vocab_size),
-                              ("hidden_size", cfg.hidden_size, target_cfg.hidden_size)):
+    for name, mine, theirs in (("vocab_size", cfg.vocab_size, target_cfg.vocab_size),
+                               ("hidden_size", cfg.hidden_size, target_cfg.hidden_size)):
         if mine != theirs:
-            raise ConfigError([f"spec.drafter={str(d)!r}: trained for a target with {key}={mine}, this model has "
-                               f"{key}={theirs}"])
+            raise ConfigError([f"{key}: trained for a target with {name}={mine}, this model has {name}={theirs}; "
+                               "expected a drafter trained for this model"])
     if max(cfg.target_layers) >= blocks:
-        raise ConfigError([f"spec.drafter={str(d)!r}: reads target blocks {list(cfg.target_layers)}, this model "
-                           f"has {blocks} blocks"])
+        raise ConfigError([f"{key}: reads target blocks {list(cfg.target_layers)}, this model has {blocks} blocks; "
+                           f"expected target_layers below {blocks} (a drafter trained for this model)"])
     with torch.device("meta"):
         model = DraftModel(cfg)
     try:
         state = _dequantized(load_file(str(d / WEIGHTS), device=str(device)))
     except Exception as e:  # a truncated / foreign file: one line naming it
-        raise ConfigError([f"spec.drafter={str(d)!r}: {WEIGHTS} is not a drafter's weights "
-                           f"({str(e).splitlines()[0]})"]) from None
+        raise ConfigError([f"{key}: {WEIGHTS} is not a drafter's weights ({str(e).splitlines()[0]}); expected "
+                           f"the {WEIGHTS} pipeline=train_drafter writes"]) from None
     model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()},
                           assign=True, strict=True)
     model = model.to(device=device, dtype=dtype)
