@@ -36,7 +36,8 @@ class AblatePipeline(Component):
 
 
 def load_study(study: str) -> dict:
-    """The study's dict, checked: a missing study lists the shipped ones."""
+    """The study's dict, checked: a missing study lists the shipped ones; a file that is not UTF-8 YAML, or a
+    field of the wrong type, is one line naming the study file and the field."""
     import yaml
 
     from synodic.config.compose import CONF_DIR
@@ -46,13 +47,46 @@ def load_study(study: str) -> dict:
     if not path.is_file():
         names = ", ".join(sorted(p.stem for p in shipped.glob("*.yaml")))
         raise ConfigError([f"pipeline.study={study!r}: no such study; expected one of {names} or a YAML path"])
-    d = yaml.safe_load(path.read_text()) or {}
-    arms = d.get("arms") or []
-    bad = [i for i, a in enumerate(arms) if not (isinstance(a, dict) and a.get("name") and a.get("overrides"))]
-    if not isinstance(d.get("base", []), list) or not arms or bad:
-        raise ConfigError([f"pipeline.study={study!r}: expected `base` (a list of overrides) and `arms` (a list of "
-                           f"{{name, overrides}}){'; arms ' + str(bad) + ' lack a name or overrides' if bad else ''}"])
+    where = f"pipeline.study={study!r}"
+    data = path.read_bytes()
+    try:
+        d = yaml.safe_load(data.decode("utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"{where}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); expected a UTF-8 "
+                           "YAML study file"]) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        why = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError([f"{where}: not valid YAML ({why}{at}); expected a mapping with `base` and `arms`"]) from None
+    if not isinstance(d, dict):
+        raise ConfigError([f"{where}: the file holds a {type(d).__name__}; expected a mapping with `base` (a list of "
+                           "overrides) and `arms` (a list of {name, overrides})"])
+    bad = _overrides_problems(f"{where}: base", d.get("base", []))
+    arms = d.get("arms")
+    if not isinstance(arms, list) or not arms:
+        bad.append(f"{where}: arms={arms!r}: expected a non-empty list of {{name, overrides}}")
+    else:
+        for i, a in enumerate(arms):
+            if not (isinstance(a, dict) and a.get("name") and a.get("overrides")):
+                bad.append(f"{where}: arms[{i}]={a!r}: lacks a name or overrides; expected {{name, overrides}}")
+            else:
+                bad += _overrides_problems(f"{where}: arms[{i}].overrides", a["overrides"])
+    if not isinstance(d.get("quality", False), bool):
+        bad.append(f"{where}: quality={d['quality']!r}: expected true or false")
+    if bad:
+        raise ConfigError(bad)
     return d
+
+
+def _overrides_problems(where: str, v) -> list[str]:
+    """A list of override strings: a bare string would be split into characters, a number is no override."""
+    if isinstance(v, str):
+        return [f"{where}={v!r}: a string; expected a list of overrides ([{v}])"]
+    if not isinstance(v, list):
+        return [f"{where}={v!r}: expected a list of overrides (key=value or group=option strings)"]
+    return [f"{where}[{j}]={o!r}: expected an override string (key=value or group=option)"
+            for j, o in enumerate(v) if not isinstance(o, str) or not o.strip()]
 
 
 def rows_of(study: dict, extra_base: list[str], mode: str) -> list[dict]:

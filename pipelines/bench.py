@@ -13,6 +13,7 @@ combined row sums the replicas' tokens/s, GB/s and ledger bytes, with step_ms th
 gain `replicas` (each one's device, requests, tokens/s and rows) and bench_replicas.csv (docs/measuring.md,
 "Data-parallel replicas")."""
 import logging
+import re
 import statistics
 import time
 from pathlib import Path
@@ -446,6 +447,11 @@ def _compose_variants(cfg, base: list[str]) -> list:
     vcfgs, bad = [], []
     for i, v in enumerate(cfg.pipeline.variants):
         where = f"pipeline.variants[{i}]={v!r}"
+        own = [o for o in v.split() if re.split(r"[.=@]", o.lstrip("+~"), maxsplit=1)[0] == "pipeline"]
+        if own:  # every variant runs under this bench: a pipeline override there would be silently ignored
+            bad.append(f"{where}: sets {' '.join(own)}; expected variants of what is timed (model, ssm, kv, spec, "
+                       f"quant, workload, runtime), with pipeline.* set on the command line")
+            continue
         try:
             vcfgs.append(compose(base + v.split()) if v else cfg)
         except ConfigError as e:
@@ -529,41 +535,50 @@ def run(cfg, run_dir: Path) -> dict:
                 log.warning(wn)
             return r
 
-        for v, vcfg in zip(p.variants, vcfgs):
-            name = v or "base"
-            raw = vcfg.model_dump(mode="json")
-            max_len = row_tokens(p, vcfg.spec.window) + 1
-            built = w.call(_w_build, raw, max_len, max(p.batch_sizes))
-            for k, info in enumerate(built):
-                per_replica[k]["device"] = info["device"]
-            model_gib = built[0]["model_GiB"]
-            for b in p.batch_sizes:
-                rows.append(point(name, b, {"model_GiB": model_gib}))
-            if p.memory_budget is not None:
-                # admission is worked out from the graph's layouts, the same on every replica: replica 0's
-                adm, pool = w.call(_w_admission, p)[0]
-                adm = {"variant": name, **adm}
-                admissions.append(adm)
-                n = adm["admitted"]
-                con.print(f"{name:>30} budget {p.memory_budget / 2**30:.3f} GiB: weights "
-                          f"{adm['weights_bytes'] / 2**30:.3f} GiB, {adm['request_bytes_total']} B a request "
-                          f"({', '.join(f'{k} {x}' for k, x in adm['request_bytes'].items())}) -> {n} admitted")
-                if n:
-                    nb = min(n, p.max_admitted)
-                    w.call(_w_budget, raw, pool, nb, max_len)
-                    r = point(name, nb, {"model_GiB": model_gib, "memory_budget": p.memory_budget, "admitted": n})
-                    adm.update(batch_timed=nb, tokens_per_s=r["tokens_per_s"], step_ms=r["step_ms"])
-                    rows.append(r)
-                else:
-                    bar.advance(task, p.repeats)
-        if p.profile:  # a separate pass: a profiler session can slow the CUDA-graph timings that follow it
-            quick = p.model_copy(update={"steps": 3, "warmup": 1, "repeats": 1})
-            for i, vcfg in enumerate(vcfgs):
-                texts = w.call(_w_profile, vcfg.model_dump(mode="json"), row_tokens(quick, vcfg.spec.window) + 1,
-                               max(p.batch_sizes), quick)
-                for k, text in enumerate(texts):
-                    (run_dir / (f"profile_{i}.txt" if w.n == 1 else f"profile_{i}_replica{k}.txt")).write_text(text)
-        w.call(_w_drop)
+        failed, current = None, None  # (variant, error) that stopped the run after some points were timed
+        try:
+            for i, (v, vcfg) in enumerate(zip(p.variants, vcfgs)):
+                name = v or "base"
+                current = f"pipeline.variants[{i}]={v!r}"
+                raw = vcfg.model_dump(mode="json")
+                max_len = row_tokens(p, vcfg.spec.window) + 1
+                built = w.call(_w_build, raw, max_len, max(p.batch_sizes))
+                for k, info in enumerate(built):
+                    per_replica[k]["device"] = info["device"]
+                model_gib = built[0]["model_GiB"]
+                for b in p.batch_sizes:
+                    rows.append(point(name, b, {"model_GiB": model_gib}))
+                if p.memory_budget is not None:
+                    # admission is worked out from the graph's layouts, the same on every replica: replica 0's
+                    adm, pool = w.call(_w_admission, p)[0]
+                    adm = {"variant": name, **adm}
+                    admissions.append(adm)
+                    n = adm["admitted"]
+                    con.print(f"{name:>30} budget {p.memory_budget / 2**30:.3f} GiB: weights "
+                              f"{adm['weights_bytes'] / 2**30:.3f} GiB, {adm['request_bytes_total']} B a request "
+                              f"({', '.join(f'{k} {x}' for k, x in adm['request_bytes'].items())}) -> {n} admitted")
+                    if n:
+                        nb = min(n, p.max_admitted)
+                        w.call(_w_budget, raw, pool, nb, max_len)
+                        r = point(name, nb, {"model_GiB": model_gib, "memory_budget": p.memory_budget, "admitted": n})
+                        adm.update(batch_timed=nb, tokens_per_s=r["tokens_per_s"], step_ms=r["step_ms"])
+                        rows.append(r)
+                    else:
+                        bar.advance(task, p.repeats)
+            if p.profile:  # a separate pass: a profiler session can slow the CUDA-graph timings that follow it
+                current = "pipeline.profile"
+                quick = p.model_copy(update={"steps": 3, "warmup": 1, "repeats": 1})
+                for i, vcfg in enumerate(vcfgs):
+                    texts = w.call(_w_profile, vcfg.model_dump(mode="json"), row_tokens(quick, vcfg.spec.window) + 1,
+                                   max(p.batch_sizes), quick)
+                    for k, text in enumerate(texts):
+                        (run_dir / (f"profile_{i}.txt" if w.n == 1 else f"profile_{i}_replica{k}.txt")).write_text(text)
+        except Exception as e:
+            if not rows:  # nothing timed yet: nothing to keep
+                raise
+            failed = (current, e)
+        else:
+            w.call(_w_drop)
     cols = ["variant", "batch", "step_ms", "step_ms_min", "tokens_per_s", "bytes_per_step", "GB_per_s", "model_GiB"]
     if w.distributed:
         cols[2:2] = ["replicas", "batch_total"]
@@ -571,6 +586,9 @@ def run(cfg, run_dir: Path) -> dict:
         cols += ["tokens_per_row_step", "plain_steps", "acceptance"]
     if admissions:
         cols += ["admitted"]
+    if failed is not None:  # the points timed so far are written as usual, and the tables say what is missing
+        why = _one_line(failed[1])
+        warnings.append(f"incomplete: {failed[0]} failed ({why}); the rows are the points timed before it")
     md = markdown_table(rows, cols)
     (run_dir / "bench.md").write_text(md + "\n" + "".join(f"\nwarning: {x}" for x in warnings) + "\n")
     _write_csv(rows, run_dir / "bench.csv")
@@ -597,7 +615,21 @@ def run(cfg, run_dir: Path) -> dict:
         out["admission"] = admissions
     for x in warnings:
         con.print(f"[yellow]warning: {x}[/yellow]")
+    if failed is not None:
+        from synodic.config.errors import ConfigError, PartialResults
+        out["incomplete"] = {"at": failed[0], "error": why}
+        cause = failed[1]
+        if isinstance(cause, ConfigError):  # the one-line error names the variant, as a bad variant's does
+            cause = ConfigError([f"{failed[0]}: {line}" for line in cause.lines])
+        raise PartialResults(out, cause, failed[0])
     return out
+
+
+def _one_line(e: BaseException) -> str:
+    from synodic.config.errors import ConfigError
+    if isinstance(e, ConfigError):
+        return "; ".join(e.lines)
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
 
 def _write_csv(rows: list[dict], path: Path) -> None:

@@ -34,13 +34,16 @@ def _counted(scorer, label: str, stream, seq_len: int, batch_size: int, min_len:
 def reference_config(cfg):
     """The run's config with pipeline.reference's groups replaced (a group whose kind changes is
     replaced whole; otherwise its fields are updated) and no reference of its own."""
-    from synodic.config import validate
+    from synodic.config import ConfigError, validate
     raw = cfg.model_dump(mode="json")
     for group, ov in cfg.pipeline.reference.items():
         same = "kind" not in ov or ov["kind"] == raw[group]["kind"]
         raw[group] = {**raw[group], **ov} if same else dict(ov)
     raw["pipeline"] = {**raw["pipeline"], "reference": None}
-    return validate(raw)
+    try:
+        return validate(raw)
+    except ConfigError as e:  # the keys are the reference's, given inside pipeline.reference
+        raise ConfigError([f"pipeline.reference: {line}" for line in e.lines]) from None
 
 
 def scale_decay(model, scale: float) -> None:
@@ -115,6 +118,7 @@ def run(cfg, run_dir: Path) -> dict:
     from synodic.evaluation.metrics import compare, nll, token_stream
 
     p = cfg.pipeline
+    rcfg = reference_config(cfg) if p.reference else None  # a bad reference is refused before any scoring
     model, graph = _scorer(cfg, p.seq_len)
     tok = _tokenizer(graph, graph.model.config.vocab_size)
     text = Path(p.text).read_text(encoding="utf-8") if p.text else load_heldout()
@@ -139,8 +143,7 @@ def run(cfg, run_dir: Path) -> dict:
             ("tokens / bytes", f"{count:,} / {n_bytes:,}")]
     out = {"metrics": m, "text": p.text or "shipped held-out shard", "max_tokens_used": limit,
            "weights": str(graph.ckpt_dir or "random")}
-    if p.reference:
-        rcfg = reference_config(cfg)
+    if rcfg is not None:
         ref, rgraph = _scorer(rcfg, p.seq_len)
         with _counted(ref, "eval reference", stream, p.seq_len, p.batch_size, decode=dec) as rscorer:
             rt, rc = nll(rscorer, stream, p.seq_len, p.batch_size, rgraph.device)

@@ -66,7 +66,8 @@ def quantize_to_store(model, qcfg, store_root: Path | str | None = None, *, exec
     t0 = time.perf_counter()
     names, skipped = apply.select_linears(model, qcfg.layers, qcfg.kind)
     if not names:
-        raise ConfigError([f"quant.layers={list(qcfg.layers)}: matched no quantizable nn.Linear"])
+        raise ConfigError([f"quant.layers={list(qcfg.layers)}: matched no quantizable nn.Linear; expected "
+                           f"patterns such as 'blocks.*' or 'blocks.*.mixer.*_proj'"])
     identity = apply.model_identity(model)
     key = apply.artifact_hash(identity, qcfg)
     adir = Path(store_root or store.default_store()) / key

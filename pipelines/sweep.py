@@ -7,7 +7,7 @@ sweep.md / sweep.csv / sweep.png beside them.
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from synodic.config.registry import Component, register
 
@@ -26,6 +26,15 @@ class SweepPipeline(Component):
     max_failures: int = Field(1, ge=0, description="retries of a trial whose worker died or that raised")
     max_concurrent: int | None = Field(None, ge=1, description="trials at once; null: as Ray's resources allow")
     ray_address: str | None = Field(None, description="Ray cluster to join ('auto', 'host:port'); null: a local one")
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, v: str) -> str:
+        # sweep.csv's figure columns are the flattened metrics.* and ledger.* of each trial's results.json
+        if not v.strip().startswith(("metrics.", "ledger.")) or v.strip() in ("metrics.", "ledger."):
+            raise ValueError("expected a column of sweep.csv, metrics.<name> or ledger.<name> (e.g. "
+                             "metrics.decode_tokens_per_s)")
+        return v.strip()
 
 
 def run(cfg, run_dir: Path) -> dict:

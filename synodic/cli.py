@@ -10,6 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from synodic.config import ConfigError, validate
+from synodic.config.errors import PartialResults
 from synodic.config.logs import FILE_ONLY
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,17 @@ def execute(dcfg) -> int:
         mod = importlib.import_module(f"synodic.pipelines.{cfg.pipeline.kind}")
         from synodic.results.locks import exclusive
         with exclusive(run_dir / ".synodic.lock", "hydra.run.dir", run_dir):  # one run per directory
-            payload = mod.run(cfg, run_dir)
+            try:
+                payload = mod.run(cfg, run_dir)
+            except PartialResults as e:  # the pipeline stopped part-way: keep what finished, then report why
+                _write(run_dir, cfg, choices, e.payload, device, dcfg)
+                if isinstance(e.cause, ConfigError) or os.environ.get("SYNODIC_TRACEBACK"):
+                    raise e.cause from None
+                # a crash: one line on the terminal (exit 1), the traceback in run.log beside the kept results
+                log.error("stopped part-way", exc_info=e.cause, extra=FILE_ONLY)
+                print(f"error: {_crash_line(e)} (traceback in {run_dir / 'run.log'}; what finished before it is in "
+                      f"{run_dir / 'results.json'})", file=sys.stderr)
+                return 1
     except ConfigError as e:
         if os.environ.get("SYNODIC_TRACEBACK"):
             raise
@@ -41,13 +52,22 @@ def execute(dcfg) -> int:
             print(f"error: {line}", file=sys.stderr)
             log.error(line, extra=FILE_ONLY)
         return 2
+    _write(run_dir, cfg, choices, payload, device, dcfg)
+    return 0
+
+
+def _crash_line(e: PartialResults) -> str:
+    msg = str(e.cause).strip()
+    return (f"{e.where}: " if e.where else "") + type(e.cause).__name__ + (f": {msg.splitlines()[0]}" if msg else "")
+
+
+def _write(run_dir, cfg, choices, payload, device, dcfg) -> None:
     from synodic.results.writer import write_results
     path = write_results(run_dir, cfg, choices, payload, device)
     from synodic.config.hydra_dirs import commit
     commit(run_dir, dcfg)  # a rerun's .hydra/ files replace the old ones only now that its results.json exists
     print(f"results: {path}")
     log.info("results: %s", path)
-    return 0
 
 
 def _job(cfg) -> None:

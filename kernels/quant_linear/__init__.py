@@ -84,7 +84,8 @@ def quant_linear(x: torch.Tensor, q, s: torch.Tensor | None = None, bias: torch.
     if q.fmt not in KERNEL_FORMATS:
         raise ValueError(f"q.fmt={q.fmt!r}: the kernel reads {', '.join(KERNEL_FORMATS)}; use backend='ref'")
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("backend: 'triton' needs CUDA tensors (or TRITON_INTERPRET=1); use 'ref' or 'auto'")
+        raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1); expected quant.backend=auto "
+                         "or torch (quant_linear's own backend='ref' or 'auto')")
     from .launch import quant_linear_triton
     N, K = q.shape
     x2d = x.reshape(-1, K).contiguous()
@@ -107,7 +108,8 @@ def _kgemm(x, w, s, bias, act_quant, backend, config) -> torch.Tensor:
     if backend not in ("ref", "triton"):
         raise ValueError(f"backend: expected 'auto', 'triton' or 'ref', got {backend!r}")
     if backend == "triton" and not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("backend: 'triton' needs CUDA tensors (or TRITON_INTERPRET=1); use 'ref' or 'auto'")
+        raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1); expected quant.backend=auto "
+                         "or torch (quant_linear's own backend='ref' or 'auto')")
     x2d = x.reshape(-1, w.K)
     if act_quant is not None:
         from synodic.quant.qtensor import fake_quant

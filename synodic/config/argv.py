@@ -25,14 +25,15 @@ def parse_kv(argv: list[str], doc: str, settings_cls=None) -> dict[str, str]:
 
 
 @contextmanager
-def one_line_errors(prefix: str = ""):
-    """ConfigError / ValidationError → `error: ...` lines on stderr and exit code 2."""
+def one_line_errors(prefix: str = "", model=None):
+    """ConfigError / ValidationError → `error: ...` lines on stderr and exit code 2 (`model`: the settings class,
+    whose fields an unknown key's line lists)."""
     try:
         yield
     except ConfigError as e:
         _exit(e.lines)
     except ValidationError as e:
-        _exit([prefix + line for line in format_validation_error(e)])
+        _exit([prefix + line for line in format_validation_error(e, model=model)])
 
 
 def _exit(lines: list[str]):

@@ -12,6 +12,9 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp32": 4, "bf16": 2}
 def available_bytes(device) -> int:
     import torch
     if getattr(device, "type", str(device)) == "cuda":
+        if not torch.cuda.is_available():  # torch would assert; the callers name the key that chose the device
+            from .errors import ConfigError
+            raise ConfigError([f"device={str(device)!r}: no CUDA device on this machine; expected cpu or auto"])
         return torch.cuda.mem_get_info(device)[1]
     try:
         for line in open("/proc/meminfo"):
@@ -91,6 +94,10 @@ def train_activation_bytes(arch, seq_len: int, batch: int, chunk: int | None, bf
 def _train_device(cfg):
     import torch
     d = cfg.pipeline.device
+    if d == "cuda" and not torch.cuda.is_available():  # refused before the estimate asks the device its memory
+        from .errors import ConfigError
+        raise ConfigError([f"pipeline.device='cuda' with pipeline={cfg.pipeline.kind}: no CUDA device on this "
+                           f"machine; expected pipeline.device=cpu or auto"])
     if d == "auto":
         d = cfg.runtime.device if cfg.runtime.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(d)

@@ -68,7 +68,9 @@ def _union_lines(errors: list[dict], registries) -> tuple[list[str], set[int]]:
     return lines, covered
 
 
-def format_validation_error(err: ValidationError, registries=None) -> list[str]:
+def format_validation_error(err: ValidationError, registries=None, model=None) -> list[str]:
+    """One line per problem; `model`: the class validated, whose fields an unknown key's line lists (where no
+    registry names them)."""
     errors = err.errors()
     lines, covered = _union_lines(errors, registries)
     for i, e in enumerate(errors):
@@ -78,6 +80,8 @@ def format_validation_error(err: ValidationError, registries=None) -> list[str]:
         cls = None
         if len(loc) >= 2 and registries and loc[0] in registries:
             cls = registries[loc[0]].classes.get(loc[1]) or next(iter(registries[loc[0]].classes.values()), None)
+        if cls is None and len(loc) == 1:
+            cls = model
         loc = _untagged(loc, registries)
         if not loc and e["type"] == "value_error":
             # a cross-group rule: its message names the keys; never the dumped config it was given
@@ -103,5 +107,32 @@ def format_validation_error(err: ValidationError, registries=None) -> list[str]:
             lines.append(msg if msg.startswith(f"{key}.") else f"{key}: {msg}")
         else:
             msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"{key}={_short(given)}: {msg}")
+            want = _expected(typ, e.get("ctx") or {})
+            lines.append(f"{key}={_short(given)}: {msg}" + (f"; {want}" if want and "expected" not in msg else ""))
     return lines
+
+
+def _expected(typ: str, ctx: dict) -> str | None:
+    """pydantic's own messages ('Input should be ...') as the 'expected' clause of a one-line error."""
+    bounds = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"), "less_than_equal": ("<=", "le"),
+              "less_than": ("<", "lt")}
+    if typ in bounds:
+        op, k = bounds[typ]
+        return f"expected a value {op} {ctx.get(k)}"
+    if typ in ("too_short", "too_long"):
+        n = ctx.get("min_length" if typ == "too_short" else "max_length")
+        return f"expected {'at least' if typ == 'too_short' else 'at most'} {n} item{'s' if n != 1 else ''}"
+    kinds = {"string_type": "a string", "int_type": "an integer", "int_parsing": "an integer",
+             "int_from_float": "an integer", "float_type": "a number", "float_parsing": "a number",
+             "bool_type": "true or false", "bool_parsing": "true or false", "list_type": "a list",
+             "dict_type": "a mapping {key: value}", "finite_number": "a finite number", "tuple_type": "a list"}
+    return f"expected {kinds[typ]}" if typ in kinds else None
+
+
+class PartialResults(Exception):
+    """A pipeline stopped part-way through: `payload` is what finished (written as results.json before the run
+    exits, so work already done is not lost) and `cause` the failure (a ConfigError exits 2 in one line)."""
+
+    def __init__(self, payload: dict, cause: BaseException, where: str = ""):
+        super().__init__(str(cause))
+        self.payload, self.cause, self.where = payload, cause, where  # where: what was running (a variant)

@@ -68,6 +68,7 @@ def _first(msg: str) -> str:
 def format_hydra_error(exc: BaseException, overrides: list[str]) -> list[str]:
     """One line per problem for an exception raised while Hydra composes or OmegaConf resolves."""
     from hydra.errors import MissingConfigException, OverrideParseException
+    overrides = [str(o) for o in overrides]  # a study file's YAML may hold numbers or null
     msg = str(exc)
     if isinstance(exc, MissingConfigException) or "Could not find '" in msg:
         m = re.search(r"Could not find '([^']+)/([^']+)'", msg)
@@ -76,6 +77,12 @@ def format_hydra_error(exc: BaseException, overrides: list[str]) -> list[str]:
             return [f"{g}={opt!r}: unknown option; expected one of {', '.join(options(g))}"]
         if m:
             return [f"{m.group(1)}: unknown group; expected one of {', '.join(GROUPS)}"]
+    if "Config group override must be a string" in msg:  # ssm=0: a number where an option name is meant
+        bad = next((o for o in overrides if o.lstrip("+").partition("=")[0] in GROUPS
+                    and not re.fullmatch(r"[A-Za-z_]\w*", o.partition("=")[2])), None)
+        if bad:
+            g, _, opt = bad.lstrip("+").partition("=")
+            return [f"{g}={opt!r}: unknown option; expected one of {', '.join(options(g))}"]
     if isinstance(exc, OverrideParseException):
         bad = next((o for o in overrides if o and o in msg), None) or _unparsable(overrides)
         return [f"{bad!r}: cannot parse override ({_first(msg)}); expected key=value, group=option, "
@@ -131,7 +138,23 @@ def compose_checked(overrides: list[str]):
             lines = format_hydra_error(cause, overrides)
         raise ConfigError(lines) from None
     raw.pop("hydra", None)
-    return validate(raw)
+    try:
+        return validate(raw)
+    except ConfigError as e:
+        hint = _kind_hint(overrides)
+        raise ConfigError([hint] if hint else e.lines) from None
+
+
+def _kind_hint(overrides: list[str]) -> str | None:
+    """`pipeline.kind=eval` keeps the decode option's other fields (unknown keys to eval): the option is what
+    was meant."""
+    for o in overrides:
+        key, _, v = o.lstrip("+").partition("=")
+        g, _, field = key.partition(".")
+        if field == "kind" and g in GROUPS and v in options(g):
+            return (f"{key}={v!r}: changes the kind but keeps the {g} option's other fields; expected {g}={v} "
+                    f"(the option with its own defaults)")
+    return None
 
 
 def help_text() -> str:
@@ -162,22 +185,39 @@ def check(argv: list[str]) -> tuple[int | None, list[str]]:
     overrides, flags = split_argv(argv)
     if any(f in ("--help", "-h") for f in flags):
         return 0, help_text().splitlines()
-    if any(f in ("--hydra-help", "--version", "--shell-completion", "-sc") for f in flags) or \
-            any(f.startswith("--multirun") or f == "-m" for f in flags):
+    if any(f in ("--hydra-help", "--version", "--shell-completion", "-sc") for f in flags):
         return None, []
+    multirun = any(f.startswith("--multirun") or f == "-m" for f in flags)
     try:
-        compose_checked(overrides)
+        if multirun:  # each job is validated by check_multirun; here the sweep syntax and Hydra's own config
+            from .multirun import jobs
+            jobs(overrides)
+            overrides = []
+        else:
+            compose_checked(overrides)
     except ConfigError as e:
         return 2, [f"error: {line}" for line in e.lines]
-    bad = _config_name_problem(flags) or _hydra_problem(overrides, flags) or _run_dir_problem(overrides + flags)
+    bad = _config_name_problem(flags) or _hydra_problem(overrides, flags) or \
+        _run_dir_problem(overrides + flags, "hydra.sweep.dir" if multirun else "hydra.run.dir") or \
+        _logging_problem(flags) or _output_subdir_problem(flags)
     return (2, [f"error: {bad}"]) if bad else (None, [])
 
 
 def _config_name_problem(flags: list[str]) -> str | None:
-    """synodic has one top-level config; groups are chosen with group=option, never with --config-name."""
+    """synodic has one top-level config; groups are chosen with group=option, never with --config-name. A
+    --config-path must hold it (Hydra's own message is several lines), a --config-dir must be a directory."""
     for i, f in enumerate(flags[:-1]):
-        if f in ("--config-name", "-cn") and flags[i + 1] != "config":
-            return f"{f}={flags[i + 1]!r}: unknown config; expected config (choose groups with group=option)"
+        v = flags[i + 1]
+        if f in ("--config-name", "-cn") and v != "config":
+            return f"{f}={v!r}: unknown config; expected config (choose groups with group=option)"
+        path = v.removeprefix("file://")
+        # relative paths are Hydra's to resolve (against the entry point's module), absolute ones are checked here
+        if f in ("--config-path", "-cp") and not v.startswith("pkg://") and Path(path).is_absolute() \
+                and not (Path(path) / "config.yaml").is_file():
+            return (f"{f}={v!r}: no config.yaml there; expected a directory holding synodic's config.yaml "
+                    f"(or no {f}: the packaged conf/ is used)")
+        if f in ("--config-dir", "-cd") and not Path(path).is_dir():
+            return f"{f}={v!r}: no such directory; expected a directory of extra config groups"
     return None
 
 
@@ -193,8 +233,15 @@ def _hydra_problem(overrides: list[str], flags: list[str]) -> str | None:
         return None
     try:
         compose_node(overrides + own, hydra=True)
-    except (HydraException, OmegaConfBaseException, ValueError) as e:
+    except ConfigError as e:
+        return e.lines[0]
+    except (HydraException, OmegaConfBaseException, ValueError, AttributeError, TypeError) as e:
         msg = str(e)
+        m = re.search(r"full_key: (\S+)", msg)
+        if "'NoneType' object" in msg and m:  # OmegaConf merging a mapping into a node Hydra's config holds null
+            bad = next((o for o in own if o.lstrip("+").partition("=")[0] == m.group(1)), m.group(1))
+            return (f"{bad!r}: Hydra's config holds null at {m.group(1)}, nothing to merge this value into; "
+                    f"expected the setting as plain overrides (with -m: key=a,b sweeps)")
         m = re.search(r"Could not find '(hydra/[^']+)/([^']+)'", msg)
         if m:
             avail = re.search(r"Available options in '[^']+':\n((?:\t.*\n?)*)", msg)
@@ -220,19 +267,62 @@ def _hydra_keys(key: str) -> str:
     return ", ".join(sorted(parent.keys())) if hasattr(parent, "keys") else "the keys of Hydra's config"
 
 
-def _run_dir_problem(overrides: list[str]) -> str | None:
-    """Hydra creates the run directory before the job, with a traceback when it cannot: check it first (the
-    default `outputs/...` under the current directory, or `hydra.run.dir=`)."""
+def _run_dir_problem(overrides: list[str], key: str = "hydra.run.dir") -> str | None:
+    """Hydra creates the run (or -m: sweep) directory before the job, with a traceback when it cannot: check it
+    first (the default `outputs/...` / `multirun/...` under the current directory, or `hydra.run.dir=`)."""
     from .files import writable_dir_problem
-    given = [o.partition("=")[2] for o in overrides if o.partition("=")[0] == "hydra.run.dir"]
-    path = given[-1] if given else "outputs"
+    default = "outputs" if key == "hydra.run.dir" else "multirun"
+    given = [o.partition("=")[2] for o in overrides if o.partition("=")[0] == key]
+    if given and not given[-1].strip():  # Hydra would take '' as the current directory and write the run there
+        return f"{key}='': an empty path; expected a directory to write the run into"
+    path = given[-1] if given else default
     if "${" in path:  # an interpolation (e.g. ${now:...}): its fixed prefix is what must be creatable
         path = path.split("${", 1)[0] or "."
     why = writable_dir_problem(path)
     if why is None:
         return None
-    where = f"hydra.run.dir={path!r}" if given else f"hydra.run.dir (outputs/ under {os.getcwd()})"
+    where = f"{key}={path!r}" if given else f"{key} ({default}/ under {os.getcwd()})"
     return f"{where}: {why}"
+
+
+def _given(flags: list[str], key: str) -> str | None:
+    vals = [f.partition("=")[2] for f in flags if f.lstrip("+").partition("=")[0] == key]
+    return vals[-1] if vals else None
+
+
+def _logging_problem(flags: list[str]) -> str | None:
+    """Hydra configures logging when the job starts and fails with a traceback on a bad level or a log file it
+    cannot create: the levels and file names given on the command line are checked first."""
+    import logging
+    for f in flags:
+        key, _, v = f.lstrip("+").partition("=")
+        if not re.fullmatch(r"hydra\.(job|hydra)_logging\..*", key) or "${" in v:
+            continue
+        last = key.rpartition(".")[2]
+        if last == "level" and not v.isdigit() and not isinstance(logging.getLevelName(v.upper()), int):
+            return (f"{key}={v!r}: unknown logging level; expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL "
+                    f"(or a number)")
+        if last == "filename":
+            from .files import writable_dir_problem
+            why = ("an empty path; expected a file name" if not v.strip()
+                   else writable_dir_problem(Path(v).expanduser().absolute().parent))
+            if why:
+                return f"{key}={v!r}: the log file's folder: {why}"
+    return None
+
+
+def _output_subdir_problem(flags: list[str]) -> str | None:
+    """hydra.output_subdir is made inside the run dir when the job starts (an absolute path anywhere): a file
+    in the way is a traceback there, so it is checked first where the path is known."""
+    sub = _given(flags, "hydra.output_subdir")
+    if sub is None or sub in ("null", "") or "${" in sub:
+        return None
+    run_dir = _given(flags, "hydra.run.dir")
+    if not Path(sub).is_absolute() and (run_dir is None or "${" in run_dir):
+        return None
+    from .files import writable_dir_problem
+    why = writable_dir_problem(Path(run_dir or ".") / sub)
+    return f"hydra.output_subdir={sub!r}: {why}" if why else None
 
 
 def guard(argv: list[str] | None = None) -> None:

@@ -64,3 +64,20 @@ def numeric_bool_problems(group: str, cls: type[Component], values: dict) -> lis
         if args & {int, float} and bool not in args:
             out.append(f"{group}.{name}={str(v).lower()}: expected a number, not a boolean")
     return out
+
+
+SEED_LIMIT = 2 ** 63  # torch.Generator.manual_seed takes a 64-bit value; request i's seed is seed + i
+
+
+def seed_problems(values, prefix: str = "") -> list[str]:
+    """Every seed (`seed`, `*_seed`) at any depth of a raw config, out of [0, 2**63): torch overflows on it
+    otherwise, mid-run."""
+    out = []
+    for name, v in (values.items() if isinstance(values, dict) else ()):
+        key = f"{prefix}{name}"
+        if isinstance(v, dict):
+            out += seed_problems(v, f"{key}.")
+        elif (name == "seed" or str(name).endswith("_seed")) and isinstance(v, int) and not isinstance(v, bool) \
+                and not 0 <= v < SEED_LIMIT:
+            out.append(f"{key}={v}: expected an integer seed in [0, 2**63)")
+    return out

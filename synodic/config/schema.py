@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model, model_validator
 
 from .errors import ConfigError, format_validation_error
-from .registry import GROUPS, REGISTRIES, Component, numeric_bool_problems
+from .registry import GROUPS, REGISTRIES, Component, numeric_bool_problems, seed_problems
 
 
 class _RunBase(BaseModel):
@@ -31,23 +31,48 @@ def cross_rules(cfg) -> list[str]:
     if rt.device == "cpu" and rt.cuda_graphs:
         out.append("runtime.cuda_graphs=true with runtime.device=cpu: expected runtime.cuda_graphs=false "
                    "(CUDA graphs need a GPU)")
+    # cuda_graphs=null is the setting that falls back; an explicit true on a machine without CUDA is refused as
+    # for device=cpu, so a run (or a bench row) never records CUDA graphs it did not use
+    if rt.device == "auto" and rt.cuda_graphs and _no_cuda():
+        out.append("runtime.cuda_graphs=true with runtime.device=auto on a machine without CUDA: expected "
+                   "runtime.cuda_graphs=null (on where there is a GPU) or false")
     if getattr(p, "batch_sizes", None) and max(p.batch_sizes) > rt.max_slots:
         out.append(f"pipeline.batch_sizes={list(p.batch_sizes)} with runtime.max_slots={rt.max_slots}: "
                    f"expected every batch size <= runtime.max_slots")
     if rt.kind == "ray" and p.kind not in ("decode", "bench"):
         out.append(f"runtime=ray with pipeline={p.kind}: expected pipeline=decode or bench (the pipelines served by "
                    f"replicas), or runtime=local")
-    import os
-    if getattr(cfg.ssm, "kernel", None) == "triton" and not os.environ.get("TRITON_INTERPRET"):
-        import torch
-        if rt.device == "cpu" or (rt.device == "auto" and not torch.cuda.is_available()):
-            out.append(f"ssm.kernel=triton with runtime.device={rt.device} on a machine without a GPU: expected "
-                       f"ssm.kernel=auto or ref (Triton kernels need CUDA, or TRITON_INTERPRET=1 to emulate them)")
+    if getattr(cfg.ssm, "kernel", None) == "triton" and _no_gpu(rt.device):
+        out.append(f"ssm.kernel=triton with runtime.device={rt.device} on a machine without a GPU: expected "
+                   f"ssm.kernel=auto or ref (Triton kernels need CUDA, or TRITON_INTERPRET=1 to emulate them)")
+    if getattr(cfg.quant, "backend", None) == "triton":
+        from synodic.kernels.quant_linear import KERNEL_FORMATS
+        if cfg.quant.kind not in KERNEL_FORMATS:
+            fmts = " or ".join(KERNEL_FORMATS)
+            out.append(f"quant.backend=triton with quant={cfg.quant.kind}: expected quant={fmts} (the formats the "
+                       f"packed kernel reads), or quant.backend=auto or torch")
+        elif _no_gpu(rt.device):
+            out.append(f"quant.backend=triton with runtime.device={rt.device} on a machine without a GPU: expected "
+                       f"quant.backend=auto or torch (Triton kernels need CUDA, or TRITON_INTERPRET=1 to emulate "
+                       f"them)")
     need = getattr(wl, "prompt_len", 0) + getattr(wl, "output_len", 0)
     if need and hasattr(kv, "capacity_tokens") and need > kv.capacity_tokens():
         out.append(f"workload.prompt_len+output_len={need} with kv={kv.kind} holding {kv.capacity_tokens()} "
                    f"tokens: expected the KV pool to hold at least one request")
     return out
+
+
+def _no_cuda() -> bool:
+    import torch
+    return not torch.cuda.is_available()
+
+
+def _no_gpu(device: str) -> bool:
+    """Whether a Triton kernel forced on `device` cannot run: no CUDA there and no TRITON_INTERPRET emulation."""
+    import os
+    if os.environ.get("TRITON_INTERPRET"):
+        return False
+    return device == "cpu" or (device == "auto" and _no_cuda())
 
 
 @lru_cache(maxsize=1)
@@ -70,6 +95,7 @@ def validate(raw: dict[str, Any]):
     bools = [line for g in GROUPS if isinstance(raw[g], dict)
              for line in numeric_bool_problems(g, REGISTRIES[g].classes.get(raw[g].get("kind"), Component),
                                                raw[g])]
+    bools += seed_problems({g: raw[g] for g in GROUPS})
     if bools:
         raise ConfigError(bools)
     try:

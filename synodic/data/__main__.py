@@ -21,12 +21,24 @@ def main(argv: list[str]) -> int:
                                for k in unknown])
         try:
             data = json.loads(kv.get("data", "[]"))
-            vocab = int(kv.get("vocab_size", 4096))
         except ValueError as e:
-            raise ConfigError([f"data / vocab_size: {e}; expected data='[\"dir\"]' and an integer"]) from None
+            raise ConfigError([f"data={kv['data']!r}: not JSON ({e}); expected a JSON list, data='[\"dir\"]'"]) \
+                from None
+        try:
+            vocab = int(kv.get("vocab_size", 4096))
+        except ValueError:
+            raise ConfigError([f"vocab_size={kv['vocab_size']!r}: expected an integer"]) from None
         if not isinstance(data, list):
             raise ConfigError([f"data={data!r}: expected a JSON list of files or folders"])
-        p = prepare(data, kv.get("tokenizer", "shipped"), vocab)
+        bad = [f"data[{i}]={d!r}: expected a file or folder path (a string)" for i, d in enumerate(data)
+               if not isinstance(d, str)]
+        if bad:
+            raise ConfigError(bad)
+        # the checks pipeline=train makes of the same three keys (paths, tokenizer file, vocabulary bound)
+        from synodic.train.config import TrainPipeline
+        s = TrainPipeline.model_validate({"data": data, "tokenizer": kv.get("tokenizer", "shipped"),
+                                          "vocab_size": vocab})
+        p = prepare(s.data, s.tokenizer, s.vocab_size)
     print(json.dumps({"folder": str(p.tokenizer_path.parent), **p.info}, indent=2))
     return 0
 

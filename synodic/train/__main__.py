@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
     from synodic.models.presets import PRESETS
     from synodic.train.config import TrainPipeline
     from synodic.train.trainer import train
-    with one_line_errors():
+    with one_line_errors(model=TrainPipeline):
         return _main(parse_kv(argv, __doc__, TrainPipeline), PRESETS, HybridConfig, TrainPipeline, train)
 
 
@@ -34,11 +34,25 @@ def _main(kv, PRESETS, HybridConfig, TrainPipeline, train) -> int:
     out = Path(kv.pop("out", f"outputs/train_{preset}"))
     if preset not in PRESETS:
         raise ConfigError([f"model={preset!r}: expected one of {', '.join(sorted(PRESETS))}"])
+    from synodic.config.files import writable_dir_problem
+    why = "an empty path; expected a directory" if not str(out).strip() else writable_dir_problem(out)
+    if why:
+        raise ConfigError([f"out={str(out)!r}: {why}"])
     overrides = _value(kv.pop("overrides", "{}"))
     if not isinstance(overrides, dict):
         raise ConfigError([f"overrides={overrides!r}: expected a JSON object of HybridConfig fields"])
-    s = TrainPipeline.model_validate({k: _value(v) for k, v in kv.items()})
-    arch = HybridConfig.model_validate({**PRESETS[preset].model_dump(), **overrides})
+    values = {k: _value(v) for k, v in kv.items()}
+    from synodic.config.registry import seed_problems
+    if seed_problems(values):
+        raise ConfigError(seed_problems(values))
+    s = TrainPipeline.model_validate(values)
+    from pydantic import ValidationError
+
+    from synodic.config.errors import format_validation_error
+    try:
+        arch = HybridConfig.model_validate({**PRESETS[preset].model_dump(), **overrides})
+    except ValidationError as e:  # name the key as given: overrides.<field>
+        raise ConfigError([f"overrides.{line}" for line in format_validation_error(e, model=HybridConfig)]) from None
     res = train(s, out, arch)
     res["config"] = {"model": preset, "overrides": overrides, "pipeline": s.model_dump(mode="json")}
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))

@@ -14,6 +14,26 @@ def default_batch(device_type: str) -> int:
     return GPU_BATCH if device_type == "cuda" else CPU_BATCH
 
 
+def tokenizer_problem(v: str) -> str | None:
+    """Why `v` is not shipped, train or a tokenizer.json the corpus cache can hold (None when it is)."""
+    from synodic.config.files import text_problem
+    what = "shipped, train or a tokenizer.json file"
+    if v in ("shipped", "train"):
+        return None
+    why = text_problem(v, what)
+    if why:
+        return why
+    from tokenizers import Tokenizer
+    try:
+        n = Tokenizer.from_file(str(v)).get_vocab_size()
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for a file it cannot parse
+        return f"not a tokenizers tokenizer.json ({str(e).strip().splitlines()[0] if str(e).strip() else e!r}); " \
+               f"expected {what}"
+    if n > 65535:
+        return f"a vocabulary of {n} tokens; expected {what} of at most 65535 tokens (the corpus cache is uint16)"
+    return None
+
+
 @register("pipeline")
 class TrainPipeline(Component):
     """Train the `model` group's preset from a seeded random init on a local text corpus."""
@@ -68,11 +88,9 @@ class TrainPipeline(Component):
     @field_validator("tokenizer")
     @classmethod
     def _tokenizer(cls, v: str) -> str:
-        from synodic.config.files import text_problem
-        if v not in ("shipped", "train"):
-            why = text_problem(v, "shipped, train or a tokenizer.json file")
-            if why:
-                raise ValueError(why)
+        why = tokenizer_problem(v)
+        if why:
+            raise ValueError(why)
         return v
 
     @field_validator("export_to")

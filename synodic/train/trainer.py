@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from synodic.config.errors import ConfigError
-from synodic.data.corpus import PackedSampler
+from synodic.data.corpus import PackedSampler, num_windows
 from synodic.data.prepare import prepare
 from synodic.evaluation.metrics import heldout_metrics, nll, token_stream
 from synodic.models.config import HybridConfig
@@ -138,6 +138,11 @@ def train(s, run_dir: str | Path, arch: HybridConfig, quiet: bool = False) -> di
 
     data = prepare(s.data, s.tokenizer, s.vocab_size, log=(lambda m: None) if quiet else print)
     tok = data.tokenizer
+    n = num_windows(len(data.train), s.seq_len)
+    if n < s.batch_size:  # known before the model is built: the corpus is too small for seq_len x batch_size
+        raise ConfigError([f"pipeline.seq_len={s.seq_len} with pipeline.data={list(s.data)}: the corpus has "
+                           f"{len(data.train)} tokens, {n} windows of seq_len; expected at least "
+                           f"pipeline.batch_size={s.batch_size} windows (more data or a smaller pipeline.seq_len)"])
     if arch.vocab_size != tok.vocab_size:
         arch = HybridConfig.model_validate({**arch.model_dump(), "vocab_size": tok.vocab_size})
     model = random_model(arch, s.seed, device, torch.float32)

@@ -1,0 +1,302 @@
+"""Hostile config values found by the CLI audit: each is refused with exit code 2 and one `error: ` line naming the
+key, the value and what was expected; a bench that fails part-way keeps the points it timed. Most cases run
+in-process through the validation functions (`hydra_errors.check` is what run.py calls before Hydra's main);
+a few run `python run.py`."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from synodic.config.compose import compose
+from synodic.config.errors import ConfigError
+from synodic.config.hydra_errors import check
+
+ROOT = Path(__file__).resolve().parents[1]
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the case is a machine without CUDA")
+
+
+def _one_line(code, lines, *needles):
+    text = "\n".join(lines)
+    assert code == 2 and len(lines) == 1, text
+    assert lines[0].startswith("error: ") and "Traceback" not in text, text
+    assert "expected" in lines[0], text
+    for n in needles:
+        assert n in lines[0], (n, text)
+
+
+def _config_error(fn, *needles) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        fn()
+    lines = e.value.lines
+    assert lines and all("\n" not in x and "expected" in x for x in lines), lines
+    for n in needles:
+        assert any(n in x for x in lines), (n, lines)
+    return lines
+
+
+def _run_py(argv, cwd, **kw):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("SYNODIC_TRACEBACK", None)
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *argv], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=120, **kw)
+
+
+# 6: a Triton quant backend forced on a machine that cannot run it; the kernel's own message names quant.backend
+@no_cuda
+def test_quant_backend_triton_without_cuda(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # conftest sets it for the CPU kernel tests
+    _one_line(*check(["quant=mxfp4", "quant.backend=triton"]), "quant.backend=triton", "auto or torch")
+    assert check(["quant=mxfp4", "quant.backend=torch"]) == (None, [])
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # emulated: the device is fine, but the format must be a kernel's
+    _one_line(*check(["quant=int4_g64", "quant.backend=triton"]), "quant=int4_g64", "quant=mxfp4 or nvfp4")
+
+
+def test_quant_kernel_message_offers_the_config_choices(monkeypatch):
+    from synodic.kernels.quant_linear import quant_linear
+
+    from synodic.quant.qtensor import quantize
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q = quantize(torch.randn(32, 64), "mxfp4")
+    with pytest.raises(ValueError, match="expected quant.backend=auto or torch"):
+        quant_linear(torch.randn(1, 64), q, None, None, backend="triton")
+
+
+def test_bench_keeps_the_points_timed_before_a_failing_variant(tmp_path):
+    """The second variant cannot hold its pages (known only once its graph is built): the first variant's row
+    is written (bench.md, bench.csv, results.json marked incomplete), then one error line and exit 2."""
+    run = tmp_path / "run"
+    p = _run_py(["pipeline=bench", "pipeline.batch_sizes=[1]", "pipeline.variants=['','kv.num_blocks=1']",
+                 "pipeline.steps=2", "pipeline.repeats=1", "pipeline.warmup=0", "pipeline.stagger=0",
+                 "runtime.device=cpu", f"hydra.run.dir={run}"], tmp_path)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert lines[0].startswith("error: pipeline.variants[1]='kv.num_blocks=1': kv.num_blocks=1"), lines
+    assert "base" in (run / "bench.md").read_text() and "incomplete" in (run / "bench.md").read_text()
+    assert (run / "bench.csv").read_text().count("\n") == 2  # header + the base row
+    doc = json.loads((run / "results.json").read_text())
+    assert [r["variant"] for r in doc["bench"]] == ["base"] and doc["incomplete"]["at"].startswith("pipeline.var")
+
+
+# 7: pipeline.device=cuda for the training pipelines on a CPU machine: refused before the memory estimate
+@no_cuda
+@pytest.mark.parametrize("argv", [["pipeline=train"], ["pipeline=train_drafter", "spec=dflash"]])
+def test_training_device_cuda_without_cuda(argv):
+    from synodic.config.budget import available_bytes, check_fits
+    cfg = compose([*argv, "pipeline.device=cuda"])
+    _config_error(lambda: check_fits(cfg, torch.device("cpu")), "pipeline.device='cuda'")
+    _config_error(lambda: available_bytes(torch.device("cuda")), "device='cuda'")
+
+
+# 8: seeds torch cannot take
+SEEDS = [["runtime.seed={}"], ["model.seed={}"], ["workload.seed={}"],
+         ["spec=dflash", "spec.drafter=random", "spec.seed={}"], ["pipeline=train", "pipeline.seed={}"],
+         ["pipeline=bench", "pipeline.acceptance_seed={}"]]
+
+
+@pytest.mark.parametrize("argv", SEEDS, ids=[a[-1] for a in SEEDS])
+@pytest.mark.parametrize("seed", ["99999999999999999999999", "18446744073709551616", "-1"])
+def test_seed_out_of_range(argv, seed):
+    over = [a.format(seed) for a in argv]
+    _one_line(*check(over), over[-1].partition("=")[0], "[0, 2**63)")
+
+
+def test_seed_in_a_bench_variant_is_refused_before_timing():
+    from synodic.pipelines.bench import _compose_variants
+    cfg = compose(["pipeline=bench", "pipeline.variants=['runtime.seed=99999999999999999999999']"])
+    _config_error(lambda: _compose_variants(cfg, []), "pipeline.variants[0]=", "runtime.seed=")
+
+
+# 9: train's tokenizer must parse as a tokenizers file; too small a corpus names data and seq_len
+def test_train_tokenizer_that_is_plain_text(tmp_path):
+    (tmp_path / "tok.txt").write_text("just some text\n")
+    _one_line(*check(["pipeline=train", f"pipeline.tokenizer={tmp_path / 'tok.txt'}"]), "pipeline.tokenizer=",
+              "tokenizer.json")
+
+
+def test_train_corpus_too_small_for_seq_len(tmp_path, monkeypatch):
+    from synodic.models.presets import PRESETS
+    from synodic.train.config import TrainPipeline
+    from synodic.train.trainer import train
+    monkeypatch.setenv("SYNODIC_CACHE", str(tmp_path / "cache"))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(3):
+        (docs / f"{i}.txt").write_text(f"document {i}\n")
+    s = TrainPipeline(data=[str(docs)], seq_len=4096, batch_size=2, device="cpu", max_steps=1)
+    _config_error(lambda: train(s, tmp_path / "run", PRESETS["tiny_mamba2"], quiet=True), "pipeline.seq_len=4096",
+                  "pipeline.data=", "pipeline.batch_size=2")
+
+
+# 10: multirun sweep syntax through the one-line guard
+@pytest.mark.parametrize("argv,needle", [
+    (["-m", "ssm=eager,"], "'ssm=eager,'"),
+    (["-m", "workload.max_tokens=choice()"], "choice()"),
+    (["-m", "runtime.max_slots=glob(*)"], "glob(*)"),
+    (["-m", "ssm=glob(zz*)"], "glob(zz*)"),
+    (["-m", "workload.max_tokens=interval(1,4)"], "interval(1,4)"),
+    (["-m", "ssm=eager,replay", "hydra.sweeper.params={a: 1}"], "hydra.sweeper.params"),
+    (["-m", "hydra/launcher=nope", "ssm=eager,replay"], "hydra/launcher='nope': unknown option"),
+])
+def test_multirun_sweep_syntax(argv, needle):
+    _one_line(*check(argv), needle)
+
+
+def test_multirun_range_over_a_group_names_the_option():
+    from synodic.config.multirun import check_multirun
+    lines = _config_error(lambda: check_multirun(["-m", "ssm=range(0,2)"]))
+    assert all("ssm='0'" in x or "ssm='1'" in x for x in lines) and "unknown option" in lines[0], lines
+    # the jobs' own problems are theirs to report, never blamed on a Hydra setting beside them
+    assert check(["-m", "ssm=range(0,2)", "hydra.sweep.dir=/tmp/sweep"]) == (None, [])
+
+
+def test_multirun_glob_over_a_group_expands_its_options():
+    from synodic.config.multirun import jobs
+    assert jobs(["ssm=glob(*)"]) == [["ssm=eager"], ["ssm=replay"]]
+    assert check(["-m", "ssm=glob(*)"]) == (None, [])
+
+
+# 11: ablation study files
+STUDIES = {
+    "broken": b"base: [\n",
+    "wrong": b"base: 5\narms: 3\n",
+    "list": b"- a\n- b\n",
+    "badutf": b"base: []\narms:\n  - {name: r, overrides: [ssm=replay]}\n# \xff\xfe\n",
+    "baseint": b"base: [5, null]\narms:\n  - {name: r, overrides: [ssm=replay]}\n",
+    "strover": b"base: []\narms:\n  - {name: r, overrides: ssm=replay}\n",
+    "armint": b"base: []\narms:\n  - 7\n",
+    "quality": b"arms:\n  - {name: r, overrides: [ssm=replay]}\nquality: maybe\n",
+}
+
+
+@pytest.mark.parametrize("name", list(STUDIES))
+def test_ablation_study_file(name, tmp_path):
+    from synodic.pipelines.ablate import load_study
+    f = tmp_path / f"{name}.yaml"
+    f.write_bytes(STUDIES[name])
+    lines = _config_error(lambda: load_study(str(f)), f"pipeline.study='{f}'")
+    assert len(lines) <= 2, lines
+
+
+def test_hydra_error_formatter_takes_non_string_overrides():
+    from hydra.errors import HydraException
+
+    from synodic.config.hydra_errors import format_hydra_error
+    assert len(format_hydra_error(HydraException("boom"), [5, None])) == 1
+
+
+# 12: names past the file system's limit
+@pytest.mark.parametrize("argv,needle", [(["ssm." + "x" * 5000 + "=1"], "unknown key (5004 characters)"),
+                                         (["spec=" + "x" * 5000], "unknown option (5000 characters)")])
+def test_very_long_key_or_option(argv, needle):
+    code, lines = check(argv)
+    _one_line(code, lines, needle)
+    assert len(lines[0]) < 300
+
+
+# 13: Hydra's own config
+@pytest.mark.parametrize("argv,needle", [
+    (["hydra.run.dir="], "hydra.run.dir='': an empty path"),
+    (["hydra.job_logging.root.level=BOGUS"], "hydra.job_logging.root.level='BOGUS'"),
+    (["hydra.job_logging.handlers.file.filename=/proc/nope/x.log"], "hydra.job_logging.handlers.file.filename="),
+    (["--config-path", "/tmp"], "--config-path='/tmp'"),
+])
+def test_hydra_own_config(argv, needle):
+    _one_line(*check(argv), needle)
+
+
+def test_hydra_output_subdir_on_a_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    _one_line(*check([f"hydra.run.dir={tmp_path / 'run'}", f"hydra.output_subdir={tmp_path / 'f'}"]),
+              "hydra.output_subdir=")
+
+
+def test_empty_run_dir_writes_nothing(tmp_path):
+    p = _run_py(["hydra.run.dir=", "workload.max_tokens=2"], tmp_path)
+    assert p.returncode == 2 and p.stderr.startswith("error: hydra.run.dir=''"), p.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# 14, 15: the module entry points reuse pipeline=train's checks
+def _module(main, argv, capsys, *needles):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err and all(x.startswith("error: ") and "expected" in x for x in err), err
+    for n in needles:
+        assert any(n in x for x in err), (n, err)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (['data=["/nonexistent"]'], "data="),
+    (["data=[1,2]"], "data[0]=1"),
+    (['data=[""]'], "an empty path"),
+    (["tokenizer=/nonexistent"], "tokenizer="),
+    (["tokenizer=TEXT"], "tokenizer.json"),
+    (["vocab_size=-5", "tokenizer=train"], "vocab_size=-5"),
+    (["vocab_size=10", "tokenizer=train"], ">= 260"),
+])
+def test_python_m_synodic_data(argv, needle, tmp_path, capsys):
+    from synodic.data.__main__ import main
+    (tmp_path / "t.txt").write_text("not a tokenizer\n")
+    _module(main, [a.replace("TEXT", str(tmp_path / "t.txt")) for a in argv], capsys, needle)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["out=FILE"], "out="),
+    (["bogus=1"], "bogus=1: unknown key; expected one of batch_size"),
+    (['overrides={"bogus": 1}'], "overrides.bogus=1: unknown key; expected one of"),
+    (["seed=99999999999999999999999"], "seed="),
+])
+def test_python_m_synodic_train(argv, needle, tmp_path, capsys):
+    from synodic.train.__main__ import main
+    (tmp_path / "f").write_text("x")
+    argv = [a.replace("FILE", str(tmp_path / "f")) for a in argv]
+    _module(main, [*argv, *([] if any(a.startswith("out=") for a in argv) else [f"out={tmp_path / 'o'}"])],
+            capsys, needle)
+
+
+# 17: accepted silently before
+@no_cuda
+def test_cuda_graphs_with_device_auto_without_cuda():
+    _one_line(*check(["runtime.cuda_graphs=true"]), "runtime.cuda_graphs=true with runtime.device=auto")
+
+
+@pytest.mark.parametrize("metric", ["''", "decode_tokens_per_s", "metrics."])
+def test_sweep_metric(metric):
+    _one_line(*check(["pipeline=sweep", "pipeline.grid={ssm: [eager]}", f"pipeline.metric={metric}"]),
+              "pipeline.metric=")
+
+
+@pytest.mark.parametrize("variant", ["pipeline=decode", "pipeline.steps=3"])
+def test_bench_variant_that_sets_the_pipeline(variant):
+    from synodic.pipelines.bench import _compose_variants
+    cfg = compose(["pipeline=bench", f"pipeline.variants=['', '{variant}']"])
+    lines = _config_error(lambda: _compose_variants(cfg, []), f"pipeline.variants[1]='{variant}'")
+    assert len(lines) == 1
+
+
+# 18: clearer lines
+def test_eval_reference_errors_name_pipeline_reference():
+    from synodic.pipelines.eval import reference_config
+    cfg = compose(["pipeline=eval", "pipeline.reference={ssm: {ring_len: 0}}"])
+    lines = _config_error(lambda: reference_config(cfg))
+    assert all(x.startswith("pipeline.reference: ssm.ring_len=0") for x in lines), lines
+
+
+def test_quantize_layers_matching_nothing():
+    from synodic.pipelines.quantize import quantize_to_store
+
+    from synodic.models.presets import PRESETS
+    from synodic.models.weights import random_model
+    model = random_model(PRESETS["tiny_mamba2"], 0, torch.device("cpu"), torch.float32)
+    qcfg = compose(["quant=mxfp4", "quant.layers=[zzz]"]).quant
+    _config_error(lambda: quantize_to_store(model, qcfg, "/nonexistent", progress=False), "quant.layers=['zzz']",
+                  "blocks.*")
+
+
+def test_kind_override_suggests_the_option():
+    _one_line(*check(["pipeline.kind=eval"]), "pipeline.kind='eval'", "expected pipeline=eval")
