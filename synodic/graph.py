@@ -82,12 +82,13 @@ def checkpoint_dir(choice) -> Path | None:
     return None
 
 
-def load_model(choice, device, dtype):
+def load_model(choice, device, dtype, arch=None):
+    """arch: choice.architecture() when the caller has it already (it may print a note, so once a build)."""
     from synodic.models.weights import load_checkpoint, random_model
     ckpt = checkpoint_dir(choice)
     if ckpt is not None:
         return load_checkpoint(ckpt, device, dtype).eval(), ckpt
-    return random_model(choice.architecture(), choice.seed, device, dtype).eval(), None
+    return random_model(arch or choice.architecture(), choice.seed, device, dtype).eval(), None
 
 
 def build_graph(cfg, max_seq_len: int, max_slots: int | None = None, window: int = 1) -> ServingGraph:
@@ -95,10 +96,13 @@ def build_graph(cfg, max_seq_len: int, max_slots: int | None = None, window: int
     device = resolve_device(cfg.runtime)
     window = max(window, cfg.spec.window)
     check_spec_window(cfg, window)
+    arch = None
     if hasattr(cfg.spec, "directory"):
-        cfg.spec.directory(cfg.model.kind)  # a missing / unshipped drafter fails before the target loads
+        # a missing or unshipped drafter, or one trained for another target, fails before the target loads
+        arch = cfg.model.architecture()
+        cfg.spec.directory(cfg.model.kind, arch)
     torch.manual_seed(cfg.runtime.seed)
-    model, ckpt = load_model(cfg.model, device, DTYPES[cfg.model.dtype])
+    model, ckpt = load_model(cfg.model, device, DTYPES[cfg.model.dtype], arch)
     from synodic.engine.text import load_codec
     slots = max_slots or cfg.runtime.max_slots
     ctx = BuildContext(model=model, device=device, max_slots=slots, max_seq_len=max_seq_len, window=window,

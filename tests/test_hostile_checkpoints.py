@@ -215,6 +215,23 @@ def test_drafter_for_another_target_says_what_was_expected():
     assert "this model has 8 blocks; expected target_layers below 8" in line, line
 
 
+def test_drafter_for_another_target_fails_before_the_target_loads(monkeypatch):
+    """build_graph checks the drafter against the target's config before building the target (minutes for a
+    large checkpoint), not when the drafter loads after it."""
+    import synodic.graph as graph
+    from synodic.config.compose import compose
+
+    def never(*a, **k):
+        raise AssertionError("the target was built before the drafter's fit was checked")
+    monkeypatch.setattr(graph, "load_model", never)
+    cfg = compose(["model=tiny_gdn", "spec=dflash", f"spec.drafter={DRAFTERS / 'tiny_mamba2' / 'dflash'}",
+                   "runtime.device=cpu"])
+    with pytest.raises(ConfigError) as e:
+        graph.build_graph(cfg, max_seq_len=64)
+    (line,) = e.value.lines
+    assert "expected target_layers below 8" in line, line
+
+
 # ---------------------------------------------------------------- 6, 7. long paths, directories for files
 
 LONG = "/tmp/" + "x" * 5000

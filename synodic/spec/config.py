@@ -95,7 +95,8 @@ class _NeuralSpec(Component):
     @field_validator("drafter")
     @classmethod
     def _drafter_dir(cls, v: str) -> str:
-        """A drafter directory's own files are checked with the config; its fit to the target when it loads."""
+        """A drafter directory's own files are checked with the config; its fit to the target when the graph is
+        built (`directory`, before the target loads)."""
         if v not in ("auto", "random"):
             try:
                 from synodic.spec.models import drafter_config
@@ -112,9 +113,10 @@ class _NeuralSpec(Component):
                                "expected spec=none or spec=ngram"]) from None
         return models
 
-    def directory(self, model_kind: str) -> Path | None:
+    def directory(self, model_kind: str, target_cfg=None) -> Path | None:
         """The drafter directory this option loads (None for drafter=random); one-line errors when there is
-        none. Called by the graph before the target loads, so a bad drafter fails before any long work."""
+        none, or when it was trained for another target than `target_cfg` (the target's HybridConfig, when given).
+        Called by the graph before the target loads, so a bad drafter fails before any long work."""
         if self.drafter == "random":
             self._models()
             return None
@@ -129,7 +131,9 @@ class _NeuralSpec(Component):
         if bad:
             raise ConfigError([f"spec.drafter={shown(self.drafter)!r}: {bad}; expected auto, random or a directory "
                                "written by pipeline=train_drafter"])
-        dm.check_drafter_dir(directory)  # its files against its config.json; the target's fit is checked at load
+        cfg = dm.check_drafter_dir(directory)  # its files against its config.json
+        if target_cfg is not None:
+            dm.check_fit(cfg, target_cfg, directory)
         return directory
 
     def build(self, ctx):

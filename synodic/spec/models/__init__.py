@@ -174,13 +174,12 @@ def _layout_problem(cfg: DraftConfig, stored: dict[str, tuple[int, ...]]) -> str
     return None
 
 
-def load_draft_model(directory, target_cfg, device="cpu", dtype=torch.float32, target=None) -> DraftModel:
-    """The drafter saved in `directory`, checked against `target_cfg`; ConfigError (one line) when the directory or
-    a file is missing or the drafter was trained for another vocabulary / hidden size / depth."""
+def check_fit(cfg: DraftConfig, target_cfg, directory) -> None:
+    """ConfigError (one line) when the drafter in `directory` (its config `cfg`) was trained for another target:
+    vocabulary, hidden size, or target blocks past this model's depth. Needs only the target's config, so the
+    graph checks it before the target loads."""
     from synodic.config.files import shown
-    d = Path(directory)
-    key = f"spec.drafter={shown(d)!r}"
-    cfg = check_drafter_dir(d)
+    key = f"spec.drafter={shown(Path(directory))!r}"
     blocks = num_target_blocks(target_cfg)
     for name, mine, theirs in (("vocab_size", cfg.vocab_size, target_cfg.vocab_size),
                                ("hidden_size", cfg.hidden_size, target_cfg.hidden_size)):
@@ -190,6 +189,16 @@ def load_draft_model(directory, target_cfg, device="cpu", dtype=torch.float32, t
     if max(cfg.target_layers) >= blocks:
         raise ConfigError([f"{key}: reads target blocks {list(cfg.target_layers)}, this model has {blocks} blocks; "
                            f"expected target_layers below {blocks} (a drafter trained for this model)"])
+
+
+def load_draft_model(directory, target_cfg, device="cpu", dtype=torch.float32, target=None) -> DraftModel:
+    """The drafter saved in `directory`, checked against `target_cfg`; ConfigError (one line) when the directory or
+    a file is missing or the drafter was trained for another vocabulary / hidden size / depth."""
+    from synodic.config.files import shown
+    d = Path(directory)
+    key = f"spec.drafter={shown(d)!r}"
+    cfg = check_drafter_dir(d)
+    check_fit(cfg, target_cfg, d)
     with torch.device("meta"):
         model = DraftModel(cfg)
     try:
