@@ -107,6 +107,12 @@ def run(cfg, run_dir: Path) -> dict:
               f"decode {m['decode_tokens_per_s']:.1f} tok/s · TTFT {m['ttft_ms'] or 0:.1f} ms · "
               f"TPOT {m['tpot_ms'] or 0:.2f} ms · preemptions {m['preemptions']} · "
               f"SSM bytes/token {led['ssm_bytes_per_token']:.0f}")
+    # requests cut short by the KV pool are in results.json's finish reasons; say so where the person looks too
+    short = {k: n for k, n in m["finish_reasons"].items() if "kv_capacity" in k and n}
+    if short:
+        con.print(f"[yellow]{sum(short.values())} of {len(requests)} requests ended early for lack of KV pages "
+                  f"({', '.join(f'{k}: {n}' for k, n in short.items())}); expected kv.num_blocks="
+                  f"{getattr(cfg.kv, 'num_blocks', '?')} to hold this workload: raise it[/yellow]")
     spec = spec_summary(engine)
     if spec is not None:
         acc = spec["mean_acceptance_length"]

@@ -300,3 +300,16 @@ def test_quantize_layers_matching_nothing():
 
 def test_kind_override_suggests_the_option():
     _one_line(*check(["pipeline.kind=eval"]), "pipeline.kind='eval'", "expected pipeline=eval")
+
+
+def test_decode_says_when_the_kv_pool_cut_requests_short(tmp_path, capsys):
+    """A KV pool too small for the workload ends requests early (finish reasons in results.json); the summary on
+    the terminal says so and names the key to raise, instead of a clean-looking run."""
+    from synodic.pipelines.decode import run
+
+    from synodic.config.compose import compose
+    out = run(compose(["kv.num_blocks=1", "workload.max_tokens=4", "runtime.device=cpu"]), tmp_path)
+    early = sum(n for k, n in out["metrics"]["finish_reasons"].items() if "kv_capacity" in k)
+    text = capsys.readouterr().out
+    assert early > 0 and f"{early} of 4 requests ended early for lack of KV pages" in " ".join(text.split())
+    assert "kv.num_blocks=1" in text
