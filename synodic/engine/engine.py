@@ -31,6 +31,7 @@ class _Step:
     tokens: torch.Tensor | None        # greedy tokens on the device (all rows greedy), else None
     pending: PendingTokens | None
     queued_s: float = 0.0              # when it was queued (a speculative engine's plain steps count verify time)
+    fed: bool = False                  # it fed a drafter's context (a gate times those steps apart)
 
 
 def _greedy(rows: list) -> bool:
@@ -225,9 +226,9 @@ class Engine:
         logits = self.runner.decode([r.slot for r in batch], [r.length - 1 + ahead for r in batch], tokens,
                                     max(r.length for r in batch) + ahead, ring=ring)
         if any(r.params.temperature > 0 for r in batch):
-            return _Step(batch, logits, None, None, time.perf_counter())
+            return _Step(batch, logits, None, None, time.perf_counter(), ring is not None)
         toks = logits.argmax(-1)
-        return _Step(batch, logits, toks, PendingTokens(toks), time.perf_counter())
+        return _Step(batch, logits, toks, PendingTokens(toks), time.perf_counter(), ring is not None)
 
     def _chain_rows(self, step: _Step) -> list[int] | None:
         """Rows of `step` (indices) whose next step may be queued before `step`'s tokens are known: not finished,
@@ -273,7 +274,8 @@ class Engine:
             self.accepted += [1] * live
             if self.drafter.gate is not None:  # its period: since the previous step's read-back (or its launch)
                 t = step.queued_s if self._last_read is None else self._last_read
-                self.drafter.gate.plain_step(len(batch), None if self.runner.capture_s != self._cap_seen else now - t)
+                self.drafter.gate.plain_step(len(batch), None if self.runner.capture_s != self._cap_seen else now - t,
+                                             fed=step.fed)
                 self._last_read = now
             self.spec_stats.add([0] * live, [0] * live, live, 0.0, now - step.queued_s, plain=True)
         self._cap_seen = self.runner.capture_s

@@ -33,6 +33,7 @@ class Gate:
         self.plain_steps = 0                 # plain steps run instead of drafting
         # seconds and count of the timed probes and plain steps: what a probe costs in plain steps, in results
         self._probe_t, self._plain_t = [0.0, 0], [0.0, 0]
+        self._feed_t = [0.0, 0]  # plain steps that fed the drafter (timed apart: what feeding costs, in results)
 
     def open(self, b: int) -> bool:
         raise NotImplementedError
@@ -51,12 +52,13 @@ class Gate:
         """Plain steps' worth of time a drafting step over b rows costs beyond the tokens it keeps (None: unknown)."""
         return None
 
-    def _plain_ran(self, seconds: float | None) -> None:
+    def _plain_ran(self, seconds: float | None, fed: bool = False) -> None:
         self.since += 1
         self.plain_steps += 1
         if seconds is not None and seconds > 0:
-            self._plain_t[0] += seconds
-            self._plain_t[1] += 1
+            t = self._feed_t if fed else self._plain_t
+            t[0] += seconds
+            t[1] += 1
 
     def _drafting_ran(self, b: int, seconds: float | None) -> None:
         """Before the step's rates are in: count it as a probe if the gate was closed (and its time)."""
@@ -82,7 +84,8 @@ class Gate:
 
     def summary(self) -> dict:
         return {"plain_steps": self.plain_steps, "probes": self.probes, "wait": self.wait, "feed": self.feed,
-                "probe_ms": _mean_ms(self._probe_t), "plain_ms": _mean_ms(self._plain_t)}
+                "probe_ms": _mean_ms(self._probe_t), "plain_ms": _mean_ms(self._plain_t),
+                "feed_steps_timed": self._feed_t[1], "feed_ms": _mean_ms(self._feed_t)}
 
 
 def _mean_ms(t: list) -> float | None:
@@ -136,9 +139,10 @@ class MeasuredGate(Gate):
             return False  # (no probe before the plain side has a rate to compare with)
         return super().drafts(b)
 
-    def plain_step(self, b: int, seconds: float | None = None) -> None:
-        """A plain step over b rows ran (in `seconds`, when timed: a step that captured a graph is not)."""
-        self._plain_ran(seconds)
+    def plain_step(self, b: int, seconds: float | None = None, fed: bool = False) -> None:
+        """A plain step over b rows ran (in `seconds`, when timed: a step that captured a graph is not; `fed`: it
+        fed the drafter's context)."""
+        self._plain_ran(seconds, fed)
         if seconds is not None and seconds > 0:
             _average(self._plain, bucket(b), b, seconds, self.decay)
 

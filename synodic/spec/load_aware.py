@@ -161,9 +161,10 @@ class DraftGate(Gate):
         plain_s = self.plain_cost / self._plain(b)
         return self._spec_s(b, self.verified) * self.spec_cost / plain_s - self.kept
 
-    def plain_step(self, b: int, seconds: float | None = None) -> None:
-        """A plain step over b rows ran (in `seconds`, when timed: a step that captured a graph is not)."""
-        self._plain_ran(seconds)
+    def plain_step(self, b: int, seconds: float | None = None, fed: bool = False) -> None:
+        """A plain step over b rows ran (in `seconds`, when timed: a step that captured a graph is not; `fed`: it
+        fed the drafter's context)."""
+        self._plain_ran(seconds, fed)
         if seconds is not None:
             self.plain_cost += self.plain_decay * (_ratio(seconds * self._plain(b)) - self.plain_cost)
 

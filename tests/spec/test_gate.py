@@ -24,12 +24,14 @@ class FixedGate(MeasuredGate):
     def __init__(self, spec: float, plain: float):
         super().__init__()
         self.rate = (spec, plain)
+        self.fed_steps = 0
 
     def open(self, b):
         return self.rate[0] > self.rate[1]
 
-    def plain_step(self, b, seconds=None):
-        super().plain_step(b, None)
+    def plain_step(self, b, seconds=None, fed=False):
+        self.fed_steps += fed
+        super().plain_step(b, None, fed)
 
     def observe(self, b, kept, verified, seconds=None):
         super().observe(b, kept, verified, None)
@@ -68,10 +70,12 @@ def test_measured_gate_schedule():
     g.observe(4, 40.0, 41.0, 0.01)            # acceptance jumped: 16000 tokens/s moves the average past plain
     assert g.open(4) and g.wait == 4          # a winning step halves the wait
     assert bucket(1) == 1 and bucket(3) == 4 and bucket(4) == 4 and bucket(5) == 8
-    s = g.summary()
-    assert s["tokens_per_s"]["4"]["plain"] == pytest.approx(2000.0)
+    g.plain_step(4, 0.003, fed=True)         # a step that fed the drafter: still a plain step of the rate,
+    s = g.summary()                           # but timed apart from the others in the summary
+    assert s["tokens_per_s"]["4"]["plain"] == pytest.approx(4 / (0.002 + 0.2 * 0.001))
     # six probes (the last one won), each timed at 10 ms, against 2 ms plain steps: what a probe costs
     assert s["probes"] == 6 and s["probe_ms"] == pytest.approx(10.0) and s["plain_ms"] == pytest.approx(2.0)
+    assert s["feed_steps_timed"] == 1 and s["feed_ms"] == pytest.approx(3.0)
 
 
 @pytest.mark.parametrize("scheme", list(SCHEMES))
@@ -86,6 +90,8 @@ def test_closed_gate_runs_plain_steps_and_stays_lossless(scheme, overlap):
     assert g.plain_steps > 0 and g.probes >= 1
     assert s["steps"] - s["plain_steps"] == g.probes  # closed from the start: every drafting step is a probe
     assert eng.drafter.summary()["gate"]["plain_steps"] == g.plain_steps
+    # the plain steps before a probe feed a neural drafter's context (ngram reads no target features)
+    assert (g.fed_steps > 0) == (scheme != "ngram") and g.fed_steps <= g.plain_steps
 
 
 @pytest.mark.parametrize("scheme", list(SCHEMES))
