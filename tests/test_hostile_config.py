@@ -313,3 +313,11 @@ def test_decode_says_when_the_kv_pool_cut_requests_short(tmp_path, capsys):
     text = capsys.readouterr().out
     assert early > 0 and f"{early} of 4 requests ended early for lack of KV pages" in " ".join(text.split())
     assert "kv.num_blocks=1" in text
+
+
+def test_train_refuses_a_vocab_override_it_would_replace():
+    """pipeline=train sizes the model's vocabulary from its tokenizer; an explicit model.overrides.vocab_size
+    would be silently replaced, so it is refused with the key that does set it."""
+    _one_line(*check(["pipeline=train", "+model.overrides.vocab_size=300"]), "model.overrides.vocab_size=300",
+              "pipeline.vocab_size=300")
+    assert check(["pipeline=train", "pipeline.vocab_size=300"]) == (None, [])

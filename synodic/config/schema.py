@@ -36,6 +36,12 @@ def cross_rules(cfg) -> list[str]:
     if rt.device == "auto" and rt.cuda_graphs and _no_cuda():
         out.append("runtime.cuda_graphs=true with runtime.device=auto on a machine without CUDA: expected "
                    "runtime.cuda_graphs=null (on where there is a GPU) or false")
+    # training sizes the vocabulary from its tokenizer, so an override of it would be silently replaced
+    if p.kind == "train" and "vocab_size" in getattr(cfg.model, "overrides", {}):
+        v = cfg.model.overrides["vocab_size"]
+        out.append(f"model.overrides.vocab_size={v} with pipeline=train (the model's vocabulary is its tokenizer's): "
+                   f"expected pipeline.vocab_size={v}, a tokenizer trained to that size, and no "
+                   "model.overrides.vocab_size")
     if getattr(p, "batch_sizes", None) and max(p.batch_sizes) > rt.max_slots:
         out.append(f"pipeline.batch_sizes={list(p.batch_sizes)} with runtime.max_slots={rt.max_slots}: "
                    f"expected every batch size <= runtime.max_slots")
