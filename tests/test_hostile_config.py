@@ -1,4 +1,4 @@
-"""Hostile config values found by the CLI audit: each is refused with exit code 2 and one `error: ` line naming the
+"""Hostile config values: each is refused with exit code 2 and one `error: ` line naming the
 key, the value and what was expected; a bench that fails part-way keeps the points it timed. Most cases run
 in-process through the validation functions (`hydra_errors.check` is what run.py calls before Hydra's main);
 a few run `python run.py`."""
