@@ -184,7 +184,8 @@ def _layers(v):
 DRAFTER = {
     "mixed_weights": (lambda d: shutil.copy(DRAFTERS / "tiny_mamba2" / "dflash2" / "model.safetensors", d),
                       "not part of the dflash drafter"),
-    "empty_weights": (lambda d: save_file({}, str(d / "model.safetensors")), "has no tensor 'mask_embedding'"),
+    "empty_weights": (lambda d: save_file({}, str(d / "model.safetensors")),
+                      "model.safetensors: no tensor 'mask_embedding'"),
     "bad_header": (lambda d: _raw_safetensors(d / "model.safetensors", {"a": 1}), "not a safetensors file"),
     "no_layers": (_layers([]), "target_layers=[]"),
     "negative_layer": (_layers([-1, 2]), "target_layers=[-1, 2]"),

@@ -135,6 +135,23 @@ def _finite(t) -> bool:
 
 
 
+def layout_problem(want: dict, stored: dict, what: str) -> str | None:
+    """Why tensors `stored` (name → shape, from a header) do not load into a module whose state dict is `want`
+    (name → shape) — what load_state_dict(strict=True) would raise on — or None. `what` names the module in the
+    message ("the nemotron_h model config.json describes")."""
+    extra = [k for k in stored if k not in want]
+    if extra:
+        return (f"tensor {extra[0]!r} is not part of the {what} ({len(extra)} such); expected names such as "
+                f"{next(iter(want))!r}")
+    missing = [k for k in want if k not in stored]
+    if missing:
+        return f"no tensor {missing[0]!r} ({len(missing)} missing); expected every tensor of the {what}"
+    bad = next((k for k, v in stored.items() if tuple(v) != tuple(want[k])), None)
+    if bad is not None:
+        return f"tensor {bad!r} has shape {list(stored[bad])}; expected {list(want[bad])} from config.json"
+    return None
+
+
 def safetensors_header(st: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """name → (dtype, shape) of a safetensors file from its header alone (no tensor data read). ValueError naming
     what is wrong: a header that is not the format's JSON object of {dtype, shape, data_offsets} entries, or a copy

@@ -67,23 +67,14 @@ def load_checkpoint(ckpt_dir: str | Path, device="cpu", dtype=torch.float32, pro
 def layout_problem(cfg: HybridConfig, shapes: dict[str, tuple[int, ...]], where) -> str | None:
     """Why tensors of these names and shapes (a safetensors header) do not fill the model `cfg` describes, or
     None: compared with the model built on the meta device, so no tensor data is read."""
+    from synodic.config.files import layout_problem as mismatch
     with torch.device("meta"):
         want = {k: tuple(v.shape) for k, v in HybridLM(cfg).state_dict().items()}
     if cfg.tie_word_embeddings:  # the head is the embedding: saved once, and a stored copy is ignored at load
         want.pop("lm_head.weight", None)
         shapes = {k: v for k, v in shapes.items() if k != "lm_head.weight"}
-    extra = [k for k in shapes if k not in want]
-    if extra:
-        return (f"{where}: tensor {extra[0]!r} is not part of the {cfg.model_type} model config.json describes "
-                f"({len(extra)} such); expected names such as {next(iter(want))!r}")
-    missing = [k for k in want if k not in shapes]
-    if missing:
-        return (f"{where}: no tensor {missing[0]!r} ({len(missing)} missing); expected every tensor of the model "
-                "config.json describes")
-    bad = next((k for k, v in shapes.items() if v != want[k]), None)
-    if bad is not None:
-        return f"{where}: tensor {bad!r} has shape {list(shapes[bad])}; expected {list(want[bad])} from config.json"
-    return None
+    why = mismatch(want, shapes, f"{cfg.model_type} model config.json describes")
+    return f"{where}: {why}" if why else None
 
 
 def random_model(cfg: HybridConfig, seed: int, device="cpu", dtype=torch.float32) -> HybridLM:

@@ -140,7 +140,7 @@ def drafter_config(directory) -> DraftConfig:
                          f"{WEIGHTS} pipeline=train_drafter writes") from None
     why = _layout_problem(cfg, stored)
     if why:
-        raise ValueError(f"{WEIGHTS} {why}")
+        raise ValueError(f"{WEIGHTS}: {why}")
     return cfg
 
 
@@ -154,24 +154,13 @@ def check_drafter_dir(directory) -> DraftConfig:
 
 
 def _layout_problem(cfg: DraftConfig, stored: dict[str, tuple[int, ...]]) -> str | None:
-    """Why stored tensors of these names and shapes do not load into the drafter `cfg` describes (what
-    load_state_dict(strict=True) would raise on, found from the header). fp8 matrices are stored as codes of
-    the parameter's shape + one scale per row (key + SCALE)."""
+    """Why stored tensors of these names and shapes do not load into the drafter `cfg` describes, found from the
+    header. fp8 matrices are stored as codes of the parameter's shape + one scale per row (key + SCALE)."""
+    from synodic.config.files import layout_problem
     with torch.device("meta"):
         want = {k: tuple(v.shape) for k, v in DraftModel(cfg).state_dict().items()}
     expect = {**want, **{k + SCALE: want[k][:1] for k in want if k + SCALE in stored}}
-    extra = [k for k in stored if k not in expect]
-    if extra:
-        return (f"has tensor {extra[0]!r} ({len(extra)} such), not part of the {cfg.scheme} drafter config.json "
-                f"describes; expected names such as {next(iter(want))!r}")
-    missing = [k for k in want if k not in stored]
-    if missing:
-        return (f"has no tensor {missing[0]!r} ({len(missing)} missing); expected every tensor of the {cfg.scheme} "
-                "drafter config.json describes")
-    bad = next((k for k, v in stored.items() if v != expect[k]), None)
-    if bad is not None:
-        return f"has tensor {bad!r} of shape {list(stored[bad])}; expected {list(expect[bad])} from config.json"
-    return None
+    return layout_problem(expect, stored, f"{cfg.scheme} drafter config.json describes")
 
 
 def check_fit(cfg: DraftConfig, target_cfg, directory) -> None:
