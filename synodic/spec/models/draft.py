@@ -214,35 +214,48 @@ class DraftModel(nn.Module):
         if self.scheme == "dflash":
             self.last_confidence = None
             return (U.argmax(-1), None) if greedy else sample(U, temperature, generator)
+        if self.scheme == "dflash2":
+            return self._walk_paths(U, h, anchors, temperature, generator)
         drafts, qs, confs = [], [], []
         prev = anchors
-        if self.scheme == "dflash2":
-            cand = U.topk(min(self.selector.k, U.shape[-1]), dim=-1).indices  # [B, g, K]
-            u_cand, b_cand = U.gather(-1, cand), self.selector.B(cand)
-        for k in range(g):
-            if self.scheme == "dspark":
-                logits = U[:, k] + self.markov(prev).float()
-                if greedy:
-                    tok = logits.argmax(-1)
-                else:
-                    tok, q = sample(logits, temperature, generator)
-                if confidence or not greedy:
-                    t = self.confidence.temperature[k]
-                    confs.append(torch.sigmoid(self.confidence.logit(h[:, k], self.markov.W1(prev)).float() / t))
+        for k in range(g):  # DSpark: each position's Markov correction needs the previous draft
+            logits = U[:, k] + self.markov(prev).float()
+            if greedy:
+                tok = logits.argmax(-1)
             else:
-                s = self.selector.step_scores(prev, self.selector.H(h[:, k]), u_cand[:, k], b_cand[:, k])
-                if greedy:
-                    j = s.argmax(-1)
-                else:
-                    j, qk = sample(s, temperature, generator)
-                    q = torch.zeros_like(U[:, k]).scatter_(1, cand[:, k], qk)
-                tok = cand[:, k].gather(1, j[:, None])[:, 0]
-            drafts.append(tok)
-            if not greedy:
+                tok, q = sample(logits, temperature, generator)
                 qs.append(q)
+            if confidence or not greedy:
+                t = self.confidence.temperature[k]
+                confs.append(torch.sigmoid(self.confidence.logit(h[:, k], self.markov.W1(prev)).float() / t))
+            drafts.append(tok)
             prev = tok
         self.last_confidence = torch.stack(confs, 1) if confs else None
         return torch.stack(drafts, 1), (None if greedy else torch.stack(qs, 1))
+
+    def _walk_paths(self, U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, temperature, generator=None):
+        """DFlash2's drafts: a left-to-right walk over each position's top-K of U, scored by the path selector's
+        table (PathSelector.path_table). Greedy: the best next candidate after every previous one is one argmax
+        over the table, and the walk is g index lookups; sampled: each position draws from its table row, q is
+        that draw's distribution over the top-K (zero elsewhere). A temperature-0 row of a sampled call takes the
+        argmax of the same row, so its drafts equal the greedy call's bit for bit."""
+        self.last_confidence = None
+        B, g = U.shape[:2]
+        cand = U.topk(min(self.selector.k, U.shape[-1]), dim=-1).indices  # [B, g, K]
+        S = self.selector.path_table(anchors, h, U.gather(-1, cand), cand)
+        K = cand.shape[-1]
+        if temperature is None:
+            best = S.argmax(-1)  # [B, g, K]: the best candidate at t after candidate i at t - 1
+            picks = [best[:, 0, 0]]
+            for t in range(1, g):
+                picks.append(best[:, t].gather(1, picks[-1][:, None])[:, 0])
+            return cand.gather(2, torch.stack(picks, 1)[..., None])[..., 0], None
+        j, picks, qs = torch.zeros(B, dtype=torch.long, device=U.device), [], []
+        for t in range(g):
+            j, qk = sample(S[:, t].gather(1, j[:, None, None].expand(B, 1, K))[:, 0], temperature, generator)
+            qs.append(torch.zeros_like(U[:, t], dtype=qk.dtype).scatter_(1, cand[:, t], qk))
+            picks.append(j)
+        return cand.gather(2, torch.stack(picks, 1)[..., None])[..., 0], torch.stack(qs, 1)
 
 
 def block_mask(anchor_pos: torch.Tensor, gamma: int, T: int, window: int | None) -> torch.Tensor:

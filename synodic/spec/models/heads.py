@@ -59,12 +59,16 @@ class PathSelector(nn.Module):
 
     def scores(self, prev: torch.Tensor, h: torch.Tensor, U: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
         """S over candidates cand [B, K] from prev [B], h [B, H], U [B, V] → [B, K]."""
-        return self.step_scores(prev, self.H(h), U.gather(1, cand), self.B(cand))
+        return self.path_table(prev, h[:, None], U.gather(1, cand)[:, None], cand[:, None])[:, 0, 0]
 
-    def step_scores(self, prev: torch.Tensor, hH: torch.Tensor, u_cand: torch.Tensor, b_cand: torch.Tensor
-                    ) -> torch.Tensor:
-        """scores() from its parts: hH = H(h) [B, r], u_cand = U at the candidates [B, K], b_cand = B(cand)
-        [B, K, r] (a block's candidate lookups are gathered once for all its positions; H stays per position:
-        one GEMM over the block rounds differently from one per row)."""
-        inter = (self.A(prev) * hH)[:, None, :] * b_cand
-        return u_cand + inter.sum(-1).float()
+    def path_table(self, anchors: torch.Tensor, h: torch.Tensor, u_cand: torch.Tensor, cand: torch.Tensor
+                   ) -> torch.Tensor:
+        """Every score a block's left-to-right walk can ask for, in one batched pass: anchors [B], block rows h
+        [B, g, H], the candidates cand [B, g, K] and U at them u_cand → S [B, g, K, K] fp32 with S[b, t, i, j] =
+        S_t(a, cand[b, t, j]) for a = cand[b, t - 1, i] (t = 0: the anchor, in every i). The walk's previous
+        token is always one of position t - 1's candidates, so a step of the walk is a lookup in this table
+        instead of a handful of small kernels (a decode step's drafter is launch-bound at small batch)."""
+        B, g, K = cand.shape
+        prev = torch.cat([anchors[:, None, None].expand(B, 1, K), cand[:, :-1]], 1)  # [B, g, K]
+        left = self.A(prev) * self.H(h)[:, :, None, :]                               # [B, g, K, r]
+        return u_cand[:, :, None, :] + (left @ self.B(cand).transpose(-1, -2)).float()
