@@ -216,7 +216,7 @@ class DraftModel(nn.Module):
             return (U.argmax(-1), None) if greedy else sample(U, temperature, generator)
         if self.scheme == "dflash2":
             return self._walk_paths(U, h, anchors, temperature, generator)
-        drafts, qs, confs = [], [], []
+        drafts, qs = [], []
         prev = anchors
         for k in range(g):  # DSpark: each position's Markov correction needs the previous draft
             logits = U[:, k] + self.markov(prev).float()
@@ -225,13 +225,15 @@ class DraftModel(nn.Module):
             else:
                 tok, q = sample(logits, temperature, generator)
                 qs.append(q)
-            if confidence or not greedy:
-                t = self.confidence.temperature[k]
-                confs.append(torch.sigmoid(self.confidence.logit(h[:, k], self.markov.W1(prev)).float() / t))
             drafts.append(tok)
             prev = tok
-        self.last_confidence = torch.stack(confs, 1) if confs else None
-        return torch.stack(drafts, 1), (None if greedy else torch.stack(qs, 1))
+        drafts = torch.stack(drafts, 1)
+        self.last_confidence = None
+        if confidence or not greedy:  # every position's confidence at once: its previous token is known now
+            prevs = torch.cat([anchors[:, None], drafts[:, :-1]], 1)
+            z = self.confidence.logit(h, self.markov.W1(prevs)).float()
+            self.last_confidence = torch.sigmoid(z / self.confidence.temperature[:g])
+        return drafts, (None if greedy else torch.stack(qs, 1))
 
     def _walk_paths(self, U: torch.Tensor, h: torch.Tensor, anchors: torch.Tensor, temperature, generator=None):
         """DFlash2's drafts: a left-to-right walk over each position's top-K of U, scored by the path selector's
