@@ -9,7 +9,9 @@ drafters accept what they would on real text of this kind. Every (model, batch, 
 serves a warm-up round (kernel compilation, one CUDA graph per batch bucket); then the variants of one (model,
 batch) take `repeats` measured rounds of the same shape in turn, and a variant's decode tokens/s is the median
 over its rounds of tokens produced by decode steps / decode wall time (capture excluded). The speedup of a
-variant is its rate over plain decoding's at the same model and batch, in the same process."""
+variant is its rate over plain decoding's at the same model and batch, in the same process (`speedup_vs_none`:
+the ratio of the medians), and `speedup_paired` the median of the per-round ratios (round k against plain
+decoding's round k, taken next to each other), which drift between rounds moves less."""
 from __future__ import annotations
 
 import argparse
@@ -107,6 +109,11 @@ def measure_batch(model: str, batch: int, p: dict, prompts) -> list[dict]:
     base = next((r for r in out if r["spec"] == "none"), None)
     for r in out:
         r["speedup_vs_none"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"] if base else None
+        # round k of a variant over round k of plain decoding, taken next to each other: a drift of the clocks or
+        # the host between rounds falls on both sides of each ratio, not on one median
+        paired = [v / b for v, b in zip(r["rates"], base["rates"]) if b > 0] if base else []
+        r["speedup_by_round"] = [round(x, 3) for x in paired]
+        r["speedup_paired"] = statistics.median(paired) if paired else None
         r["greedy_equals_none"] = r["outputs"] == base["outputs"] if base else None
     return out
 
@@ -144,7 +151,8 @@ def main(argv=None) -> None:
             for r in measure_batch(model, batch, p, prompts):
                 rows.append(r)
                 print(f"{model:12s} b={batch:<4d} spec={r['spec']:8s} {r['decode_tokens_per_s']:10.1f} tok/s "
-                      f"x{r['speedup_vs_none'] or 0:.2f}  accept={r.get('mean_acceptance_length')}  "
+                      f"x{r['speedup_vs_none'] or 0:.2f} (paired x{r['speedup_paired'] or 0:.2f})  "
+                      f"accept={r.get('mean_acceptance_length')}  "
                       f"lossless={r['greedy_equals_none']}", flush=True)
             a.out.write_text(json.dumps({"params": p, "device": _device(), "rows": _slim(rows)}, indent=1))
     print(f"wrote {a.out}")

@@ -22,4 +22,7 @@ def test_repeated_rounds_report_the_median_of_interleaved_rounds(tmp_path):
     for r in rows:
         assert r["rounds"] == 3 and len(r["rates"]) == 3
         assert abs(r["decode_tokens_per_s"] - sorted(r["rates"])[1]) <= 0.1
+        by_round = [v / b for v, b in zip(r["rates"], rows[0]["rates"])]
+        assert r["speedup_by_round"] == [round(x, 3) for x in by_round]
+        assert r["speedup_paired"] == sorted(by_round)[1]
     assert rows[1]["greedy_equals_none"]
