@@ -25,7 +25,8 @@ import torch
 from benchmarks._cli import compose_or_exit, out_file, positive_int
 
 GPU = dict(models=["tiny_mamba2", "tiny_gdn"], batches=[1, 32], specs=["none", "ngram", "dflash2"],
-           ssm="replay", prompt_tokens=64, output_tokens=96, rounds_per_batch=2, repeats=5, device="cuda")
+           ssm="replay", prompt_tokens=64, output_tokens=96, rounds_per_batch=2, min_round_requests=8, repeats=5,
+           device="cuda")
 SMOKE = dict(models=["tiny_mamba2"], batches=[2], specs=["none", "dflash2"], ssm="replay", prompt_tokens=16,
              output_tokens=8, rounds_per_batch=1, repeats=1, device="cpu")
 
@@ -61,7 +62,9 @@ class Variant:
 
     def _round(self):
         from synodic.engine.request import Request, SamplingParams
-        n = self.batch * self.p["rounds_per_batch"]
+        # at least min_round_requests a round: at batch 1 two requests are ~50 ms of decode, short enough that a
+        # clock ramp or a gate's probe moved single rounds by up to 2x
+        n = max(self.batch * self.p["rounds_per_batch"], self.p.get("min_round_requests", 1))
         reqs = [Request(i, list(pr), SamplingParams(max_tokens=self.p["output_tokens"]))
                 for i, pr in enumerate(self.prompts[:n])]
         self.eng.generate(reqs)
@@ -96,7 +99,7 @@ class Variant:
 def measure_batch(model: str, batch: int, p: dict, prompts) -> list[dict]:
     """Every spec variant at one (model, batch): all engines built and warmed up first, then `repeats` measured
     rounds taken in turn (variant 1, 2, .., 1, 2, ..), so clock and host drift fall on every variant alike; a
-    variant's rate is the median of its rounds (one round at batch 1 is ~50 ms: single rounds varied 2x)."""
+    variant's rate is the median of its rounds."""
     variants = [Variant(model, spec, batch, p, prompts) for spec in p["specs"]]
     rows = {}
     for _ in range(p["repeats"]):
