@@ -589,10 +589,13 @@ def run(cfg, run_dir: Path) -> dict:
     if failed is not None:  # the points timed so far are written as usual, and the tables say what is missing
         why = _one_line(failed[1])
         warnings.append(f"incomplete: {failed[0]} failed ({why}); the rows are the points timed before it")
+    # a failed rerun writes beside an earlier complete run's files, not over them
+    from synodic.results.writer import partial_dir
+    dest = run_dir if failed is None else partial_dir(run_dir)
     md = markdown_table(rows, cols)
-    (run_dir / "bench.md").write_text(md + "\n" + "".join(f"\nwarning: {x}" for x in warnings) + "\n")
-    _write_csv(rows, run_dir / "bench.csv")
-    _plot(rows, run_dir / "bench.png")
+    (dest / "bench.md").write_text(md + "\n" + "".join(f"\nwarning: {x}" for x in warnings) + "\n")
+    _write_csv(rows, dest / "bench.csv")
+    _plot(rows, dest / "bench.png")
     con.print(md)
     out = {"bench": rows, "metrics": {"decode_tokens_per_s": max(r["tokens_per_s"] for r in rows)},
            "warnings": warnings, "acceptance": p.acceptance}
@@ -601,7 +604,7 @@ def run(cfg, run_dir: Path) -> dict:
             rep["tokens_per_s"] = max(r["tokens_per_s"] for r in rep["bench"])
         out["replicas"] = per_replica
         _write_csv([{"replica": rep["replica"], "device": rep["device"], **r} for rep in per_replica
-                    for r in rep["bench"]], run_dir / "bench_replicas.csv")
+                    for r in rep["bench"]], dest / "bench_replicas.csv")
     if p.acceptance != "real":
         con.print(f"[bold]acceptance: {p.acceptance}[/bold] (speculative rows draft the target's greedy "
                   "continuation rejected at pipeline.acceptance_rates; not the drafter's own acceptance"
@@ -610,7 +613,7 @@ def run(cfg, run_dir: Path) -> dict:
         acols = ["variant", "memory_budget", "weights_bytes", "request_bytes_total", "admitted", "batch_timed",
                  "tokens_per_s"]
         amd = markdown_table(admissions, acols)
-        (run_dir / "admission.md").write_text(amd + "\n")
+        (dest / "admission.md").write_text(amd + "\n")
         con.print(amd)
         out["admission"] = admissions
     for x in warnings:
@@ -621,7 +624,7 @@ def run(cfg, run_dir: Path) -> dict:
         cause = failed[1]
         if isinstance(cause, ConfigError):  # the one-line error names the variant, as a bad variant's does
             cause = ConfigError([f"{failed[0]}: {line}" for line in cause.lines])
-        raise PartialResults(out, cause, failed[0])
+        raise PartialResults(out, cause, failed[0], dest)
     return out
 
 

@@ -37,13 +37,14 @@ def execute(dcfg) -> int:
             try:
                 payload = mod.run(cfg, run_dir)
             except PartialResults as e:  # the pipeline stopped part-way: keep what finished, then report why
-                _write(run_dir, cfg, choices, e.payload, device, dcfg)
+                dest = Path(e.dest or run_dir)  # (beside an earlier complete run's results: results.partial_dir)
+                _write(dest, cfg, choices, e.payload, device, dcfg if dest == run_dir else None)
                 if isinstance(e.cause, ConfigError) or os.environ.get("SYNODIC_TRACEBACK"):
                     raise e.cause from None
                 # a crash: one line on the terminal (exit 1), the traceback in run.log beside the kept results
                 log.error("stopped part-way", exc_info=e.cause, extra=FILE_ONLY)
                 print(f"error: {_crash_line(e)} (traceback in {run_dir / 'run.log'}; what finished before it is in "
-                      f"{run_dir / 'results.json'})", file=sys.stderr)
+                      f"{dest / 'results.json'})", file=sys.stderr)
                 return 1
     except ConfigError as e:
         if os.environ.get("SYNODIC_TRACEBACK"):
@@ -64,8 +65,9 @@ def _crash_line(e: PartialResults) -> str:
 def _write(run_dir, cfg, choices, payload, device, dcfg) -> None:
     from synodic.results.writer import write_results
     path = write_results(run_dir, cfg, choices, payload, device)
-    from synodic.config.hydra_dirs import commit
-    commit(run_dir, dcfg)  # a rerun's .hydra/ files replace the old ones only now that its results.json exists
+    if dcfg is not None:  # (None: a failed rerun's partial results, written beside the earlier run's)
+        from synodic.config.hydra_dirs import commit
+        commit(run_dir, dcfg)  # a rerun's .hydra/ files replace the old ones only now that its results.json exists
     print(f"results: {path}")
     log.info("results: %s", path)
 

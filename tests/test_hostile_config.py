@@ -81,6 +81,22 @@ def test_bench_keeps_the_points_timed_before_a_failing_variant(tmp_path):
     assert [r["variant"] for r in doc["bench"]] == ["base"] and doc["incomplete"]["at"].startswith("pipeline.var")
 
 
+def test_a_failed_bench_rerun_keeps_the_earlier_complete_run(tmp_path):
+    """A rerun in the directory of a complete bench that fails part-way writes what it timed under incomplete/
+    and leaves the earlier results.json, bench.csv and .hydra/ as they were."""
+    run = tmp_path / "run"
+    common = ["pipeline=bench", "pipeline.batch_sizes=[1]", "pipeline.steps=2", "pipeline.repeats=1",
+              "pipeline.warmup=0", "pipeline.stagger=0", "runtime.device=cpu", f"hydra.run.dir={run}"]
+    assert _run_py([*common, "pipeline.variants=['','ssm=replay']"], tmp_path).returncode == 0
+    before = {n: (run / n).read_bytes() for n in ("results.json", "bench.csv", "bench.md", ".hydra/overrides.yaml")}
+    p = _run_py([*common, "pipeline.variants=['','kv.num_blocks=1']"], tmp_path)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert {n: (run / n).read_bytes() for n in before} == before
+    doc = json.loads((run / "incomplete" / "results.json").read_text())
+    assert [r["variant"] for r in doc["bench"]] == ["base"] and "incomplete" in doc
+    assert (run / "incomplete" / "bench.csv").read_text().count("\n") == 2
+
+
 # 7: pipeline.device=cuda for the training pipelines on a CPU machine: refused before the memory estimate
 @no_cuda
 @pytest.mark.parametrize("argv", [["pipeline=train"], ["pipeline=train_drafter", "spec=dflash"]])

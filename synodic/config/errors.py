@@ -133,6 +133,7 @@ class PartialResults(Exception):
     """A pipeline stopped part-way through: `payload` is what finished (written as results.json before the run
     exits, so work already done is not lost) and `cause` the failure (a ConfigError exits 2 in one line)."""
 
-    def __init__(self, payload: dict, cause: BaseException, where: str = ""):
+    def __init__(self, payload: dict, cause: BaseException, where: str = "", dest=None):
         super().__init__(str(cause))
         self.payload, self.cause, self.where = payload, cause, where  # where: what was running (a variant)
+        self.dest = dest  # the directory its files went to (None: the run directory; results.partial_dir)

@@ -32,6 +32,20 @@ def write_results(run_dir: Path, cfg, choices: dict, payload: dict, device=None)
     return path
 
 
+def partial_dir(run_dir: Path) -> Path:
+    """Where a run that stopped part-way writes what finished: the run directory, unless it holds an earlier run's
+    complete results.json, which a failed rerun must not replace; then its `incomplete/` subdirectory."""
+    run_dir = Path(run_dir)
+    try:
+        earlier = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return run_dir  # none (or unreadable): nothing complete to keep
+    if not isinstance(earlier, dict) or "incomplete" in earlier:
+        return run_dir
+    (run_dir / "incomplete").mkdir(exist_ok=True)
+    return run_dir / "incomplete"
+
+
 def markdown_table(rows: list[dict], cols: list[str]) -> str:
     def fmt(v):
         return f"{v:.4g}" if isinstance(v, float) else str(v)
