@@ -74,17 +74,17 @@ def _prompts(tok, n: int, length: int, heldout: bool, gen):
     return torch.tensor(out)
 
 
-def _data(target, tok, p, device, run_dir: Path):
+def _data(target, tok, p, device, run_dir: Path, model: str = ""):
     """Training and held-out sequences (the target's own continuations), cached in the run directory so a
     resumed run trains on the very same text."""
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     from synodic.spec.training import continuations
     cache = Path(run_dir) / "data.safetensors"
+    made_by = {f"pipeline.{k}": str(getattr(p, k)) for k in DATA_KEYS} | {"model": model}
     if cache.is_file():
-        d = load_file(str(cache))
-        return d["train"], d["held"], d["held_sampled"]
+        return _cached(cache, made_by)
     gen = torch.Generator().manual_seed(p.seed)
     train_p = _prompts(tok, p.prompts, p.prompt_len, False, gen)
     n_g = p.prompts - int(round(p.prompts * p.sampled_fraction))
@@ -101,8 +101,62 @@ def _data(target, tok, p, device, run_dir: Path):
     held = continuations(target, held_p, p.new_tokens, 0.0).cpu()
     held_s = continuations(target, held_p, p.new_tokens, 1.0, sgen).cpu()
     train = torch.cat(chunks)
-    save_file({"train": train.contiguous(), "held": held, "held_sampled": held_s}, str(cache))
+    save_file({"train": train.contiguous(), "held": held, "held_sampled": held_s}, str(cache), metadata=made_by)
     return train, held, held_s
+
+
+# the settings that decide the cached sequences: a rerun in the same directory must ask for the same ones
+DATA_KEYS = ("prompts", "prompt_len", "new_tokens", "sampled_fraction", "eval_prompts", "seed")
+
+
+def _cached(cache: Path, made_by: dict):
+    """The cached sequences, when they were made with these settings; a one-line ConfigError otherwise (a resumed
+    run must train on the very same text, and another run's data is not this one's)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from synodic.config.errors import ConfigError
+    try:
+        with safe_open(str(cache), "pt") as f:
+            meta = f.metadata() or {}
+        d = load_file(str(cache))
+        out = d["train"], d["held"], d["held_sampled"]
+    except Exception as e:  # (safetensors raises its own error type for a damaged file)
+        raise ConfigError([f"hydra.run.dir={cache.parent}: its data.safetensors cannot be read ({_first(e)}); "
+                           "expected the file a train_drafter run wrote there (delete it to rebuild the data)"]) \
+            from None
+    for k, v in made_by.items():
+        if k in meta and meta[k] != v:
+            raise ConfigError([f"{k}={v}: the run directory's data.safetensors was made with {k}={meta[k]}; "
+                               f"expected {k}={meta[k]} to resume that run (or another hydra.run.dir)"])
+    return out
+
+
+def _resumable(ckpt_dir: Path, steps: int, scheme: str, draft) -> int:
+    """The step a run resumes from the checkpoint in ckpt_dir: one made by the same schedule and drafter; a
+    one-line ConfigError naming what differs otherwise."""
+    from synodic.config.errors import ConfigError
+    from synodic.train.state import load_state
+    try:
+        st = load_state(ckpt_dir)
+    except ValueError as e:
+        raise ConfigError([f"hydra.run.dir={ckpt_dir.parent}: {_first(e)}; expected the checkpoint a train_drafter "
+                           "run wrote there (or another hydra.run.dir)"]) from None
+    if st.get("steps") != steps:
+        raise ConfigError([f"pipeline.steps={steps}: {ckpt_dir} holds a checkpoint of a {st.get('steps')}-step "
+                           f"schedule; expected pipeline.steps={st.get('steps')} to resume it (or another "
+                           "hydra.run.dir)"])
+    want = {k: tuple(v.shape) for k, v in draft.state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in st.get("draft", {}).items()}
+    if want != have:
+        raise ConfigError([f"spec={scheme}: {ckpt_dir} holds a checkpoint of another drafter (another scheme or "
+                           "size); expected the spec and pipeline settings of the run that wrote it (or another "
+                           "hydra.run.dir)"])
+    return st["step"]
+
+
+def _first(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _progress(total: int, start: int):
@@ -130,7 +184,7 @@ def run(cfg, run_dir: Path) -> dict:
     from synodic.models.weights import shipped_dir
     from synodic.spec.models import build_draft_model, load_draft_model, save_draft_model
     from synodic.spec.training import greedy_acceptance, sampled_acceptance, train_steps, walk_acceptance
-    from synodic.train.state import has_state, load_state
+    from synodic.train.state import has_state
     p, scheme = cfg.pipeline, cfg.spec.kind
     if scheme not in ("dflash", "dspark", "dflash2"):
         raise ConfigError([f"spec={scheme} with pipeline=train_drafter: expected spec=dflash, dspark or dflash2 "
@@ -150,13 +204,13 @@ def run(cfg, run_dir: Path) -> dict:
     tok = load_tokenizer(ckpt / "tokenizer.json")
     gamma = cfg.spec.num_speculative_tokens
     run_dir = Path(run_dir)
-    data, held, held_s = _data(target, tok, p, device, run_dir)
+    data, held, held_s = _data(target, tok, p, device, run_dir, cfg.model.kind)
     draft = build_draft_model(scheme, target.config, target=target, num_layers=p.num_layers, gamma=gamma,
                               seed=p.seed, intermediate_size=p.intermediate_size, markov_rank=p.head_rank,
                               selector_rank=p.head_rank, lookup_hint=p.lookup_hint,
                               target_kind=cfg.model.kind).to(device)
     ckpt_dir = run_dir / "ckpt"
-    start = load_state(ckpt_dir)["step"] if has_state(ckpt_dir) else 0
+    start = _resumable(ckpt_dir, p.steps, scheme, draft) if has_state(ckpt_dir) else 0
     if start:
         print(f"resuming from {ckpt_dir} at step {start}", flush=True)
     log, close = _progress(p.steps, start)

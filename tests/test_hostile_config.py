@@ -337,3 +337,31 @@ def test_train_refuses_a_vocab_override_it_would_replace():
     _one_line(*check(["pipeline=train", "+model.overrides.vocab_size=300"]), "model.overrides.vocab_size=300",
               "pipeline.vocab_size=300")
     assert check(["pipeline=train", "pipeline.vocab_size=300"]) == (None, [])
+
+
+def test_train_drafter_rerun_with_other_data_or_schedule_is_refused(tmp_path):
+    """A train_drafter rerun in a run directory resumes only what that directory was made for: other data settings
+    (the cached sequences), another schedule or scheme (the checkpoint), a damaged cache or checkpoint: one line
+    naming the key, exit 2, and the directory's files unchanged."""
+    run = tmp_path / "run"
+    base = ["pipeline=train_drafter", "pipeline.batch=2", "pipeline.anchors_per_seq=2", "pipeline.eval_prompts=2",
+            "pipeline.device=cpu", "runtime.device=cpu", f"hydra.run.dir={run}", "pipeline.prompts=2",
+            "pipeline.prompt_len=8", "pipeline.new_tokens=16", "spec=dflash", "pipeline.steps=2"]
+    assert _run_py(base, tmp_path).returncode == 0
+    files = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "run.log"}
+
+    def refused(extra, *needles):
+        p = _run_py([*base, *extra], tmp_path)
+        _one_line(p.returncode, p.stderr.strip().splitlines(), *needles)
+        assert {p: p.read_bytes() for p in files} == files
+    refused(["pipeline.prompts=4"], "pipeline.prompts=4", "made with pipeline.prompts=2")
+    refused(["pipeline.steps=4"], "pipeline.steps=4", "2-step schedule")
+    refused(["spec=dspark"], "spec=dspark", "another drafter")
+    state = run / "ckpt" / "state.json"
+    state.write_text("garbage")
+    files[state] = b"garbage"
+    refused([], "damaged checkpoint")
+    cache = run / "data.safetensors"
+    cache.write_bytes(cache.read_bytes()[:100])
+    files[cache] = cache.read_bytes()
+    refused([], "data.safetensors cannot be read")
