@@ -153,7 +153,7 @@ def table(rows: list[dict], docs: list[dict | None], quality: list[dict | None],
 def run(cfg, run_dir: Path) -> dict:
     import json
 
-    from synodic.distributed.sweep import run_sweep, validate_trials
+    from synodic.distributed.sweep import check_trials, run_sweep, validate_trials
     p = cfg.pipeline
     study = load_study(p.study)
     rows = rows_of(study, list(p.base), p.mode)
@@ -172,7 +172,9 @@ def run(cfg, run_dir: Path) -> dict:
     quality = [doc(t) for t in trials[len(rows):]] if want_quality else [None] * len(rows)
     tab = table(rows, docs, quality, p.allow_mixed_env)
     _write(run_dir, tab, p.study)
-    return {"rows": tab, "metrics": {"rows": len(tab), "done": sum(r["status"] == "done" for r in tab)}}
+    out = {"rows": tab, "metrics": {"rows": len(tab), "done": sum(r["status"] == "done" for r in tab)}}
+    check_trials([{"overrides": f"arm {r['arm']}", "status": r["status"]} for r in tab], out, "pipeline.study")
+    return out
 
 
 def _write(run_dir: Path, tab: list[dict], study: str) -> None:

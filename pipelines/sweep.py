@@ -38,7 +38,7 @@ class SweepPipeline(Component):
 
 
 def run(cfg, run_dir: Path) -> dict:
-    from synodic.distributed.sweep import expand_grid, run_sweep, validate_trials
+    from synodic.distributed.sweep import check_trials, expand_grid, run_sweep, validate_trials
     from synodic.results.tables import write_table_files
     p = cfg.pipeline
     if not p.grid:
@@ -57,4 +57,6 @@ def run(cfg, run_dir: Path) -> dict:
                       metric=p.metric, label="overrides", title=f"sweep: {p.metric} per trial ({', '.join(axes)})")
     done = sum(r["status"] == "done" for r in rows)
     print(f"sweep: {done} of {len(rows)} trials done; {run_dir / 'sweep.md'}")
-    return {"trials": rows, "metrics": {"trials": len(rows), "done": done, "failed": len(rows) - done}}
+    out = {"trials": rows, "metrics": {"trials": len(rows), "done": done, "failed": len(rows) - done}}
+    check_trials(rows, out, "pipeline.grid")
+    return out

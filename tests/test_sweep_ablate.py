@@ -134,3 +134,31 @@ def test_ablate_pipeline_end_to_end(tmp_path, ray_instance):
     for f in ("ablation.md", "ablation.csv", "ablation.png"):
         assert (tmp_path / f).stat().st_size > 0
     assert json.loads((tmp_path / "grid.json").read_text())
+
+
+def test_a_trial_asking_for_more_than_the_cluster_has_is_refused_up_front():
+    """Tune would wait forever for a GPU that no node has: refused in one line naming the key."""
+    from synodic.config.errors import ConfigError
+    from synodic.distributed.sweep import _check_fits
+    _check_fits({"CPU": 4.0}, 1, 0)
+    for have, cpus, gpus, key in (({"CPU": 4.0}, 1, 1, "pipeline.gpus=1"), ({"CPU": 2.0, "GPU": 1.0}, 3, 1,
+                                                                           "pipeline.cpus=3")):
+        with pytest.raises(ConfigError) as e:
+            _check_fits(have, cpus, gpus)
+        assert len(e.value.lines) == 1 and e.value.lines[0].startswith(key) and "expected" in e.value.lines[0]
+
+
+def test_failed_trials_keep_the_table_and_fail_the_run():
+    """A sweep with a failed trial is not a finished sweep: its rows are kept (PartialResults) and the run exits
+    non-zero; a sweep whose trials all finished returns as usual."""
+    from synodic.config.errors import PartialResults
+    from synodic.distributed.sweep import TrialsFailed, check_trials
+    done = {"overrides": "ssm=eager", "status": "done", "error": ""}
+    check_trials([done], {}, "pipeline.grid")
+    out = {"trials": []}
+    with pytest.raises(PartialResults) as e:
+        check_trials([done, {"overrides": "ssm=replay", "status": "failed", "error": "ValueError: x"}], out,
+                     "pipeline.grid")
+    assert isinstance(e.value.cause, TrialsFailed) and e.value.where == "pipeline.grid"
+    assert "1 of 2 trials failed (first: ssm=replay: ValueError: x)" in str(e.value.cause)
+    assert e.value.payload is out and out["incomplete"]["at"] == "pipeline.grid"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,33 @@ def flat_metrics(doc: dict) -> dict:
     return out
 
 
+class TrialsFailed(RuntimeError):
+    """Some trials of a sweep or study failed; the rest of its table was written."""
+
+
+def check_trials(rows: list[dict], payload: dict, key: str) -> None:
+    """Raise PartialResults (the table kept, one line, a non-zero exit) when any trial failed: a script must not
+    read a sweep whose trials failed as a finished one."""
+    failed = [r for r in rows if r.get("status") != "done"]
+    if not failed:
+        return
+    from synodic.config.errors import PartialResults
+    first = failed[0]
+    err = f": {first['error']}" if first.get("error") else ""
+    why = f"{len(failed)} of {len(rows)} trials failed (first: {first.get('overrides', '')}{err})"
+    payload["incomplete"] = {"at": key, "error": why}
+    raise PartialResults(payload, TrialsFailed(why), key)
+
+
+def _check_fits(have: dict, cpus: float, gpus: float) -> None:
+    from synodic.config.errors import ConfigError
+    for key, want, kind in (("pipeline.gpus", gpus, "GPU"), ("pipeline.cpus", cpus, "CPU")):
+        n = have.get(kind, 0)
+        if want > n:
+            raise ConfigError([f"{key}={want:g}: the Ray cluster has {n:g} {kind}s, so no trial could start; "
+                               f"expected {key} <= {n:g} (or pipeline.ray_address= a cluster with more)"])
+
+
 def run_sweep(trials: list[Trial], sweep_dir: Path, cpus: float, gpus: float, max_failures: int,
               max_concurrent: int | None, ray_address: str | None) -> list[dict]:
     """Every trial run (or read back) on Ray Tune; one row per trial: overrides, hash, status, error, metrics."""
@@ -123,7 +151,8 @@ def run_sweep(trials: list[Trial], sweep_dir: Path, cpus: float, gpus: float, ma
     tdir = sweep_dir / "trials"
     grid = [{"overrides": t.overrides, "trial_dir": str(tdir / t.config_hash)} for t in trials]
     slots = max(1, int(max_concurrent or 2) * max(1, int(cpus)))
-    with ray_session(ray_address, "pipeline.ray_address", num_cpus=slots):
+    with ray_session(ray_address, "pipeline.ray_address", num_cpus=slots) as ray:
+        _check_fits(ray.cluster_resources(), cpus, gpus)  # (a trial asking for more than the cluster has waits forever)
         name, storage = "tune", str(sweep_dir)
         trainable = tune.with_resources(_trainable, {"cpu": cpus, "gpu": gpus})
         exp = sweep_dir / name
@@ -137,7 +166,13 @@ def run_sweep(trials: list[Trial], sweep_dir: Path, cpus: float, gpus: float, ma
                 tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent),
                 run_config=tune.RunConfig(name=name, storage_path=storage, verbose=1,
                                           failure_config=tune.FailureConfig(max_failures=max_failures)))
-        results = tuner.fit()
+        # a failing trial's traceback stays in its error.txt (Tune) and its row names the error: not on the terminal
+        quiet = logging.getLogger("ray.tune.execution.tune_controller")
+        level, quiet.level = quiet.level, logging.CRITICAL
+        try:
+            results = tuner.fit()
+        finally:
+            quiet.setLevel(level)
     rows = []
     by_dir = {}
     for r in results:
