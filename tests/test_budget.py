@@ -75,3 +75,19 @@ def test_train_drafter_batch_that_cannot_fit_is_refused_and_the_default_fits():
         budget.check_fits(compose([*base, "pipeline.batch=20000"]), torch.device("cpu"))
     line = e.value.lines[0]
     assert len(e.value.lines) == 1 and line.startswith("pipeline.batch=20000") and "drafter logits" in line
+
+
+def test_local_cpu_replicas_are_bounded_by_the_machine():
+    """runtime=ray on a local instance: each CPU replica is a process with its own model, so 1000 of them are
+    refused (naming how many fit) before Ray starts any; a cluster address or a few replicas pass."""
+    over = ["runtime=ray", "runtime.device=cpu"]
+    budget.check_fits(compose([*over, "runtime.replicas=4"]), torch.device("cpu"))
+    budget.check_fits(compose([*over, "runtime.replicas=1000", "runtime.address=10.0.0.1:6379"]), torch.device("cpu"))
+    with pytest.raises(ConfigError) as e:
+        budget.check_fits(compose([*over, "runtime.replicas=1000"]), torch.device("cpu"))
+    line = e.value.lines[0]
+    assert len(e.value.lines) == 1 and line.startswith("runtime.replicas=1000:")
+    assert "expected runtime.replicas <=" in line
+    fit = int(line.split("expected runtime.replicas <= ")[1].split()[0])
+    assert 4 <= fit < 1000
+    budget.check_fits(compose([*over, f"runtime.replicas={fit}"]), torch.device("cpu"))

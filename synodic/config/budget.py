@@ -174,6 +174,7 @@ def check_fits(cfg, device, fraction: float = 0.9) -> None:
     have = available_bytes(device)
     est = estimate(cfg, limit=int(fraction * have))
     total = sum(b for _, b in est.values())
+    _check_local_replicas(cfg, device, total, fraction * have)
     if total <= fraction * have:
         return
     what, (key, b) = max(est.items(), key=lambda kv: kv[1][1])
@@ -183,6 +184,27 @@ def check_fits(cfg, device, fraction: float = 0.9) -> None:
     raise ConfigError([f"{name}={val!r}: the run needs an estimated {total / GiB:.1f} GiB ({parts} GiB; "
                        f"{what} the largest) but the {getattr(device, 'type', device)} has {have / GiB:.1f} GiB; "
                        f"expected a smaller {name}{_hint(name)} (or a bigger device)"])
+
+
+# what one CPU replica's process holds beside its model (Python, torch, the Ray worker): ~0.42 GiB measured for
+# tiny models (16 replicas, 6.7 GiB)
+REPLICA_PROCESS_BYTES = int(0.45 * GiB)
+
+
+def _check_local_replicas(cfg, device, per_run: int, room: float) -> None:
+    """runtime=ray on a local instance with CPU replicas: every replica is a process holding its own model and
+    buffers on this machine, so their number is bounded by its memory (Ray itself would start them all)."""
+    rt = cfg.runtime
+    if getattr(rt, "kind", "local") != "ray" or rt.address or getattr(device, "type", str(device)) != "cpu":
+        return
+    n, per = rt.replicas or 1, per_run + REPLICA_PROCESS_BYTES
+    if n * per > room:
+        from .errors import ConfigError
+        fit = max(0, int(room // per))
+        raise ConfigError([f"runtime.replicas={n}: {n} CPU replicas of about {per / GiB:.2f} GiB each (a process, "
+                           f"its model and buffers) need {n * per / GiB:.1f} GiB but this machine has "
+                           f"{room / GiB:.1f} GiB to give; expected runtime.replicas <= {fit} (or runtime.address= "
+                           "a cluster)"])
 
 
 def _hint(name: str) -> str:
