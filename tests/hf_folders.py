@@ -93,4 +93,9 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    # `python -m tests.hf_folders` from the checkout puts the repo root first on sys.path, where its `kernels/`
+    # (synodic.kernels) would shadow Hugging Face's `kernels`, which transformers imports: drop the root
+    import sys
+    _root = Path(__file__).resolve().parents[1]
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _root]
     main()

@@ -123,3 +123,14 @@ def test_cli_exits_2(base, tmp_path):
     r = subprocess.run([sys.executable, "run.py", f"model.weights={d}"], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 2 and "model_type='llama'" in r.stderr, r.stderr[-2000:]
+
+
+def test_the_readme_folder_command_runs_from_the_checkout(tmp_path):
+    """README: `python -m tests.hf_folders nemotron_h DIR` from the repository root, where the root's `kernels/`
+    must not shadow the `kernels` package transformers imports."""
+    out = tmp_path / "hf"
+    p = subprocess.run([sys.executable, "-m", "tests.hf_folders", "nemotron_h", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
+    assert hf_problems(out) == []
