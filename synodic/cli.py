@@ -18,6 +18,19 @@ log = logging.getLogger(__name__)
 
 def execute(dcfg) -> int:
     try:
+        return _execute(dcfg)
+    except KeyboardInterrupt:  # Ctrl-C: one line, not the traceback of wherever the run was
+        if os.environ.get("SYNODIC_TRACEBACK"):
+            raise
+        line = ("interrupted (Ctrl-C) before this run's results.json was written; what it had finished "
+                "(checkpoints, quantized parts, an earlier run's results) is kept")
+        print(f"error: {line}", file=sys.stderr)
+        log.error(line, extra=FILE_ONLY)
+        return 130
+
+
+def _execute(dcfg) -> int:
+    try:
         raw = OmegaConf.to_container(dcfg, resolve=True)
         raw.pop("hydra", None)
         cfg = validate(raw)

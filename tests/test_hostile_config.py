@@ -365,3 +365,29 @@ def test_train_drafter_rerun_with_other_data_or_schedule_is_refused(tmp_path):
     cache.write_bytes(cache.read_bytes()[:100])
     files[cache] = cache.read_bytes()
     refused([], "data.safetensors cannot be read")
+
+
+def test_ctrl_c_is_one_line_and_keeps_an_earlier_result(tmp_path):
+    """SIGINT mid-run: one error line (no traceback), exit 130, and the results.json of an earlier run in the same
+    directory untouched."""
+    import signal
+    import time
+    run = tmp_path / "run"
+    assert _run_py(["workload.max_tokens=2", "runtime.device=cpu", f"hydra.run.dir={run}"], tmp_path).returncode == 0
+    before = (run / "results.json").read_bytes()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("SYNODIC_TRACEBACK", None)
+    log = run / "run.log"
+    size = log.stat().st_size
+    p = subprocess.Popen([sys.executable, str(ROOT / "run.py"), "workload.max_tokens=100000", "runtime.device=cpu",
+                          f"hydra.run.dir={run}"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while log.stat().st_size == size and time.time() < deadline:  # the job has started: it logs its model
+        time.sleep(0.2)
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    lines = err.strip().splitlines()
+    assert p.returncode == 130 and len(lines) == 1 and lines[0].startswith("error: interrupted"), err[-2000:]
+    assert (run / "results.json").read_bytes() == before
