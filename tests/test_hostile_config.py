@@ -266,6 +266,8 @@ def test_python_m_synodic_data(argv, needle, tmp_path, capsys):
     (["bogus=1"], "bogus=1: unknown key; expected one of batch_size"),
     (['overrides={"bogus": 1}'], "overrides.bogus=1: unknown key; expected one of"),
     (["seed=99999999999999999999999"], "seed="),
+    (["model=nemotron_h_8b"], "model='nemotron_h_8b': the run needs an estimated"),  # before the 8B model is built
+    (["batch_size=100000"], "batch_size=100000: the run needs an estimated"),
 ])
 def test_python_m_synodic_train(argv, needle, tmp_path, capsys):
     from synodic.train.__main__ import main

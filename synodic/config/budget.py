@@ -103,6 +103,36 @@ def _train_device(cfg):
     return torch.device(d)
 
 
+def train_estimate(a, p, dev: str, model_key: str, limit: int | None = None, prefix: str = "pipeline."
+                   ) -> dict[str, tuple[str, int]]:
+    """Training's part of `estimate`: fp32 master weights + grads + two AdamW moments (under model_key), and the
+    activations saved for backward, counted (under the batch size's key: prefix + batch_size)."""
+    out = {"weights, grads, AdamW moments": (model_key, n_params(a) * 16)}
+    if limit is not None and out["weights, grads, AdamW moments"][1] > limit:
+        return out
+    from synodic.train.config import default_batch
+    bf16 = p.precision == "bf16" or (p.precision == "auto" and dev == "cuda")
+    batch = p.batch_size or default_batch(dev)
+    out["activations"] = (f"{prefix}batch_size", train_activation_bytes(a, p.seq_len, batch, p.scan_chunk, bf16))
+    return out
+
+
+def refuse_if_over(est: dict, have: int, fraction: float, dev: str, value=None) -> None:
+    """The one-line refusal when the estimate `est` exceeds fraction of `have` bytes, naming its largest part's
+    key (`value(key)`: the key's value when the key does not carry it)."""
+    from .errors import ConfigError
+    total = sum(b for _, b in est.values())
+    if total <= fraction * have:
+        return
+    what, (key, b) = max(est.items(), key=lambda kv: kv[1][1])
+    parts = ", ".join(f"{w} {v / GiB:.1f}" for w, (_, v) in est.items())
+    val = key.split("=", 1)[1] if "=" in key else (value(key) if value else None)
+    name = key.split("=", 1)[0]
+    raise ConfigError([f"{name}={val!r}: the run needs an estimated {total / GiB:.1f} GiB ({parts} GiB; "
+                       f"{what} the largest) but the {dev} has {have / GiB:.1f} GiB; "
+                       f"expected a smaller {name}{_hint(name)} (or a bigger device)"])
+
+
 def estimate(cfg, limit: int | None = None) -> dict[str, tuple[str, int]]:
     """{what: (the key that sizes it, bytes)}. With `limit`, training's activation trace is skipped when
     the weights and optimizer state alone exceed it (an 8B preset's trace takes tens of seconds)."""
@@ -111,17 +141,7 @@ def estimate(cfg, limit: int | None = None) -> dict[str, tuple[str, int]]:
     out = {"model weights": (f"model={cfg.model.kind}", n_params(a) * wbytes)}
     p = cfg.pipeline
     if p.kind == "train":
-        # fp32 master weights + grads + two AdamW moments; activations saved for backward, counted
-        out = {"weights, grads, AdamW moments": (f"model={cfg.model.kind}", n_params(a) * 16)}
-        if limit is not None and out["weights, grads, AdamW moments"][1] > limit:
-            return out
-        from synodic.train.config import default_batch
-        dev = _train_device(cfg).type
-        bf16 = p.precision == "bf16" or (p.precision == "auto" and dev == "cuda")
-        batch = p.batch_size or default_batch(dev)
-        out["activations"] = ("pipeline.batch_size",
-                              train_activation_bytes(a, p.seq_len, batch, p.scan_chunk, bf16))
-        return out
+        return train_estimate(a, p, _train_device(cfg).type, f"model={cfg.model.kind}", limit)
     if p.kind == "train_drafter":
         # the frozen target's weights and one no-grad forward's residual streams; the drafter's fp32 logits over
         # every trained block position dominate what it saves (logits, softmax, the target's, the gradient)
@@ -168,22 +188,13 @@ def estimate(cfg, limit: int | None = None) -> dict[str, tuple[str, int]]:
 
 
 def check_fits(cfg, device, fraction: float = 0.9) -> None:
-    from .errors import ConfigError
     if cfg.pipeline.kind in ("train", "train_drafter"):
         device = _train_device(cfg)  # what the trainer will use, not the runtime group's device
     have = available_bytes(device)
     est = estimate(cfg, limit=int(fraction * have))
     total = sum(b for _, b in est.values())
     _check_local_replicas(cfg, device, total, fraction * have)
-    if total <= fraction * have:
-        return
-    what, (key, b) = max(est.items(), key=lambda kv: kv[1][1])
-    parts = ", ".join(f"{w} {v / GiB:.1f}" for w, (_, v) in est.items())
-    val = key.split("=", 1)[1] if "=" in key else _value(cfg, key)
-    name = key.split("=", 1)[0]
-    raise ConfigError([f"{name}={val!r}: the run needs an estimated {total / GiB:.1f} GiB ({parts} GiB; "
-                       f"{what} the largest) but the {getattr(device, 'type', device)} has {have / GiB:.1f} GiB; "
-                       f"expected a smaller {name}{_hint(name)} (or a bigger device)"])
+    refuse_if_over(est, have, fraction, getattr(device, "type", device), lambda key: _value(cfg, key))
 
 
 # what one CPU replica's process holds beside its model (Python, torch, the Ray worker): ~0.42 GiB measured for
@@ -208,7 +219,7 @@ def _check_local_replicas(cfg, device, per_run: int, room: float) -> None:
 
 
 def _hint(name: str) -> str:
-    return {"pipeline.batch_size": " or pipeline.seq_len",
+    return {"pipeline.batch_size": " or pipeline.seq_len", "batch_size": " or seq_len",
             "pipeline.batch": " or pipeline.anchors_per_seq"}.get(name, "")
 
 

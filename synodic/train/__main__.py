@@ -28,6 +28,19 @@ def main(argv: list[str]) -> int:
         return _main(parse_kv(argv, __doc__, TrainPipeline), PRESETS, HybridConfig, TrainPipeline, train)
 
 
+def _check_fits(arch, s, preset: str) -> None:
+    """run.py's memory estimate for training (synodic/config/budget.py), refused in one line before the model is
+    built: an 8B preset in fp32 with AdamW does not fit a workstation."""
+    import torch
+
+    from synodic.config import budget
+    from synodic.train.config import default_batch
+    dev = s.device if s.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    have = budget.available_bytes(torch.device(dev))
+    est = budget.train_estimate(arch, s, dev, f"model={preset}", limit=int(0.9 * have), prefix="")
+    budget.refuse_if_over(est, have, 0.9, dev, lambda key: s.batch_size or default_batch(dev))
+
+
 def _main(kv, PRESETS, HybridConfig, TrainPipeline, train) -> int:
     from synodic.config.errors import ConfigError
     preset = kv.pop("model", "tiny_mamba2")
@@ -53,6 +66,7 @@ def _main(kv, PRESETS, HybridConfig, TrainPipeline, train) -> int:
         arch = HybridConfig.model_validate({**PRESETS[preset].model_dump(), **overrides})
     except ValidationError as e:  # name the key as given: overrides.<field>
         raise ConfigError([f"overrides.{line}" for line in format_validation_error(e, model=HybridConfig)]) from None
+    _check_fits(arch, s, preset)
     res = train(s, out, arch)
     res["config"] = {"model": preset, "overrides": overrides, "pipeline": s.model_dump(mode="json")}
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
