@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from synodic.config.netcheck import RayAddress
 from synodic.config.registry import Component, register
 
 ENV_KEYS = ("device", "device_name", "torch", "triton", "git_commit")
@@ -32,7 +33,7 @@ class AblatePipeline(Component):
     gpus: float = Field(0.0, ge=0, description="GPUs per row's run")
     max_failures: int = Field(1, ge=0, description="retries of a row whose run failed")
     max_concurrent: int | None = Field(None, ge=1, description="runs at once; null: as Ray's resources allow")
-    ray_address: str | None = Field(None, description="Ray cluster to join; null: a local one")
+    ray_address: RayAddress = Field(None, description="Ray cluster to join; null: a local one")
 
 
 def load_study(study: str) -> dict:

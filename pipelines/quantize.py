@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from synodic.config.netcheck import RayAddress
 from synodic.config.registry import Component, register
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ class QuantizePipeline(Component):
     executor: Literal["ray", "inline"] = Field("ray", description="ray: one Ray task per layer group; inline: "
                                                "groups solved one after another in this process")
     workers: int = Field(2, ge=1, description="layer groups solved at once (Ray tasks; CPUs of a local Ray instance)")
-    ray_address: str | None = Field(None, description="Ray cluster to join ('auto', 'host:port', 'ray://...'), "
+    ray_address: RayAddress = Field(None, description="Ray cluster to join ('auto', 'host:port', 'ray://...'), "
                                     "checked and joined as runtime.address is (synodic/distributed/cluster.py); "
                                     "null: start a local instance")
     store: str | None = Field(None, description="store root; null: outputs/quant_store, or $SYNODIC_QUANT_STORE")

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from synodic.config.netcheck import RayAddress
 from synodic.config.registry import Component, register
 
 
@@ -25,7 +26,7 @@ class SweepPipeline(Component):
     gpus: float = Field(0.0, ge=0, description="GPUs per trial (fractions share a GPU)")
     max_failures: int = Field(1, ge=0, description="retries of a trial whose worker died or that raised")
     max_concurrent: int | None = Field(None, ge=1, description="trials at once; null: as Ray's resources allow")
-    ray_address: str | None = Field(None, description="Ray cluster to join ('auto', 'host:port'); null: a local one")
+    ray_address: RayAddress = Field(None, description="Ray cluster to join ('auto', 'host:port'); null: a local one")
 
     @field_validator("metric")
     @classmethod

@@ -393,3 +393,20 @@ def test_ctrl_c_is_one_line_and_keeps_an_earlier_result(tmp_path):
     lines = err.strip().splitlines()
     assert p.returncode == 130 and len(lines) == 1 and lines[0].startswith("error: interrupted"), err[-2000:]
     assert (run / "results.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("argv", [["runtime=ray", "runtime.address=localhost:notaport"],
+                                  ["runtime=ray", "runtime.address=somehost"],
+                                  ["runtime=ray", "runtime.address=''"],
+                                  ["pipeline=quantize", "quant=mxfp4", "pipeline.ray_address=localhost:99999"],
+                                  ["pipeline=sweep", "pipeline.ray_address=ray://h:"]])
+def test_ray_address_of_the_wrong_form(argv):
+    """Ray's own parse errors were tracebacks (and '' silently meant null)."""
+    key = argv[-1].split("=")[0]
+    _one_line(*check(argv), f"{key}=", "expected 'auto', 'host:port'")
+
+
+def test_ray_address_forms_that_pass():
+    from synodic.config.netcheck import address_form
+    for a in (None, "auto", "10.0.0.1:6379", "ray://head:10001", "[::1]:6379"):
+        assert address_form(a) == a

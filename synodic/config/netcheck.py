@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import socket
+from typing import Annotated
+
+from pydantic import AfterValidator
 
 
 def unreachable(address: str, timeout_s: float = 3.0) -> str | None:
@@ -16,3 +19,18 @@ def unreachable(address: str, timeout_s: float = 3.0) -> str | None:
             return None
     except OSError as e:
         return f"nothing accepts connections at {host}:{port} ({e.strerror or type(e).__name__})"
+
+
+def address_form(address: str | None) -> str | None:
+    """A Ray address as the fields take it (null, 'auto', 'host:port' or 'ray://host:port'), checked for its form:
+    Ray's own parse errors are tracebacks, and an empty string would silently mean null."""
+    if address is None or address == "auto":
+        return address
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError("expected 'auto', 'host:port' (a port 1-65535), 'ray://host:port', or null to start a "
+                         "local Ray instance")
+    return address
+
+
+RayAddress = Annotated[str | None, AfterValidator(address_form)]

@@ -3,6 +3,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from synodic.config.netcheck import RayAddress
 from synodic.config.registry import Component, register
 
 
@@ -42,7 +43,7 @@ class RayRuntime(LocalRuntime):
     gpus_per_replica: int = Field(1, ge=1, description="GPUs per replica (1: each replica runs the whole model on "
                                   "one GPU; more needs tensor parallelism, which synodic does not have)")
     cpus_per_replica: int = Field(1, ge=1, description="CPUs per replica (its torch threads on a CPU replica)")
-    address: str | None = Field(None, description="Ray cluster to join: 'auto', 'host:port' or 'ray://host:port'; "
+    address: RayAddress = Field(None, description="Ray cluster to join: 'auto', 'host:port' or 'ray://host:port'; "
                                 "null: start a local Ray instance for the run")
     router: Literal["least_loaded", "round_robin"] = Field(
         "least_loaded", description="which replica takes the next requests: least_loaded = the fewest outstanding "
