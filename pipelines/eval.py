@@ -132,6 +132,13 @@ def run(cfg, run_dir: Path) -> dict:
              f"pipeline.max_tokens={len(stream)} scores all of them")
     if limit:
         stream = stream[:limit + 1]
+    if rcfg is not None and len(stream) < p.seq_len + 1:  # compare() scores whole windows only
+        from synodic.config import ConfigError
+        key, val = (("pipeline.max_tokens", p.max_tokens) if p.max_tokens and p.max_tokens < p.seq_len else
+                    ("pipeline.text", p.text) if p.text else ("pipeline.seq_len", p.seq_len))
+        raise ConfigError([f"{key}={val!r} with pipeline.reference: {len(stream)} tokens of text hold no window of "
+                           f"pipeline.seq_len={p.seq_len}; expected at least {p.seq_len + 1} tokens (a larger "
+                           "pipeline.max_tokens, a longer pipeline.text or a smaller pipeline.seq_len)"])
     tb = tok.token_bytes()
     n_bytes = sum(tb[i] for i in stream[1:].tolist())
     dec = p.path == "decode"

@@ -410,3 +410,14 @@ def test_ray_address_forms_that_pass():
     from synodic.config.netcheck import address_form
     for a in (None, "auto", "10.0.0.1:6379", "ray://head:10001", "[::1]:6379"):
         assert address_form(a) == a
+
+
+def test_eval_reference_without_a_whole_window(tmp_path):
+    """The comparison with a reference scores whole windows: a text or max_tokens shorter than one is refused in
+    one line before any scoring (it was a ValueError from the comparison)."""
+    (tmp_path / "t.txt").write_text("hello world\n")
+    for extra, key in (([f"pipeline.text={tmp_path / 't.txt'}"], "pipeline.text="),
+                       (["pipeline.max_tokens=100"], "pipeline.max_tokens=100")):
+        p = _run_py(["pipeline=eval", "quant=mxfp4", "pipeline.reference={quant: {kind: none}}", *extra,
+                     "runtime.device=cpu", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+        _one_line(p.returncode, p.stderr.strip().splitlines(), key, "hold no window of pipeline.seq_len=2048")
