@@ -421,3 +421,14 @@ def test_eval_reference_without_a_whole_window(tmp_path):
         p = _run_py(["pipeline=eval", "quant=mxfp4", "pipeline.reference={quant: {kind: none}}", *extra,
                      "runtime.device=cpu", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
         _one_line(p.returncode, p.stderr.strip().splitlines(), key, "hold no window of pipeline.seq_len=2048")
+
+
+@pytest.mark.parametrize("name,make", [("results.json", "dir"), ("run.log", "dir"), (".synodic.lock", "dir"),
+                                       (".hydra", "file")])
+def test_run_dir_entry_of_the_wrong_kind(tmp_path, name, make):
+    """A directory where the run writes a file (or the reverse) was a traceback mid-run, or after the whole run
+    for results.json: refused before Hydra starts."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / name).mkdir() if make == "dir" else (run / name).write_text("x")
+    _one_line(*check(["workload.max_tokens=2", f"hydra.run.dir={run}"]), "hydra.run.dir=", f"{name} there is a")

@@ -279,10 +279,26 @@ def _run_dir_problem(overrides: list[str], key: str = "hydra.run.dir") -> str | 
     if "${" in path:  # an interpolation (e.g. ${now:...}): its fixed prefix is what must be creatable
         path = path.split("${", 1)[0] or "."
     why = writable_dir_problem(path)
+    if why is None and given and key == "hydra.run.dir" and path == given[-1]:
+        why = _run_dir_entry_problem(Path(path))
     if why is None:
         return None
     where = f"{key}={path!r}" if given else f"{key} ({default}/ under {os.getcwd()})"
     return f"{where}: {why}"
+
+
+# what a run writes into its directory, by kind: one of another kind in the way is a traceback mid-run (or, for
+# results.json, after the whole run)
+_RUN_DIR_ENTRIES = {"results.json": "file", "run.log": "file", ".synodic.lock": "file", ".hydra": "directory"}
+
+
+def _run_dir_entry_problem(run_dir: Path) -> str | None:
+    for name, kind in _RUN_DIR_ENTRIES.items():
+        p = run_dir / name
+        if p.exists() and p.is_dir() != (kind == "directory"):
+            other = "directory" if p.is_dir() else "file"
+            return f"{name} there is a {other}; expected a {kind} of the run's own (or nothing) by that name"
+    return None
 
 
 def _given(flags: list[str], key: str) -> str | None:
