@@ -72,6 +72,7 @@ def quantize_to_store(model, qcfg, store_root: Path | str | None = None, *, exec
     identity = apply.model_identity(model)
     key = apply.artifact_hash(identity, qcfg)
     adir = Path(store_root or store.default_store()) / key
+    _check_store_paths(store_root, adir, adir.with_name(f".{key}.lock"))
     # one process per store entry: a second quantize of the same weights + config fails in one line
     with exclusive(adir.with_name(f'.{key}.lock'), 'quant.artifact', adir):
         if overwrite and adir.exists():
@@ -152,6 +153,25 @@ def _bytes(model, names, fmt) -> dict:
     n = sum(mods[x].weight.numel() for x in names)
     dense = sum(mods[x].weight.numel() * mods[x].weight.element_size() for x in names)
     return {"params": n, "dense": dense, "packed": int(n * get_format(fmt).bits_per_element / 8)}
+
+
+def _check_store_paths(store_root, adir: Path, lock: Path) -> None:
+    """The store root and this artifact's entry must be directories and its lock a file (or absent): a file or
+    folder of the other kind in the way is refused in one line naming where the store came from."""
+    import os
+
+    from synodic.config.errors import ConfigError
+    from synodic.quant import store
+    if store_root:
+        key = f"pipeline.store={str(store_root)!r}"
+    elif os.environ.get(store.STORE_ENV):
+        key = f"{store.STORE_ENV}={os.environ[store.STORE_ENV]!r}"
+    else:
+        key = f"pipeline.store=null ({adir.parent})"
+    for p, want in ((adir.parent, "directory"), (adir, "directory"), (lock, "file")):
+        if p.exists() and p.is_dir() != (want == "directory"):
+            raise ConfigError([f"{key}: {p} is a {'directory' if p.is_dir() else 'file'}; expected a {want} "
+                               "(or nothing) there"])
 
 
 def _run_ray(todo, task_args, adir, qcfg, workers, ray_address, device, threads, finished):

@@ -432,3 +432,29 @@ def test_run_dir_entry_of_the_wrong_kind(tmp_path, name, make):
     run.mkdir()
     (run / name).mkdir() if make == "dir" else (run / name).write_text("x")
     _one_line(*check(["workload.max_tokens=2", f"hydra.run.dir={run}"]), "hydra.run.dir=", f"{name} there is a")
+
+
+def test_store_and_cache_paths_of_the_wrong_kind(tmp_path, monkeypatch):
+    """The quantization store's root and entry must be directories and an entry's lock a file; the token cache
+    ($SYNODIC_CACHE) a directory: refused in one line naming where the path came from (tracebacks before)."""
+    from pipelines.quantize import _check_store_paths
+    from synodic.data.prepare import cache_root
+    f = tmp_path / "f"
+    f.write_text("x")
+    entry = tmp_path / "store" / "abc"
+    entry.parent.mkdir()
+    _check_store_paths(str(entry.parent), entry, entry.with_name(".abc.lock"))  # nothing there yet: fine
+    entry.write_text("x")
+    lines = _config_error(lambda: _check_store_paths(str(entry.parent), entry, entry.with_name(".abc.lock")),
+                          "pipeline.store=", "abc is a file; expected a directory")
+    entry.unlink()
+    entry.with_name(".abc.lock").mkdir()
+    _config_error(lambda: _check_store_paths(None, entry, entry.with_name(".abc.lock")), "is a directory; expected "
+                  "a file")
+    monkeypatch.setenv("SYNODIC_QUANT_STORE", str(f))
+    _config_error(lambda: _check_store_paths(None, f / "abc", f / ".abc.lock"), "SYNODIC_QUANT_STORE=")
+    monkeypatch.setenv("SYNODIC_CACHE", str(f))
+    _config_error(cache_root, "SYNODIC_CACHE=", "is a file; expected a directory")
+    monkeypatch.setenv("SYNODIC_CACHE", str(tmp_path / "cache"))
+    assert cache_root() == tmp_path / "cache"
+    assert len(lines) == 1

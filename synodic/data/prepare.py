@@ -29,7 +29,15 @@ class Prepared:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("SYNODIC_CACHE") or Path.home() / ".cache" / "synodic")
+    """The token cache's root: $SYNODIC_CACHE or ~/.cache/synodic; a file there is refused in one line."""
+    env = os.environ.get("SYNODIC_CACHE")
+    root = Path(env or Path.home() / ".cache" / "synodic")
+    bad = next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), None)
+    if bad is not None:
+        from synodic.config.errors import ConfigError
+        key = f"SYNODIC_CACHE={env!r}" if env else f"the token cache ({root})"
+        raise ConfigError([f"{key}: {bad} is a file; expected a directory (or nothing) there"])
+    return root
 
 
 def _key(data: list[str], tokenizer: str, vocab_size: int) -> str:
