@@ -32,6 +32,10 @@ def test_grid_expansion_and_a_bad_trial_refuse_the_sweep():
         validate_trials(expand_grid({"spec": ["none", "bogus"]}, BASE), "pipeline.grid")
     assert e.value.lines == [f"pipeline.grid: trial 1 ({' '.join([*BASE, 'spec=bogus'])}): spec='bogus': unknown "
                              "option; expected one of dflash, dflash2, dspark, ngram, none"]
+    with pytest.raises(ConfigError) as e:  # a trial's own Ray address would be ignored: trials run on the sweep's
+        validate_trials([[*BASE, "runtime=ray", "runtime.replicas=1", "runtime.address=10.0.0.1:6379"]],
+                        "pipeline.grid")
+    assert len(e.value.lines) == 1 and "a Ray address ('10.0.0.1:6379') inside a sweep" in e.value.lines[0]
 
 
 def test_multirun_with_a_bad_job_fails_before_the_first_job():

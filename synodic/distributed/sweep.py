@@ -60,6 +60,11 @@ def validate_trials(trial_overrides: list[list[str]], key: str, noun: str = "tri
             problems.append(f"{key}: {noun} {i} ({' '.join(over)}): pipeline={cfg.pipeline.kind} inside a sweep; "
                             f"expected a pipeline a trial runs (decode, bench, eval, ...)")
             continue
+        addr = getattr(cfg.runtime, "address", None) or getattr(cfg.pipeline, "ray_address", None)
+        if addr:  # a trial runs inside the sweep's Ray instance, which a Ray session inside it joins as it is
+            problems.append(f"{key}: {noun} {i} ({' '.join(over)}): a Ray address ({addr!r}) inside a sweep; "
+                            "expected pipeline.ray_address of the sweep (its trials run on the sweep's cluster)")
+            continue
         trials.append(Trial(over, config_hash(cfg), cfg))
     if problems:
         raise ConfigError(problems)
