@@ -126,8 +126,8 @@ def _check_pages(graph, b: int, p: BenchPipeline) -> None:
         from synodic.config.errors import ConfigError
         what = "stagger + warmup + steps + 2" if T == 1 else f"(stagger + warmup + steps + 2) x {T}"
         raise ConfigError([f"kv.num_blocks={blocks.num_blocks}: batch {b} x {total} tokens (prompt_len + {what}) "
-                           f"needs {need} pages of {blocks.block_size}; expected kv.num_blocks >= {need} or fewer "
-                           "pipeline.steps"])
+                           f"needs {need} pages of {blocks.block_size}; expected kv.num_blocks >= {need} or "
+                           f"{'a shorter pipeline.prompt_len' if p.prompt_len >= p.steps else 'fewer pipeline.steps'}"])
 
 
 def reference_outputs(graph, b: int, p: BenchPipeline) -> dict[int, list[int]]:

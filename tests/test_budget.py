@@ -91,3 +91,11 @@ def test_local_cpu_replicas_are_bounded_by_the_machine():
     fit = int(line.split("expected runtime.replicas <= ")[1].split()[0])
     assert 4 <= fit < 1000
     budget.check_fits(compose([*over, f"runtime.replicas={fit}"]), torch.device("cpu"))
+
+
+def test_train_drafter_estimate_names_the_long_prompt_not_the_batch():
+    cfg = compose(["pipeline=train_drafter", "spec=dflash", "pipeline.batch=2", "pipeline.prompt_len=1000000",
+                   "pipeline.device=cpu", "runtime.device=cpu"])
+    with pytest.raises(ConfigError) as e:
+        budget.check_fits(cfg, torch.device("cpu"))
+    assert e.value.lines[0].startswith("pipeline.prompt_len=1000000:"), e.value.lines

@@ -147,7 +147,10 @@ def estimate(cfg, limit: int | None = None) -> dict[str, tuple[str, int]]:
         # every trained block position dominate what it saves (logits, softmax, the target's, the gradient)
         gamma = getattr(cfg.spec, "num_speculative_tokens", 7)
         seq = p.prompt_len + p.new_tokens
-        out["target forward"] = ("pipeline.batch", p.batch * seq * a.hidden_size * 4 * (a.num_hidden_layers + 1)
+        # named by what is furthest above the recipe's default (batch 32 of 32 + 96 tokens)
+        seq_key = "pipeline.prompt_len" if p.prompt_len >= p.new_tokens else "pipeline.new_tokens"
+        out["target forward"] = ("pipeline.batch" if p.batch / 32 >= seq / 128 else seq_key,
+                                 p.batch * seq * a.hidden_size * 4 * (a.num_hidden_layers + 1)
                                  + p.batch * seq * a.vocab_size * 4)
         out["drafter logits and gradients"] = ("pipeline.batch",
                                                4 * p.batch * p.anchors_per_seq * gamma * a.vocab_size * 4)
@@ -220,7 +223,8 @@ def _check_local_replicas(cfg, device, per_run: int, room: float) -> None:
 
 def _hint(name: str) -> str:
     return {"pipeline.batch_size": " or pipeline.seq_len", "batch_size": " or seq_len",
-            "pipeline.batch": " or pipeline.anchors_per_seq"}.get(name, "")
+            "pipeline.batch": " or pipeline.anchors_per_seq", "pipeline.prompt_len": " or pipeline.new_tokens",
+            "pipeline.new_tokens": " or pipeline.prompt_len"}.get(name, "")
 
 
 def _value(cfg, key: str):
