@@ -70,6 +70,12 @@ CASES = {
                                           n_group=3), "n_group=3"),
     "tensor_missing": (lambda d: _edit_config(d, layers_block_type=["mamba", "mlp", "attention", "mamba", "mlp",
                                                                     "mamba", "mlp"]), "backbone.layers.6."),
+    # generation would never stop at an EOS outside the vocabulary; a tokenizer folder silently meant raw bytes
+    "eos_past_vocab": (lambda d: (d / "generation_config.json").write_text('{"eos_token_id": 1000000000}'),
+                       "eos_token_id=1000000000; expected a token id below vocab_size=320"),
+    "eos_negative": (lambda d: _edit_config(d, eos_token_id=[-5]), "eos_token_id=-5"),
+    "tokenizer_dir": (lambda d: ((d / "tokenizer.json").unlink(missing_ok=True), (d / "tokenizer.json").mkdir()),
+                      "tokenizer.json is a directory"),
 }
 
 

@@ -80,6 +80,8 @@ def hf_problems(d: str | Path) -> list[str]:
 
 def _check_tokenizer(d: Path, vocab: int) -> None:
     tj = d / "tokenizer.json"
+    require(not tj.is_dir(), f"{tj} is a directory; expected a Hugging Face tokenizers file (or none: raw bytes)")
+    _check_eos(d, vocab)
     if not tj.is_file():
         return
     try:
@@ -91,6 +93,18 @@ def _check_tokenizer(d: Path, vocab: int) -> None:
     n = tok.get_vocab_size(with_added_tokens=True)
     require(n <= vocab, f"{tj} has {n} tokens; expected at most vocab_size={vocab} (config.json: the embedding's "
                         "rows)")
+
+
+def _check_eos(d: Path, vocab: int) -> None:
+    """An EOS id from generation_config.json / config.json must be a token of the model: outside the vocabulary,
+    generation would never stop at it."""
+    for name in ("generation_config.json", "config.json"):
+        p = d / name
+        if p.is_file():
+            v = read_json(p, "a JSON object").get("eos_token_id")
+            for x in (v if isinstance(v, list) else [v]):
+                if isinstance(x, int) and not isinstance(x, bool):
+                    require(0 <= x < vocab, f"{p}: eos_token_id={x}; expected a token id below vocab_size={vocab}")
 
 
 def eos_id(d: str | Path, tok) -> int | None:
