@@ -194,13 +194,13 @@ def main(argv=None) -> int:
                     "(trained) with its distilled indexers as a checkpoint (model.weights=DIR)")
     args = ap.parse_args(argv)
     if args.save_distilled and not args.distill_steps:
-        raise SystemExit(f"locality: --save-distilled={args.save_distilled} needs --distill-steps > 0")
+        ap.error(f"argument --save-distilled: {args.save_distilled}: expected --distill-steps > 0 with it")
     for key, v, ok in (("tokens", args.tokens, args.tokens >= 16), ("steps", args.steps, 1 <= args.steps < args.tokens),
                        ("top-k", args.top_k, 1 <= args.top_k < args.tokens), ("buffer", args.buffer, args.buffer >= 1),
                        ("distill-steps", args.distill_steps, args.distill_steps >= 0)):
         if not ok:
-            raise SystemExit(f"locality: --{key}={v} is out of range (tokens >= 16, 1 <= steps < tokens, "
-                             "1 <= top-k < tokens, buffer >= 1, distill-steps >= 0)")
+            ap.error(f"argument --{key}: {v}: out of range; expected tokens >= 16, 1 <= steps < tokens, "
+                     "1 <= top-k < tokens, buffer >= 1, distill-steps >= 0")
     from synodic.graph import load_model
     from synodic.models.choice import ModelChoice
     train_tokens = 8 * 512 if args.distill_steps else 0  # training windows follow the measured one

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._cli import positive_int
+
 POLICIES = ("resident", "hisparse", "adaptive")
 
 
@@ -80,11 +82,11 @@ def main(argv=None):
     ap.add_argument("--out", default="profile_step")
     ap.add_argument("--smoke", action="store_true", help="tiny_dsa on the CPU (automatic without CUDA)")
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--prompt-len", type=int)
-    ap.add_argument("--requests", type=int)
-    ap.add_argument("--top-k", type=int)
-    ap.add_argument("--block-size", type=int)
-    ap.add_argument("--output-len", type=int, default=12)
+    ap.add_argument("--prompt-len", type=positive_int)
+    ap.add_argument("--requests", type=positive_int)
+    ap.add_argument("--top-k", type=positive_int)
+    ap.add_argument("--block-size", type=positive_int)
+    ap.add_argument("--output-len", type=positive_int, default=12)
     ap.add_argument("--pool-fraction", type=float, default=0.75,
                     help="tiered policies' device pool as a fraction of the requests' pages")
     ap.add_argument("--profile-step", type=int, default=7, help="which decode step (0-based) is profiled")
@@ -98,9 +100,12 @@ def main(argv=None):
     a.policies = [p for p in a.policies.split(",") if p]
     bad = [p for p in a.policies if p not in POLICIES]
     if bad:
-        raise SystemExit(f"--policies: unknown {bad}; expected some of {list(POLICIES)}")
+        ap.error(f"argument --policies: unknown {bad}; expected some of {list(POLICIES)}")
     if not 0 <= a.profile_step < a.output_len - 1:
-        raise SystemExit(f"--profile-step={a.profile_step}: expected 0 <= step < output-len - 1 = {a.output_len - 1}")
+        ap.error(f"argument --profile-step: {a.profile_step}: expected 0 <= step < output-len - 1 = {a.output_len - 1}")
+    if not 0 < a.pool_fraction <= 1:
+        ap.error(f"argument --pool-fraction: {a.pool_fraction}: expected a number in (0, 1] (the tiered policies' "
+                 "device pool as a share of the requests' pages)")
     return profile(a)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._cli import out_file
+from benchmarks._cli import compose_or_exit, out_file, positive_int
 
 GPU = dict(model="dsa_mla_7b", device="cuda", prompt_len=6144, requests=8, steps=24, top_k=2048, hot_buffer=None,
            block_size=64, gamma=3)
@@ -38,12 +38,15 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def build_overrides(a) -> list[str]:
+    return [f"model={a.model}", f"model.weights={a.weights}", f"runtime.device={a.device}",
+            f"runtime.max_slots={a.requests}", "runtime.cuda_graphs=false"]
+
+
 def build(a):
     from synodic.config.compose import compose
     from synodic.graph import build_graph
-    over = [f"model={a.model}", f"model.weights={a.weights}", f"runtime.device={a.device}",
-            f"runtime.max_slots={a.requests}", "runtime.cuda_graphs=false"]
-    cfg = compose(over)
+    cfg = compose(build_overrides(a))
     return build_graph(cfg, max_seq_len=a.prompt_len + a.steps * (a.gamma + 1) + 8, window=a.gamma + 1)
 
 
@@ -130,12 +133,17 @@ def parse(argv):
     for k in ("model", "device"):
         ap.add_argument(f"--{k}")
     for k in ("prompt_len", "requests", "steps", "top_k", "hot_buffer", "block_size", "gamma"):
-        ap.add_argument(f"--{k.replace('_', '-')}", type=int)
+        ap.add_argument(f"--{k.replace('_', '-')}", type=positive_int)
     a = ap.parse_args(argv)
     prof = SMOKE if a.smoke or not torch.cuda.is_available() else GPU
     for k, v in prof.items():
         if getattr(a, k, None) is None:
             setattr(a, k, v)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        ap.error("argument --device: 'cuda': no CUDA device on this machine; expected cpu")
+    # the model and weights before any work (a ConfigError from build() would be a traceback)
+    compose_or_exit(ap, build_overrides(a), {"model.weights": "--weights", "model": "--model",
+                                             "runtime.device": "--device", "runtime.max_slots": "--requests"})
     return a
 
 

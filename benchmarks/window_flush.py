@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -53,6 +54,9 @@ def main(argv=None) -> None:
     ap.add_argument("--share", type=positive_float, default=0.25, help="rows whose ring the flush folds")
     ap.add_argument("--tiny", action="store_true", help="small shapes, checks only (CPU: TRITON_INTERPRET=1)")
     a = ap.parse_args(argv)
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        ap.error("the flush kernels need a CUDA GPU; on the CPU: TRITON_INTERPRET=1 python -m benchmarks.window_flush "
+                 "--tiny (checks only)")
     cuda = torch.cuda.is_available() and not a.tiny
     device, shape, L, T = ("cuda" if cuda else "cpu"), (SHAPE if cuda else TINY), 16, 4
     batches = a.batches if cuda else [3]

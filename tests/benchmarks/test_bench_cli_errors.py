@@ -7,9 +7,12 @@ import pytest
 from benchmarks import (
     closed_gate,
     hf_load,
+    kv_locality,
     kv_long,
     kv_long_spec,
     kv_measure,
+    kv_profile_step,
+    kv_window,
     ray_scaling,
     spec_decode,
     spec_profile,
@@ -67,6 +70,15 @@ CASES = {
     "closed_gate --batches 0": (closed_gate.main, ["--batches", "0"], ["--batches", "'0'"]),
     "closed_gate --schemes bogus": (closed_gate.main, ["--schemes", "bogus"], ["--schemes", "spec='bogus'"]),
     "ssm_decode --batches 1,x": (ssm_decode.main, ["--batches", "1,x"], ["--batches", "'1,x'"]),
+    "kv_window --weights": (kv_window.main, ["--smoke", "--weights", "/nonexistent"], ["--weights", "/nonexistent"]),
+    "kv_window --steps 0": (kv_window.main, ["--smoke", "--steps", "0"], ["--steps", "'0'", "integer >= 1"]),
+    "kv_window --gamma 0": (kv_window.main, ["--smoke", "--gamma", "0"], ["--gamma", "'0'"]),
+    "kv_profile_step --policies": (kv_profile_step.main, ["--smoke", "--policies", "bogus"], ["--policies", "bogus"]),
+    "kv_profile_step --profile-step": (kv_profile_step.main, ["--smoke", "--profile-step", "100000"],
+                                       ["--profile-step", "100000"]),
+    "kv_profile_step --pool-fraction": (kv_profile_step.main, ["--smoke", "--pool-fraction", "-1"],
+                                        ["--pool-fraction", "(0, 1]"]),
+    "kv_locality --tokens 0": (kv_locality.main, ["--tokens", "0"], ["--tokens", "out of range"]),
 }
 
 
@@ -75,7 +87,8 @@ def test_bad_argument_is_one_line_exit_2(case, tmp_path, capsys):
     main, argv, expected = CASES[case]
     (tmp_path / "a_file").write_text("not a directory\n")
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    if "--out" not in argv and main is not sps_profile.main:  # (sps_profile has no --out: it writes nothing here)
+    # (sps_profile has no --out: it writes nothing here; kv_profile_step's --out is a directory)
+    if "--out" not in argv and main not in (sps_profile.main, kv_profile_step.main):
         argv += ["--out", str(tmp_path / "out.json")]
     before = sorted(p.name for p in tmp_path.iterdir())
     line = error_line(capsys, main, argv)
@@ -95,3 +108,12 @@ def test_ray_scaling_keeps_run_py_exit_2(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "runtime.replicas=0" in err[0]
     assert not (tmp_path / "rs.json").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the message is for a machine without CUDA")
+def test_window_flush_without_cuda_or_the_interpreter(tmp_path, monkeypatch, capsys):
+    from benchmarks import window_flush
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    line = error_line(capsys, window_flush.main, ["--out", str(tmp_path / "w.json")])
+    assert "need a CUDA GPU" in line and "TRITON_INTERPRET=1" in line
+    assert not (tmp_path / "w.json").exists()
