@@ -113,6 +113,22 @@ class _Cluster:
     (["runtime.replicas=null"], {"CPU": 16.0}, "runtime.replicas=null"),
     (["runtime.replicas=2", "runtime.device=cuda"], {"CPU": 16.0}, "runtime.device='cuda'"),
 ])
+def test_a_local_instance_is_planned_before_ray_starts(monkeypatch):
+    """runtime.replicas=null on a machine without a GPU: refused before a local Ray instance starts (and logs)."""
+    import synodic.distributed.cluster as cluster
+
+    @contextmanager
+    def no_session(*a, **k):
+        raise AssertionError("Ray started before the plan was refused")
+        yield
+    monkeypatch.setattr(cluster, "ray_session", no_session)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 0)
+    with pytest.raises(ConfigError) as e:
+        RayExecutor(compose(["runtime=ray", "runtime.replicas=null"])).serve(
+            [Request(0, [1, 2], SamplingParams(max_tokens=2))], max_seq_len=16)
+    assert e.value.lines[0].startswith("runtime.replicas=null")
+
+
 def test_more_replicas_than_gpus_is_refused_before_placement(monkeypatch, over, resources, needle):
     import synodic.distributed.cluster as cluster
 

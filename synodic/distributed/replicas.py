@@ -247,10 +247,10 @@ class RayExecutor:
         self.cfg = cfg
         self.on_dispatch = on_dispatch  # (replica index, chunk, pids) after each dispatch: tests' fault hook
 
-    def _plan(self, ray) -> tuple[int, float]:
-        """(replicas, GPUs each), checked against the cluster before any actor starts."""
+    def _plan(self, resources: dict) -> tuple[int, float]:
+        """(replicas, GPUs each), checked against the cluster's resources before any actor starts."""
         rt = self.cfg.runtime
-        gpus = int(ray.cluster_resources().get("GPU", 0))
+        gpus = int(resources.get("GPU", 0))
         use_gpu = rt.device != "cpu" and gpus > 0
         if rt.device == "cuda" and gpus == 0:
             raise ConfigError(["runtime.device='cuda': the Ray cluster has no GPU; expected runtime.device=cpu or "
@@ -274,8 +274,11 @@ class RayExecutor:
         from synodic.distributed.cluster import ray_session
         rt = self.cfg.runtime
         n_cpu = (rt.replicas or 1) * rt.cpus_per_replica
+        if not rt.address:  # a local instance has this machine's GPUs: decided before Ray starts (and logs)
+            import torch
+            self._plan({"GPU": torch.cuda.device_count()})
         with ray_session(rt.address, "runtime.address", num_cpus=n_cpu) as ray:
-            n, gpus = self._plan(ray)
+            n, gpus = self._plan(ray.cluster_resources())
             pg = self._place(ray, n, gpus)
             slots = []
             try:
