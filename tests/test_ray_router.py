@@ -108,11 +108,6 @@ class _Cluster:
         return self._resources
 
 
-@pytest.mark.parametrize("over,resources,needle", [
-    (["runtime.replicas=3"], {"CPU": 16.0, "GPU": 2.0}, "runtime.replicas=3: the Ray cluster has 2 GPU(s)"),
-    (["runtime.replicas=null"], {"CPU": 16.0}, "runtime.replicas=null"),
-    (["runtime.replicas=2", "runtime.device=cuda"], {"CPU": 16.0}, "runtime.device='cuda'"),
-])
 def test_a_local_instance_is_planned_before_ray_starts(monkeypatch):
     """runtime.replicas=null on a machine without a GPU: refused before a local Ray instance starts (and logs)."""
     import synodic.distributed.cluster as cluster
@@ -129,6 +124,11 @@ def test_a_local_instance_is_planned_before_ray_starts(monkeypatch):
     assert e.value.lines[0].startswith("runtime.replicas=null")
 
 
+@pytest.mark.parametrize("over,resources,needle", [
+    (["runtime.replicas=3"], {"CPU": 16.0, "GPU": 2.0}, "runtime.replicas=3: the Ray cluster has 2 GPU(s)"),
+    (["runtime.replicas=null"], {"CPU": 16.0}, "runtime.replicas=null"),
+    (["runtime.replicas=2", "runtime.device=cuda"], {"CPU": 16.0}, "runtime.device='cuda'"),
+])
 def test_more_replicas_than_gpus_is_refused_before_placement(monkeypatch, over, resources, needle):
     import synodic.distributed.cluster as cluster
 
