@@ -437,7 +437,8 @@ def test_run_dir_entry_of_the_wrong_kind(tmp_path, name, make):
 def test_store_and_cache_paths_of_the_wrong_kind(tmp_path, monkeypatch):
     """The quantization store's root and entry must be directories and an entry's lock a file; the token cache
     ($SYNODIC_CACHE) a directory: refused in one line naming where the path came from (tracebacks before)."""
-    from pipelines.quantize import _check_store_paths
+    from synodic.pipelines.quantize import _check_store_paths
+
     from synodic.data.prepare import cache_root
     f = tmp_path / "f"
     f.write_text("x")
