@@ -13,7 +13,7 @@ def lookup_hints_ref(tokens, anchor_pos, gamma: int, max_ngram: int, min_ngram: 
     at = lambda i: tokens.gather(1, (anchor_pos - i).clamp(min=0))[:, :, None]  # noqa: E731  the token at p - i
     match = (j < p) & (tokens[:, None, :] == at(0))                          # 1-gram hits ending at j < p
     best_j = torch.full_like(anchor_pos, -1)
-    for n in range(1, max_ngram + 1):
+    for n in range(1, min(max_ngram, T) + 1):  # (no n-gram longer than the row ends at some j >= n - 1)
         if n > 1:  # the token n - 1 before j matches the one n - 1 before p
             before = torch.cat([torch.zeros_like(tokens[:, :n - 1]), tokens[:, :T - n + 1]], dim=1)
             match = match & (j >= n - 1) & (before[:, None, :] == at(n - 1))

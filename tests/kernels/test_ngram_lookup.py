@@ -23,6 +23,7 @@ def _case(seed: int, slots: int, T: int, B: int, vocab: int, device):
     (1, 9, 300, 7, 6, 7, 4, 2),     # several blocks of candidate ends, min_ngram 2
     (2, 3, 11, 3, 2, 3, 6, 1),      # max_ngram past most positions
     (3, 4, 64, 4, 50, 1, 3, 3),     # rare matches, gamma 1
+    (4, 3, 9, 3, 2, 4, 60, 1),      # max_ngram longer than the whole history (spec.max_ngram=60)
 ])
 def test_triton_matches_ref_and_host_rule(seed, slots, T, B, vocab, gamma, mx, mn, device):
     hist, rows, anchors, pos = _case(seed, slots, T, B, vocab, device)
