@@ -37,7 +37,8 @@ class QuantizePipeline(Component):
     store: str | None = Field(None, description="store root; null: outputs/quant_store, or $SYNODIC_QUANT_STORE")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where layers are solved; auto: cuda if "
                                                    "present, else cpu")
-    threads: int = Field(1, ge=1, description="torch threads per Ray task (inline: this process's, if above 1)")
+    threads: int = Field(1, ge=1, le=1024, description="torch threads per Ray task (inline: this process's, if "
+                         "above 1)")
     overwrite: bool = Field(False, description="discard what the store holds for this hash and start over")
     export_hf: str | None = Field(None, description="also write the quantized model as a Hugging Face folder in "
                                   "the compressed-tensors layout here (vLLM / llm-compressor read it): quant=nvfp4 "

@@ -99,3 +99,12 @@ def test_train_drafter_estimate_names_the_long_prompt_not_the_batch():
     with pytest.raises(ConfigError) as e:
         budget.check_fits(cfg, torch.device("cpu"))
     assert e.value.lines[0].startswith("pipeline.prompt_len=1000000:"), e.value.lines
+
+
+@pytest.mark.parametrize("over,key", [(["kv=adaptive", "kv.index_num_blocks=100000000"], "kv.index_num_blocks="),
+                                      (["kv=hisparse", "kv.top_k=1000000", "runtime.max_slots=4096"], "kv.top_k=")])
+def test_host_tiered_tables_are_counted(over, key):
+    """The hot-buffer and indexer tables of kv=hisparse / adaptive were allocation tracebacks mid-build."""
+    with pytest.raises(ConfigError) as e:
+        budget.check_fits(compose(["runtime.device=cpu", *over]), torch.device("cpu"))
+    assert e.value.lines[0].startswith(key), e.value.lines

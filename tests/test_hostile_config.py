@@ -459,3 +459,15 @@ def test_store_and_cache_paths_of_the_wrong_kind(tmp_path, monkeypatch):
     monkeypatch.setenv("SYNODIC_CACHE", str(tmp_path / "cache"))
     assert cache_root() == tmp_path / "cache"
     assert len(lines) == 1
+
+
+@pytest.mark.parametrize("argv,key", [(["kv.top_k=100000000"], "kv.top_k="),
+                                      (["kv=hisparse", "kv.hot_buffer=100000000"], "kv.hot_buffer="),
+                                      (["pipeline=quantize", "quant=mxfp4", "pipeline.threads=100000"],
+                                       "pipeline.threads="),
+                                      (["quant=nvfp4", "quant.iters=100000000"], "quant.iters="),
+                                      (["quant=mxfp4", "quant.method=smoothquant", "quant.calib_samples=100000"],
+                                       "quant.calib_samples=")])
+def test_values_past_any_sensible_bound(argv, key):
+    """A segfault (threads), minutes of silence (top_k, iters) or a MemoryError (calibration) before."""
+    _one_line(*check(argv), key, "expected a value <=")

@@ -170,6 +170,15 @@ def estimate(cfg, limit: int | None = None) -> dict[str, tuple[str, int]]:
     per_token = a.count("attention") * a.num_key_value_heads * a.head_dim * 2 * wbytes
     blocks = getattr(kv, "num_blocks", 0) + getattr(kv, "host_num_blocks", 0)
     out["KV pool"] = ("kv.num_blocks", blocks * getattr(kv, "block_size", 16) * per_token)
+    if hasattr(kv, "index_num_blocks"):
+        # the host-tiered policies (synodic/kv/hot.py, indexer.py): int32 tables of B hot slots per (request,
+        # attention layer) and of every indexed position's hot slot; the indexer's key per position and layer
+        # (counted at a KV head's width, 2 bytes). Their rows of KV live in the device pool, counted above.
+        NL, hot = a.count("attention"), kv.hot_buffer or 2 * kv.top_k
+        out["KV hot-buffer tables"] = ("kv.hot_buffer" if kv.hot_buffer else "kv.top_k",
+                                       NL * (slots + 1) * (2 * hot + 1) * 4)
+        out["KV indexer key cache"] = ("kv.index_num_blocks", (kv.index_num_blocks + 1) * kv.block_size * NL *
+                                       (a.num_key_value_heads * a.head_dim * 2 + 4))
     wl = cfg.workload
     seq = (getattr(wl, "prompt_len", 0) + getattr(wl, "output_len", 0) + getattr(wl, "max_tokens", 0) + 1)
     key = "workload.max_tokens" if hasattr(wl, "max_tokens") else "workload.output_len"

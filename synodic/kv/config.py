@@ -26,14 +26,20 @@ _LEARNED_KEYS = ("learned indexer: dtype of its cached keys k_I (fp8 e4m3 with o
 IndexerKind = Literal["auto", "learned", "bf16", "fp8"]
 
 
+# selections are sized by top_k (and the hot buffer by 2 * top_k) whatever the context: a bound far past any
+# context synodic serves keeps a typo from allocating or sorting for minutes
+MAX_TOP_K = 1 << 20
+
+
 @register("kv")
 class ResidentKV(Component):
     """Paged KV cache in device memory with a block table (the baseline every policy must match)."""
     kind: Literal["resident"] = "resident"
     block_size: int = Field(16, ge=1, le=1024, description="tokens per KV page")
     num_blocks: int = Field(2048, ge=1, description="pages in the device pool, shared by all requests")
-    top_k: int = Field(0, ge=0, description="top-k sparse attention in every attention layer (each query attends "
-                       "to the min(top_k, length) positions the indexer ranks highest); 0 = dense attention")
+    top_k: int = Field(0, ge=0, le=MAX_TOP_K, description="top-k sparse attention in every attention layer (each "
+                       "query attends to the min(top_k, length) positions the indexer ranks highest); 0 = dense "
+                       "attention")
     indexer: IndexerKind = Field("auto", description=_INDEXER + "; used when top_k > 0")
     learned_key_dtype: Literal["fp8", "bf16"] = Field("fp8", description=_LEARNED_KEYS)
 
@@ -57,10 +63,10 @@ class _HostTiered(Component):
                                  "pinned memory on a GPU run), sized independently of device memory")
     index_num_blocks: int = Field(4096, ge=1, description="pages of the resident indexer key cache (every "
                                   "request's full length, low precision)")
-    top_k: int = Field(2048, ge=1, description="positions each query attends to (capped by length), in every "
-                       "attention layer")
-    hot_buffer: int | None = Field(None, ge=1, description="hot-buffer slots B per (request, layer), >= top_k; "
-                                   "null = 2 * top_k")
+    top_k: int = Field(2048, ge=1, le=MAX_TOP_K, description="positions each query attends to (capped by "
+                       "length), in every attention layer")
+    hot_buffer: int | None = Field(None, ge=1, le=2 * MAX_TOP_K, description="hot-buffer slots B per (request, "
+                                   "layer), >= top_k; null = 2 * top_k")
     indexer: IndexerKind = Field("auto", description=_INDEXER)
     learned_key_dtype: Literal["fp8", "bf16"] = Field("fp8", description=_LEARNED_KEYS)
     shared_retrieval: bool = Field(True, description="speculative verify windows: the window's queries share one "

@@ -45,7 +45,7 @@ class BlockQuant(Component):
     mode: Literal[tuple(MODES)] | None = Field(  # type: ignore[valid-type]
         None, description="wNaM: N = weight bits, must equal the format's; a16 = weight-only, aN = "
         "activations fake-quantized to the format too; null = weight-only at the format's width")
-    iters: int = Field(15, ge=0, description="DualQuant coordinate-descent rounds")
+    iters: int = Field(15, ge=0, le=10_000, description="DualQuant coordinate-descent rounds")
     alpha: float = Field(0.5, ge=0.0, le=1.0, description="SmoothQuant migration strength (0: all on the "
                          "activations, 1: all on the weights)")
     rule: Literal["floor", "rceil"] = Field("floor", description="E8M0 scale rule of the MX formats: floor "
@@ -53,9 +53,9 @@ class BlockQuant(Component):
     layers: list[str] = Field(["blocks.*"], min_length=1, description="fnmatch patterns over nn.Linear module "
                               "names; default every linear projection of the blocks (lm_head only when named "
                               "exactly; embeddings and norms are not linears and are never quantized)")
-    calib_samples: int = Field(16, ge=1, description="SmoothQuant calibration sequences (train-split stdlib "
+    calib_samples: int = Field(16, ge=1, le=4096, description="SmoothQuant calibration sequences (train-split stdlib "
                                "documents, never the held-out shard)")
-    calib_len: int = Field(128, ge=8, description="tokens per SmoothQuant calibration sequence")
+    calib_len: int = Field(128, ge=8, le=8192, description="tokens per SmoothQuant calibration sequence")
     artifact: str = Field("auto", description="auto: load the quantize pipeline's checkpoint for this model + "
                           "config from the store (outputs/quant_store, or $SYNODIC_QUANT_STORE) if present, "
                           "else quantize on the fly; none: always on the fly; or a store / artifact directory")
