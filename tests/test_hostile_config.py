@@ -471,3 +471,12 @@ def test_store_and_cache_paths_of_the_wrong_kind(tmp_path, monkeypatch):
 def test_values_past_any_sensible_bound(argv, key):
     """A segfault (threads), minutes of silence (top_k, iters) or a MemoryError (calibration) before."""
     _one_line(*check(argv), key, "expected a value <=")
+
+
+def test_a_drafter_of_another_model_kind_is_refused(tmp_path):
+    """tiny_gdn's drafter has tiny_mamba2's shapes, so it loaded on tiny_mamba2 and accepted nothing: its
+    config.json's target_kind is checked before the target loads."""
+    d = ROOT / "synodic" / "assets" / "drafters" / "tiny_gdn" / "dflash"
+    p = _run_py(["spec=dflash", f"spec.drafter={d}", "workload.max_tokens=2", "runtime.device=cpu",
+                 f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    _one_line(p.returncode, p.stderr.strip().splitlines(), "trained for model=tiny_gdn", "model=tiny_mamba2")

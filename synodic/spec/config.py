@@ -133,7 +133,7 @@ class _NeuralSpec(Component):
                                "written by pipeline=train_drafter"])
         cfg = dm.check_drafter_dir(directory)  # its files against its config.json
         if target_cfg is not None:
-            dm.check_fit(cfg, target_cfg, directory)
+            dm.check_fit(cfg, target_cfg, directory, model_kind)
         return directory
 
     def build(self, ctx):

@@ -163,12 +163,16 @@ def _layout_problem(cfg: DraftConfig, stored: dict[str, tuple[int, ...]]) -> str
     return layout_problem(expect, stored, f"{cfg.scheme} drafter config.json describes")
 
 
-def check_fit(cfg: DraftConfig, target_cfg, directory) -> None:
+def check_fit(cfg: DraftConfig, target_cfg, directory, model_kind: str | None = None) -> None:
     """ConfigError (one line) when the drafter in `directory` (its config `cfg`) was trained for another target:
-    vocabulary, hidden size, or target blocks past this model's depth. Needs only the target's config, so the
-    graph checks it before the target loads."""
+    another model kind (when both are known: a drafter reading another model's features loads but accepts
+    nothing), vocabulary, hidden size, or target blocks past this model's depth. Needs only the target's config,
+    so the graph checks it before the target loads."""
     from synodic.config.files import shown
     key = f"spec.drafter={shown(Path(directory))!r}"
+    if cfg.target_kind and model_kind and cfg.target_kind != model_kind:
+        raise ConfigError([f"{key}: trained for model={cfg.target_kind}, this run's is model={model_kind}; expected "
+                           f"a drafter trained for model={model_kind} (spec.drafter=auto picks the shipped one)"])
     blocks = num_target_blocks(target_cfg)
     for name, mine, theirs in (("vocab_size", cfg.vocab_size, target_cfg.vocab_size),
                                ("hidden_size", cfg.hidden_size, target_cfg.hidden_size)):
