@@ -126,4 +126,12 @@ def run(cfg, run_dir: Path) -> dict:
             "graph": {"device": str(graph.device), "cuda_graphs": graph.cuda_graphs, "notes": graph.notes}}
     if engine.replicas is not None:  # runtime=ray: each replica's device, requests, rate and ledger
         out["replicas"] = engine.replicas
+    if m["output_tokens"] == 0 and short.get("rejected_kv_capacity", 0) == len(requests) > 0:
+        # no request fit the pool at all: a run that produced nothing is not a success (results.json says why)
+        from synodic.config.errors import ConfigError, PartialResults
+        nb = getattr(cfg.kv, "num_blocks", "?")
+        why = (f"kv.num_blocks={nb}: the KV pool holds none of the {len(requests)} requests (every one "
+               f"rejected_kv_capacity); expected a pool of at least one request's prompt + max_tokens")
+        out["incomplete"] = {"at": "kv.num_blocks", "error": why}
+        raise PartialResults(out, ConfigError([why]), "kv.num_blocks")
     return out

@@ -480,3 +480,15 @@ def test_a_drafter_of_another_model_kind_is_refused(tmp_path):
     p = _run_py(["spec=dflash", f"spec.drafter={d}", "workload.max_tokens=2", "runtime.device=cpu",
                  f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     _one_line(p.returncode, p.stderr.strip().splitlines(), "trained for model=tiny_gdn", "model=tiny_mamba2")
+
+
+def test_a_kv_pool_that_holds_no_request_is_an_error(tmp_path):
+    """Every request rejected for KV capacity used to end with exit 0 and no tokens: one line, exit 2, and the
+    results.json that says which requests and why."""
+    run = tmp_path / "run"
+    p = _run_py(["kv.num_blocks=1", "kv.block_size=1", "workload.max_tokens=4", "runtime.device=cpu",
+                 f"hydra.run.dir={run}"], tmp_path)
+    _one_line(p.returncode, p.stderr.strip().splitlines(), "kv.num_blocks=1: the KV pool holds none")
+    doc = json.loads((run / "results.json").read_text())
+    assert doc["incomplete"]["at"] == "kv.num_blocks"
+    assert {r["finish_reason"] for r in doc["requests"]} == {"rejected_kv_capacity"}
