@@ -204,13 +204,16 @@ class Engine:
         lazy.pending = True
         return lazy
 
-    def _flush_ring(self, batch) -> None:
-        """Before a drafting step: the positions a closed gate's plain steps buffered go into the context ring."""
+    def _flush_ring(self, batch) -> bool:
+        """Before a drafting step: the positions a closed gate's plain steps buffered go into the context ring
+        (True when there were any)."""
         lazy = self.drafter.deferred
-        if lazy is not None and lazy.pending:
-            dev = self.runner.device
-            lazy.flush(pinned(torch.tensor([r.slot for r in batch], dtype=torch.long), dev).to(dev, non_blocking=True))
-            lazy.pending = False
+        if lazy is None or not lazy.pending:
+            return False
+        dev = self.runner.device
+        lazy.flush(pinned(torch.tensor([r.slot for r in batch], dtype=torch.long), dev).to(dev, non_blocking=True))
+        lazy.pending = False
+        return True
 
     def _past_max_batch(self, rows: list) -> bool:
         """Whether a greedy speculative engine steps these rows (requests, or indices of a step's rows) plainly:
@@ -298,7 +301,10 @@ class Engine:
         positions from this step's result on the device), so its read-back and bookkeeping run beside it."""
         b = len(batch)
         t0, cap = time.perf_counter(), self.runner.capture_s
-        self._flush_ring(batch)  # (its host work is not this step's: the gate prices a drafting step without it)
+        if self._flush_ring(batch) and self.runner.device.type == "cuda":
+            # the buffered positions' drafter work is the closed gate's cost, not this step's: the gate prices a
+            # drafting step without it, so it runs to completion before the step's clock starts
+            torch.cuda.synchronize(self.runner.device)
         ts, self._cap_seen = time.perf_counter(), cap
         t_gate = ts
         greedy = all(r.params.temperature == 0 for r in batch)
