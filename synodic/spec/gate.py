@@ -103,19 +103,20 @@ class MeasuredGate(Gate):
     def __init__(self, max_wait: int = 1024, feed: int = 64, decay: float = 0.2, probe_share: float = 0.02):
         super().__init__(max_wait, feed, probe_share)
         self.decay = decay
-        # bucket → moving averages [tokens, seconds] per step of drafting steps (kept tokens) and of plain steps
+        # bucket → moving averages [tokens, seconds, steps seen] per step of drafting steps (kept tokens) and of
+        # plain steps
         self._spec: dict[int, list[float]] = {}
         self._plain: dict[int, list[float]] = {}
 
     @property
     def spec(self) -> dict[int, float]:
         """Bucket → tokens / s of drafting steps."""
-        return {k: t / s for k, (t, s) in self._spec.items()}
+        return {k: t / s for k, (t, s, _) in self._spec.items()}
 
     @property
     def plain(self) -> dict[int, float]:
         """Bucket → tokens / s of plain steps."""
-        return {k: t / s for k, (t, s) in self._plain.items()}
+        return {k: t / s for k, (t, s, _) in self._plain.items()}
 
     def open(self, b: int) -> bool:
         k = bucket(b)
@@ -123,14 +124,14 @@ class MeasuredGate(Gate):
             return True   # the drafter is what was asked for: measure it first
         if k not in self._plain:
             return False  # then plain steps until one is timed
-        (ts, ss), (tp, sp) = self._spec[k], self._plain[k]
+        (ts, ss, _), (tp, sp, _) = self._spec[k], self._plain[k]
         return ts * sp > tp * ss
 
     def _probe_excess(self, b: int) -> float | None:
         k = bucket(b)
-        if k not in self._spec or k not in self._plain:
-            return None
-        (ts, ss), (tp, sp) = self._spec[k], self._plain[k]
+        if k not in self._spec or k not in self._plain or self._spec[k][2] < 2:
+            return None  # (one drafting step may carry one-off costs: the wait only doubles until a second)
+        (ts, ss, _), (tp, sp, _) = self._spec[k], self._plain[k]
         return ss / sp - ts / tp  # a drafting step's time and its tokens, each in plain steps
 
     def drafts(self, b: int) -> bool:
@@ -161,9 +162,11 @@ class MeasuredGate(Gate):
 
 
 def _average(sums: dict, k: int, tokens: float, seconds: float, decay: float) -> None:
-    """Moving averages of bucket k's tokens and seconds per step (their ratio is the bucket's rate)."""
-    if k not in sums:
-        sums[k] = [tokens, seconds]
+    """Moving averages of bucket k's tokens and seconds per step (their ratio is the bucket's rate), and how many
+    steps they saw. The first step of a kind in a bucket also pays one-off work outside a graph capture (kernel
+    compiles, first allocations), so the second replaces it instead of averaging with it."""
+    if k not in sums or sums[k][2] == 1:
+        sums[k] = [tokens, seconds, 1 if k not in sums else 2]
     else:
-        t, s = sums[k]
-        sums[k] = [t + decay * (tokens - t), s + decay * (seconds - s)]
+        t, s, n = sums[k]
+        sums[k] = [t + decay * (tokens - t), s + decay * (seconds - s), n + 1]

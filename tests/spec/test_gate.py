@@ -128,3 +128,17 @@ def test_controlled_drafter_shares_its_drafters_gate():
     eng = Engine(build_graph(compose([*MODEL, *SCHEMES["dflash2"]]), max_seq_len=64))
     c = ControlledDrafter(eng.drafter, 3, [0.5] * 3, {0: [1, 2, 3]}, 512)
     assert c.gate is eng.drafter.gate and c.gate is not None
+
+
+def test_a_first_drafting_step_with_one_off_costs_does_not_shut_the_bucket():
+    """The first drafting step of a bucket may carry kernel compiles: it only doubles the wait, and the second
+    drafting step replaces it in the rate, so a drafter that pays is drafting again after one short wait."""
+    from synodic.spec.gate import MeasuredGate
+    g = MeasuredGate()
+    g.observe(1, kept=3.0, verified=8.0, seconds=0.5)    # 500 ms: compiles in the first drafting step
+    g.plain_step(1, seconds=0.003)
+    assert not g.open(1) and g.wait == 2                 # losing, but not yet priced: the wait only doubles
+    while not g.drafts(1):
+        g.plain_step(1, seconds=0.003)
+    g.observe(1, kept=3.0, verified=8.0, seconds=0.0075)  # 400 tok/s against plain 333
+    assert g.open(1) and g.spec[1] == 3.0 / 0.0075
