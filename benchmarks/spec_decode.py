@@ -62,8 +62,8 @@ class Variant:
 
     def _round(self):
         from synodic.engine.request import Request, SamplingParams
-        # at least min_round_requests a round: at batch 1 two requests are ~50 ms of decode, short enough that a
-        # clock ramp or a gate's probe moved single rounds by up to 2x
+        # at least min_round_requests a round: a round of one or two requests is short enough that a clock ramp
+        # or a gate's probe decides its rate (docs/measuring.md)
         n = max(self.batch * self.p["rounds_per_batch"], self.p.get("min_round_requests", 1))
         reqs = [Request(i, list(pr), SamplingParams(max_tokens=self.p["output_tokens"]))
                 for i, pr in enumerate(self.prompts[:n])]

@@ -147,9 +147,11 @@ def estimate(cfg, limit: int | None = None) -> dict[str, tuple[str, int]]:
         # every trained block position dominate what it saves (logits, softmax, the target's, the gradient)
         gamma = getattr(cfg.spec, "num_speculative_tokens", 7)
         seq = p.prompt_len + p.new_tokens
-        # named by what is furthest above the recipe's default (batch 32 of 32 + 96 tokens)
+        # named by the factor furthest above the recipe's default (the pipeline's field defaults)
+        d = {k: f.default for k, f in type(p).model_fields.items()}
         seq_key = "pipeline.prompt_len" if p.prompt_len >= p.new_tokens else "pipeline.new_tokens"
-        out["target forward"] = ("pipeline.batch" if p.batch / 32 >= seq / 128 else seq_key,
+        longer = seq / (d["prompt_len"] + d["new_tokens"]) > p.batch / d["batch"]
+        out["target forward"] = (seq_key if longer else "pipeline.batch",
                                  p.batch * seq * a.hidden_size * 4 * (a.num_hidden_layers + 1)
                                  + p.batch * seq * a.vocab_size * 4)
         out["drafter logits and gradients"] = ("pipeline.batch",
@@ -209,8 +211,8 @@ def check_fits(cfg, device, fraction: float = 0.9) -> None:
     refuse_if_over(est, have, fraction, getattr(device, "type", device), lambda key: _value(cfg, key))
 
 
-# what one CPU replica's process holds beside its model (Python, torch, the Ray worker): ~0.42 GiB measured for
-# tiny models (16 replicas, 6.7 GiB)
+# what one CPU replica's process holds beside its model (Python, torch, the Ray worker): a rounded-up
+# allowance, not an estimate of the model (docs/reliability.md)
 REPLICA_PROCESS_BYTES = int(0.45 * GiB)
 
 

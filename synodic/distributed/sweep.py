@@ -61,7 +61,7 @@ def validate_trials(trial_overrides: list[list[str]], key: str, noun: str = "tri
                             f"expected a pipeline a trial runs (decode, bench, eval, ...)")
             continue
         addr = getattr(cfg.runtime, "address", None) or getattr(cfg.pipeline, "ray_address", None)
-        if addr:  # a trial runs inside the sweep's Ray instance, which a Ray session inside it joins as it is
+        if addr:  # it would be ignored: a trial's Ray session joins the sweep's own instance
             problems.append(f"{key}: {noun} {i} ({' '.join(over)}): a Ray address ({addr!r}) inside a sweep; "
                             "expected pipeline.ray_address of the sweep (its trials run on the sweep's cluster)")
             continue

@@ -95,30 +95,32 @@ def _check_tokenizer(d: Path, vocab: int) -> None:
                         "rows)")
 
 
-def _check_eos(d: Path, vocab: int) -> None:
-    """An EOS id from generation_config.json / config.json must be a token of the model: outside the vocabulary,
-    generation would never stop at it."""
+def _eos_values(d: Path):
+    """(file, its eos_token_id values as a list) for generation_config.json then config.json, where present."""
     for name in ("generation_config.json", "config.json"):
         p = d / name
         if p.is_file():
             v = read_json(p, "a JSON object").get("eos_token_id")
-            for x in (v if isinstance(v, list) else [v]):
-                if isinstance(x, int) and not isinstance(x, bool):
-                    require(0 <= x < vocab, f"{p}: eos_token_id={x}; expected a token id below vocab_size={vocab}")
+            yield p, (v if isinstance(v, list) else [v])
+
+
+def _check_eos(d: Path, vocab: int) -> None:
+    """An EOS id from generation_config.json / config.json must be a token of the model: outside the vocabulary,
+    generation would never stop at it."""
+    for p, values in _eos_values(d):
+        for x in values:
+            if isinstance(x, int) and not isinstance(x, bool):
+                require(0 <= x < vocab, f"{p}: eos_token_id={x}; expected a token id below vocab_size={vocab}")
 
 
 def eos_id(d: str | Path, tok) -> int | None:
     """EOS: generation_config.json's eos_token_id, else config.json's, else tokenizer_config.json's eos_token
     (a list of ids: the first)."""
     d = Path(d)
-    for name in ("generation_config.json", "config.json"):
-        p = d / name
-        if p.is_file():
-            v = read_json(p, "a JSON object").get("eos_token_id")
-            if isinstance(v, list):
-                v = v[0] if v else None
-            if isinstance(v, int):
-                return v
+    for _, values in _eos_values(d):
+        v = values[0] if values else None
+        if isinstance(v, int):
+            return v
     tc = d / "tokenizer_config.json"
     if tc.is_file():
         v = read_json(tc, "a tokenizer config").get("eos_token")
