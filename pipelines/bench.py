@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from synodic.config.registry import Component, register
 
@@ -68,6 +68,14 @@ class BenchPipeline(Component):
                                       "the decode throughput at that admission (admission.md)")
     max_admitted: int = Field(256, ge=1, description="memory_budget: the largest batch timed at the admission "
                               "(the admitted count itself is reported uncapped)")
+
+    @model_validator(mode="after")
+    def _rates_need_control(self):
+        if self.acceptance == "real" and self.acceptance_rates is not None:
+            raise ValueError(f"pipeline.acceptance_rates={self.acceptance_rates} with pipeline.acceptance=real: "
+                             "expected pipeline.acceptance=controlled or forced (real acceptance is the drafter's "
+                             "own), or no pipeline.acceptance_rates")
+        return self
 
 
 def _task_overrides() -> list[str]:

@@ -73,6 +73,15 @@ def _scorer(cfg, seq_len: int):
     return g.model.eval(), g
 
 
+def _forward_skips(cfg) -> list[str]:
+    """The run's non-default SSM backend and KV policy that pipeline.path=forward does not run (the scores are
+    the model's forward pass; only spec acceptance, when asked for, is served through them)."""
+    if cfg.pipeline.path != "forward":
+        return []
+    return [f"{g}={getattr(cfg, g).kind}" for g, default in (("ssm", "eager"), ("kv", "resident"))
+            if getattr(cfg, g).kind != default]
+
+
 def _tokenizer(graph, vocab_size: int):
     from synodic.data.tokenizer import SHIPPED_TOKENIZER, load_tokenizer
     if graph.ckpt_dir is not None and (Path(graph.ckpt_dir) / "tokenizer.json").is_file():
@@ -139,6 +148,11 @@ def run(cfg, run_dir: Path) -> dict:
         raise ConfigError([f"{key}={val!r} with pipeline.reference: {len(stream)} tokens of text hold no window of "
                            f"pipeline.seq_len={p.seq_len}; expected at least {p.seq_len + 1} tokens (a larger "
                            "pipeline.max_tokens, a longer pipeline.text or a smaller pipeline.seq_len)"])
+    unused = _forward_skips(cfg)
+    if unused:
+        from synodic.config.files import note
+        note(f"{', '.join(unused)} with pipeline.path=forward: the scores are the whole-window forward pass's, which "
+             "runs no state backend or KV policy; pipeline.path=decode scores through them")
     tb = tok.token_bytes()
     n_bytes = sum(tb[i] for i in stream[1:].tolist())
     dec = p.path == "decode"
@@ -149,7 +163,7 @@ def run(cfg, run_dir: Path) -> dict:
     rows = [("bits per byte", f"{m['bits_per_byte']:.4f}"), ("perplexity", f"{m['perplexity']:.3f}"),
             ("tokens / bytes", f"{count:,} / {n_bytes:,}")]
     out = {"metrics": m, "text": p.text or "shipped held-out shard", "max_tokens_used": limit,
-           "weights": str(graph.ckpt_dir or "random")}
+           "weights": str(graph.ckpt_dir or "random"), "path": p.path, "not_exercised": unused}
     if rcfg is not None:
         ref, rgraph = _scorer(rcfg, p.seq_len)
         with _counted(ref, "eval reference", stream, p.seq_len, p.batch_size, decode=dec) as rscorer:

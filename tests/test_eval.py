@@ -98,6 +98,7 @@ def test_eval_pipeline_with_reference(tmp_path):
     assert math.isfinite(m["bits_per_byte_reference"]) and abs(m["bits_per_byte_reference"] - m["bits_per_byte"]) < 0.05
     assert 0 < m["kl_mean"] < 0.05 and m["top1_agreement"] > 0.9 and m["compared_positions"] == 2048
     assert out["reference"] == {"model": {**cfg.model.model_dump(mode="json"), "dtype": "bfloat16"}}
+    assert out["path"] == "forward" and out["not_exercised"] == []
     with pytest.raises(ConfigError, match="pipeline.seq_len=512 with a reference"):
         compose(["pipeline=eval", "pipeline.seq_len=512", "pipeline.reference={quant: {kind: none}}"])
 
@@ -139,3 +140,14 @@ def test_quant_grid_tables_kl_and_layer_errors(tmp_path):
     assert by["mxfp8_e4m3:rtn"]["weight_rel_mse_mean"] < by["mxfp4:rtn"]["weight_rel_mse_mean"]
     for f in ("quant_grid.md", "quant_grid.csv", "quant_grid.png", "quant_layer_error.png"):
         assert (tmp_path / f).is_file()
+
+
+def test_eval_forward_names_the_options_it_does_not_run(tmp_path, capsys):
+    from synodic.pipelines import eval as ev
+
+    from synodic.config.compose import compose
+    cfg = compose(["pipeline=eval", "runtime.device=cpu", "pipeline.max_tokens=64", "pipeline.seq_len=32",
+                   "ssm=replay", "kv=adaptive"])
+    out = ev.run(cfg, tmp_path)
+    assert out["not_exercised"] == ["ssm=replay", "kv=adaptive"]
+    assert "ssm=replay, kv=adaptive with pipeline.path=forward" in capsys.readouterr().err

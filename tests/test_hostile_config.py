@@ -300,7 +300,7 @@ def test_bench_variant_that_sets_the_pipeline(variant):
 # 18: clearer lines
 def test_eval_reference_errors_name_pipeline_reference():
     from synodic.pipelines.eval import reference_config
-    cfg = compose(["pipeline=eval", "pipeline.reference={ssm: {ring_len: 0}}"])
+    cfg = compose(["pipeline=eval", "pipeline.path=decode", "pipeline.reference={ssm: {ring_len: 0}}"])
     lines = _config_error(lambda: reference_config(cfg))
     assert all(x.startswith("pipeline.reference: ssm.ring_len=0") for x in lines), lines
 
@@ -492,3 +492,18 @@ def test_a_kv_pool_that_holds_no_request_is_an_error(tmp_path):
     doc = json.loads((run / "results.json").read_text())
     assert doc["incomplete"]["at"] == "kv.num_blocks"
     assert {r["finish_reason"] for r in doc["requests"]} == {"rejected_kv_capacity"}
+
+
+# 19: options that would be silently ignored: rates without controlled acceptance, a forward-pass comparison of
+# what the forward pass does not run
+def test_acceptance_rates_need_controlled_acceptance():
+    _one_line(*check(["pipeline=bench", "pipeline.acceptance_rates=[0.5]"]), "pipeline.acceptance_rates=[0.5]",
+              "pipeline.acceptance=controlled or forced")
+    assert check(["pipeline=bench", "pipeline.acceptance=forced", "pipeline.acceptance_rates=[0.5]"]) == (None, [])
+
+
+@pytest.mark.parametrize("ref", ["{ssm: {kind: replay}}", "{kv: {kind: hisparse}}"])
+def test_eval_reference_of_what_forward_does_not_run(ref):
+    _one_line(*check(["pipeline=eval", f"pipeline.reference={ref}"]), "pipeline.path=forward",
+              "pipeline.path=decode")
+    assert check(["pipeline=eval", f"pipeline.reference={ref}", "pipeline.path=decode"]) == (None, [])

@@ -61,6 +61,11 @@ def cross_rules(cfg) -> list[str]:
             out.append(f"quant.backend=triton with runtime.device={rt.device} on a machine without a GPU: expected "
                        f"quant.backend=auto or torch (Triton kernels need CUDA, or TRITON_INTERPRET=1 to emulate "
                        f"them)")
+    # a forward-pass comparison cannot differ in what the forward pass does not run
+    ref_groups = sorted({"ssm", "kv"} & set(getattr(p, "reference", None) or {})) if p.kind == "eval" else []
+    if ref_groups and p.path == "forward":
+        out.append(f"pipeline.reference replacing {' and '.join(ref_groups)} with pipeline.path=forward: expected "
+                   f"pipeline.path=decode (whole-window forward passes run no state backend or KV policy)")
     need = getattr(wl, "prompt_len", 0) + getattr(wl, "output_len", 0)
     if need and hasattr(kv, "capacity_tokens") and need > kv.capacity_tokens():
         out.append(f"workload.prompt_len+output_len={need} with kv={kv.kind} holding {kv.capacity_tokens()} "
