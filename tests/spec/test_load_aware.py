@@ -98,7 +98,11 @@ def test_gate_prices_the_measured_step_times():
     alone would keep open, and plain steps timed at 3x theirs open it again."""
     g = DraftGate(_gated(plain=100.0, draft=400.0))
     g.observe(2, kept=3.0, verified=4.0, seconds=5 * (1 / 400.0 + 1 / 100.0))
+    assert g.spec_cost == 1.0 and g.open(2)  # a bucket's first timed step may be one-off work: not priced
+    g.observe(2, kept=3.0, verified=4.0, seconds=5 * (1 / 400.0 + 1 / 100.0))
     assert g.spec_cost == pytest.approx(3.0) and not g.open(2)  # (half-way from 1 to 5): 3 tokens / 37.5 ms < 1 / 10
+    g.observe(3, kept=3.0, verified=4.0, seconds=100.0)  # another bucket's first: not priced either
+    assert g.spec_cost == pytest.approx(3.0)
 
     for _ in range(40):
         g.plain_step(2, seconds=3 / 100.0)
