@@ -455,10 +455,17 @@ def _compose_variants(cfg, base: list[str]) -> list:
     vcfgs, bad = [], []
     for i, v in enumerate(cfg.pipeline.variants):
         where = f"pipeline.variants[{i}]={v!r}"
-        own = [o for o in v.split() if re.split(r"[.=@]", o.lstrip("+~"), maxsplit=1)[0] == "pipeline"]
-        if own:  # every variant runs under this bench: a pipeline override there would be silently ignored
+        # every variant runs under this bench, whose requests are its own: pipeline and workload overrides there
+        # would be silently ignored
+        own = [o for o in v.split() if _group(o) in ("pipeline", "workload")]
+        if own:
             bad.append(f"{where}: sets {' '.join(own)}; expected variants of what is timed (model, ssm, kv, spec, "
-                       f"quant, workload, runtime), with pipeline.* set on the command line")
+                       f"quant, runtime), with pipeline.* set on the command line (the bench's requests are "
+                       f"pipeline.prompt_len, batch_sizes and steps, not the workload's)")
+            continue
+        if v.split() in [u.split() for u in cfg.pipeline.variants[:i]]:
+            bad.append(f"{where}: the same overrides as an earlier variant; expected distinct variants (each is a "
+                       f"row of the table)")
             continue
         try:
             vcfgs.append(compose(base + v.split()) if v else cfg)
@@ -469,6 +476,11 @@ def _compose_variants(cfg, base: list[str]) -> list:
     if bad:
         raise ConfigError(bad)
     return vcfgs
+
+
+def _group(override: str) -> str:
+    """The config group an override string sets (`+kv.top_k=8` → kv)."""
+    return re.split(r"[.=@]", override.lstrip("+~"), maxsplit=1)[0]
 
 
 def _check_variants(cfg, vcfgs) -> None:
@@ -495,6 +507,11 @@ def run(cfg, run_dir: Path) -> dict:
     con = Console()
     base = _task_overrides()
     vcfgs = _compose_variants(cfg, base)
+    unused = [o for o in base if _group(o) == "workload"]
+    if unused:
+        from synodic.config.files import note
+        note(f"{' '.join(unused)}: pipeline=bench serves its own requests (pipeline.prompt_len, batch_sizes, steps); "
+             "the workload group is not used")
     if p.acceptance != "real" and all(c.spec.kind == "none" for c in vcfgs):
         from synodic.config.errors import ConfigError
         raise ConfigError([f"pipeline.acceptance={p.acceptance!r}: no variant speculates (every spec=none); expected "

@@ -289,7 +289,8 @@ def test_sweep_metric(metric):
               "pipeline.metric=")
 
 
-@pytest.mark.parametrize("variant", ["pipeline=decode", "pipeline.steps=3"])
+@pytest.mark.parametrize("variant", ["pipeline=decode", "pipeline.steps=3", "workload=chat",
+                                     "workload.max_tokens=9"])
 def test_bench_variant_that_sets_the_pipeline(variant):
     from synodic.pipelines.bench import _compose_variants
     cfg = compose(["pipeline=bench", f"pipeline.variants=['', '{variant}']"])
@@ -507,3 +508,11 @@ def test_eval_reference_of_what_forward_does_not_run(ref):
     _one_line(*check(["pipeline=eval", f"pipeline.reference={ref}"]), "pipeline.path=forward",
               "pipeline.path=decode")
     assert check(["pipeline=eval", f"pipeline.reference={ref}", "pipeline.path=decode"]) == (None, [])
+
+
+def test_bench_variants_that_repeat_one_another():
+    from synodic.pipelines.bench import _compose_variants
+    cfg = compose(["pipeline=bench", "pipeline.variants=['ssm=replay', 'ssm=eager', ' ssm=replay ']"])
+    lines = _config_error(lambda: _compose_variants(cfg, []), "pipeline.variants[2]=' ssm=replay '",
+                          "expected distinct variants")
+    assert len(lines) == 1
