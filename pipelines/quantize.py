@@ -61,15 +61,11 @@ def quantize_to_store(model, qcfg, store_root: Path | str | None = None, *, exec
     called after each group's part is on disk (tests raise from it to simulate a kill)."""
     import shutil
 
-    from synodic.config.errors import ConfigError
     from synodic.quant import apply, store
     from synodic.results.locks import exclusive
 
     t0 = time.perf_counter()
-    names, skipped = apply.select_linears(model, qcfg.layers, qcfg.kind)
-    if not names:
-        raise ConfigError([f"quant.layers={list(qcfg.layers)}: matched no quantizable nn.Linear; expected "
-                           f"patterns such as 'blocks.*' or 'blocks.*.mixer.*_proj'"])
+    names, skipped = apply.checked_linears(model, qcfg)
     identity = apply.model_identity(model)
     key = apply.artifact_hash(identity, qcfg)
     adir = Path(store_root or store.default_store()) / key

@@ -315,6 +315,12 @@ def test_quantize_layers_matching_nothing():
     qcfg = compose(["quant=mxfp4", "quant.layers=[zzz]"]).quant
     _config_error(lambda: quantize_to_store(model, qcfg, "/nonexistent", progress=False), "quant.layers=['zzz']",
                   "blocks.*")
+    # a typo beside a good pattern: refused too, naming the pattern that matched nothing
+    qcfg = compose(["quant=mxfp4", "quant.layers=[blocks.*, blocks.*.mixer.zzz]"]).quant
+    lines = _config_error(lambda: quantize_to_store(model, qcfg, "/nonexistent", progress=False),
+                          "'blocks.*.mixer.zzz' matched no nn.Linear")
+    from synodic.quant.apply import apply_quant
+    _config_error(lambda: apply_quant(model, qcfg), *lines)
 
 
 def test_kind_override_suggests_the_option():

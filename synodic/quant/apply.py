@@ -46,6 +46,22 @@ def select_linears(model: nn.Module, patterns: list[str], fmt: str) -> tuple[lis
     return names, skipped
 
 
+def checked_linears(model: nn.Module, qcfg) -> tuple[list[str], dict[str, str]]:
+    """select_linears for quant config `qcfg`, refusing a selection that quantizes nothing and a pattern that
+    matches no nn.Linear (a typo beside a good pattern would otherwise leave its layers in high precision
+    silently)."""
+    from synodic.config.errors import ConfigError
+    names, skipped = select_linears(model, qcfg.layers, qcfg.kind)
+    hint = "expected patterns such as 'blocks.*' or 'blocks.*.mixer.*_proj'"
+    if not names:
+        raise ConfigError([f"quant.layers={list(qcfg.layers)}: matched no quantizable nn.Linear; {hint}"])
+    idle = [p for p in qcfg.layers if select_linears(model, [p], qcfg.kind) == ([], {})]
+    if idle:
+        raise ConfigError([f"quant.layers={list(qcfg.layers)}: {', '.join(map(repr, idle))} matched no nn.Linear; "
+                           f"{hint}"])
+    return names, skipped
+
+
 def group_of(name: str) -> str:
     """Layer group = one block ('blocks.7'); anything else is its own group."""
     parts = name.split(".")
@@ -268,10 +284,7 @@ def apply_quant(model: nn.Module, qcfg, device: torch.device | str | None = None
     from synodic.quant.linear import QuantLinear
     t0 = time.perf_counter()
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    names, skipped = select_linears(model, qcfg.layers, qcfg.kind)
-    if not names:
-        raise ConfigError([f"quant.layers={list(qcfg.layers)}: matched no quantizable nn.Linear; expected "
-                           f"patterns such as 'blocks.*' or 'blocks.*.mixer.*_proj'"])
+    names, skipped = checked_linears(model, qcfg)
     key = artifact_hash(model_identity(model), qcfg)
     adir = resolve_artifact(qcfg, key)
     mods = dict(model.named_modules())
