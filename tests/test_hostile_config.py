@@ -522,3 +522,17 @@ def test_bench_variants_that_repeat_one_another():
     lines = _config_error(lambda: _compose_variants(cfg, []), "pipeline.variants[2]=' ssm=replay '",
                           "expected distinct variants")
     assert len(lines) == 1
+
+
+def test_new_key_in_a_mapping_field_names_the_plus_form():
+    _one_line(*check(["model.overrides.hidden_size=64"]), "model.overrides is a mapping",
+              "expected +model.overrides.hidden_size=64")
+    _one_line(*check(["model.dtype.x=7"]), "unknown key")  # not a mapping: the plain line
+
+
+def test_synthetic_requests_that_do_not_fit_in_host_memory():
+    from synodic.config.budget import check_fits
+    cfg = compose(["workload=chat", "workload.num_requests=100000000", "runtime.device=cpu"])
+    _config_error(lambda: check_fits(cfg, torch.device("cpu")), "workload.num_requests=100000000",
+                  "workload requests")
+    check_fits(compose(["workload=chat", "workload.num_requests=1000", "runtime.device=cpu"]), torch.device("cpu"))

@@ -201,11 +201,30 @@ def estimate(cfg, limit: int | None = None) -> dict[str, tuple[str, int]]:
     return out
 
 
+# a synthetic request's tokens are Python ints in lists on the host (prompt and outputs): a list slot and an int
+# object each (ints above 256 are not shared)
+REQUEST_TOKEN_BYTES = 36
+
+
+def request_bytes(cfg) -> dict[str, tuple[str, int]]:
+    """{what: (key, bytes)} of a synthetic workload's requests, which are built on the host before decoding."""
+    wl = cfg.workload
+    if not hasattr(wl, "num_requests") or cfg.pipeline.kind != "decode":  # (the only pipeline that serves them)
+        return {}
+    return {"workload requests": ("workload.num_requests", wl.num_requests * (wl.prompt_len + wl.output_len) *
+                                  REQUEST_TOKEN_BYTES)}
+
+
 def check_fits(cfg, device, fraction: float = 0.9) -> None:
     if cfg.pipeline.kind in ("train", "train_drafter"):
         device = _train_device(cfg)  # what the trainer will use, not the runtime group's device
     have = available_bytes(device)
     est = estimate(cfg, limit=int(fraction * have))
+    host = request_bytes(cfg)
+    if getattr(device, "type", str(device)) == "cpu":
+        est.update(host)
+    elif host:
+        refuse_if_over(host, available_bytes("cpu"), fraction, "host", lambda key: _value(cfg, key))
     total = sum(b for _, b in est.values())
     _check_local_replicas(cfg, device, total, fraction * have)
     refuse_if_over(est, have, fraction, getattr(device, "type", device), lambda key: _value(cfg, key))

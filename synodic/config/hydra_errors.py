@@ -61,6 +61,17 @@ def _fields(group: str, overrides: list[str]) -> str:
     return ", ".join(sorted(cls.model_fields)) if cls is not None else ""
 
 
+def _mapping_field(group: str, field: str, overrides: list[str]) -> bool:
+    """Whether `group.field` of the chosen option is a mapping (its new keys are added with '+')."""
+    import typing
+    cls = REGISTRIES[group].classes.get(_chosen(overrides).get(group, ""))
+    info = cls.model_fields.get(field) if cls is not None else None
+    if info is None:
+        return False
+    ann = info.annotation
+    return any(t is dict or typing.get_origin(t) is dict for t in (ann, *typing.get_args(ann)))
+
+
 def _first(msg: str) -> str:
     return " ".join(str(msg).strip().splitlines()[0].split()) if str(msg).strip() else type(msg).__name__
 
@@ -93,6 +104,11 @@ def format_hydra_error(exc: BaseException, overrides: list[str]) -> list[str]:
         given = next((o.partition("=")[2] for o in overrides if o.partition("=")[0] == key), "")
         group = key.split(".")[0]
         known = _fields(group, overrides) if group in GROUPS else ", ".join(GROUPS)
+        parts = key.split(".")
+        if group in GROUPS and len(parts) > 2 and _mapping_field(group, parts[1], overrides):
+            # a new key inside a mapping field (model.overrides.hidden_size): Hydra adds keys only with '+'
+            return [f"{key}={given!r}: {'.'.join(parts[:2])} is a mapping and {parts[2]!r} is not in it yet; "
+                    f"expected +{key}={given}"]
         return [f"{key}={given!r}: unknown key; expected one of {known}"]
     m = re.search(r"Could not append to config\. An item is already at '([^']+)'", msg)
     if m:
