@@ -162,7 +162,7 @@ def run(cfg, run_dir: Path) -> dict:
     runs = [r["overrides"] for r in rows]
     if want_quality:
         runs += [[*r["overrides"], "pipeline=eval"] for r in rows]
-    trials = validate_trials(runs, "pipeline.study", noun="row")
+    trials = validate_trials(runs, "pipeline.study", noun="row", distinct=False)
     uniq = list({t.config_hash: t for t in trials}.values())  # cumulative's last row = leave-one-out's full
     run_sweep(uniq, run_dir, p.cpus, p.gpus, p.max_failures, p.max_concurrent, p.ray_address)
 

@@ -130,11 +130,14 @@ def test_ablate_pipeline_end_to_end(tmp_path, ray_instance):
     from synodic.pipelines.ablate import run
 
     from synodic.config.compose import compose
-    cfg = compose(["runtime.device=cpu", "pipeline=ablate", f"pipeline.study={study}", "pipeline.mode=cumulative",
-                   "pipeline.max_concurrent=2"])
+    # mode=both (the default): leave-one-out's rows are the cumulative ones' configs, run once each
+    cfg = compose(["runtime.device=cpu", "pipeline=ablate", f"pipeline.study={study}", "pipeline.max_concurrent=2"])
     out = run(cfg, tmp_path)
-    assert [r["arm"] for r in out["rows"]] == ["base", "+ replay"] and all(r["status"] == "done" for r in out["rows"])
+    assert [r["arm"] for r in out["rows"]] == ["base", "+ replay", "full", "- replay"]
+    assert all(r["status"] == "done" for r in out["rows"])
+    assert len(list((tmp_path / "trials").iterdir())) == 2
     assert "ssm.kind: 'eager' → 'replay'" in out["rows"][1]["delta_config"]
+    assert "ssm.kind: 'replay' → 'eager'" in out["rows"][3]["delta_config"]
     for f in ("ablation.md", "ablation.csv", "ablation.png"):
         assert (tmp_path / f).stat().st_size > 0
     assert json.loads((tmp_path / "grid.json").read_text())

@@ -41,8 +41,11 @@ class Trial:
     cfg: object
 
 
-def validate_trials(trial_overrides: list[list[str]], key: str, noun: str = "trial") -> list[Trial]:
-    """Every trial composed and validated before any runs; one line per bad trial, naming its overrides."""
+def validate_trials(trial_overrides: list[list[str]], key: str, noun: str = "trial",
+                    distinct: bool = True) -> list[Trial]:
+    """Every trial composed and validated before any runs; one line per bad trial, naming its overrides.
+    `distinct`: two trials of one config are refused (a sweep's grid); an ablation's rows may repeat a config
+    (cumulative's last row is leave-one-out's full one) and are run once per config by the caller."""
     from synodic.config.compose import compose
     from synodic.config.hydra_errors import format_hydra_error
     from synodic.config.schema import config_hash
@@ -69,7 +72,7 @@ def validate_trials(trial_overrides: list[list[str]], key: str, noun: str = "tri
     if problems:
         raise ConfigError(problems)
     seen = {}
-    for t in trials:
+    for t in trials if distinct else ():
         if t.config_hash in seen:
             raise ConfigError([f"{key}: trials ({' '.join(seen[t.config_hash])}) and ({' '.join(t.overrides)}) "
                                f"are the same config (hash {t.config_hash}); expected distinct trials"])
