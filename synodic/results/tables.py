@@ -17,7 +17,12 @@ def write_table_files(run_dir: Path, stem: str, rows: list[dict], first: list[st
     <stem>.png (`metric` per row, labelled by `label`, on a linear axis from zero)."""
     run_dir = Path(run_dir)
     cols = columns(rows, first)
-    (run_dir / f"{stem}.md").write_text(f"# {title}\n\n" + markdown_table(rows, cols) + "\n")
+    # the markdown is for reading: a column other than `first` that is the same in every row (or blank in every
+    # row) says nothing about the rows' differences, so it stays in the CSV only
+    shown = [c for c in cols if c in first or len(rows) < 2 or len({repr(r.get(c)) for r in rows}) > 1]
+    note = (f"\n{len(cols) - len(shown)} columns equal in every row are in {stem}.csv only.\n"
+            if len(shown) < len(cols) else "")
+    (run_dir / f"{stem}.md").write_text(f"# {title}\n\n" + markdown_table(rows, shown) + "\n" + note)
     with open(run_dir / f"{stem}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols, restval="")
         w.writeheader()
