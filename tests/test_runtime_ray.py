@@ -177,3 +177,10 @@ def test_bench_variant_moving_the_replicas_exits_2_before_ray_starts():
     err = [x for x in p.stderr.splitlines() if x.startswith("error:")]
     assert len(err) == 1 and "pipeline.variants[1]='runtime.replicas=3'" in err[0] and "runtime.replicas" in err[0]
     assert "Started a local Ray instance" not in p.stderr and "Traceback" not in p.stderr
+
+
+def test_replica_threads_are_capped_at_the_machines_cores():
+    import os
+
+    from synodic.distributed.replicas import _threads
+    assert _threads(1) == 1 and _threads(10 ** 6) == (os.cpu_count() or 1)

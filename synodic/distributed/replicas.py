@@ -37,6 +37,13 @@ def _wall(t: float | None, perf_now: float, wall_now: float) -> float | None:
     return None if t is None else t - perf_now + wall_now
 
 
+def _threads(cpus: int) -> int:
+    """Torch threads of a replica given `cpus` logical CPUs: at most the cores of its machine (Ray's CPUs are a
+    scheduling unit, so runtime.cpus_per_replica may exceed them; more threads than cores only contend)."""
+    import os
+    return max(1, min(cpus, os.cpu_count() or 1))
+
+
 class Replica:
     """One decode replica: a ServingGraph and an Engine on the device Ray gave this actor."""
 
@@ -46,7 +53,7 @@ class Replica:
         from synodic.config.schema import validate
         from synodic.engine.engine import Engine
         from synodic.graph import build_graph
-        torch.set_num_threads(threads)
+        torch.set_num_threads(_threads(threads))
         t0 = time.perf_counter()
         self.cfg = validate(raw_cfg)
         self.graph = build_graph(self.cfg, max_seq_len)
@@ -100,7 +107,7 @@ class Worker:
 
     def __init__(self, threads: int):
         import torch
-        torch.set_num_threads(threads)
+        torch.set_num_threads(_threads(threads))
         self.state: dict = {}
 
     def pid(self) -> int:

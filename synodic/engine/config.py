@@ -42,7 +42,8 @@ class RayRuntime(LocalRuntime):
         "an explicit count of CPU replicas)")
     gpus_per_replica: int = Field(1, ge=1, description="GPUs per replica (1: each replica runs the whole model on "
                                   "one GPU; more needs tensor parallelism, which synodic does not have)")
-    cpus_per_replica: int = Field(1, ge=1, description="CPUs per replica (its torch threads on a CPU replica)")
+    cpus_per_replica: int = Field(1, ge=1, description="CPUs per replica (its torch threads on a CPU replica, at most "
+                                  "the cores of its machine)")
     address: RayAddress = Field(None, description="Ray cluster to join: 'auto', 'host:port' or 'ray://host:port'; "
                                 "null: start a local Ray instance for the run")
     router: Literal["least_loaded", "round_robin"] = Field(
