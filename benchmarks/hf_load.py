@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +40,12 @@ def hub_config(cfg) -> dict:
             "eos_token_id": 2, "bos_token_id": 1}
 
 
+def folder_bytes(cfg) -> int:
+    """Bytes of the bf16 tensors write_folder writes for `cfg`."""
+    from synodic.models.hf.nemotron_h import sources
+    return sum(torch.Size(src.shape).numel() * 2 for src in sources(cfg, "backbone.").values())
+
+
 def write_folder(cfg, out: Path, shard_bytes: int, device: str, seed: int = 0) -> int:
     """Random bf16 tensors under NemotronH's Hub names, shard by shard (one shard in host memory at a time)."""
     from safetensors.torch import save_file
@@ -58,6 +66,7 @@ def write_folder(cfg, out: Path, shard_bytes: int, device: str, seed: int = 0) -
     weight_map, total = {}, 0
     for i, group in enumerate(groups):
         fname = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        print(f"writing {out / fname} ({i + 1} of {len(groups)})", file=sys.stderr, flush=True)
         tensors = {}
         for name in group:
             t = torch.empty(names[name].shape, device=device, dtype=torch.bfloat16)
@@ -170,6 +179,13 @@ def main(argv=None):
     folder = Path(a.dir)
     t0 = time.perf_counter()
     if not (folder / "config.json").is_file():
+        need, root = folder_bytes(cfg), folder
+        while not root.exists():
+            root = root.parent
+        free = shutil.disk_usage(root).free
+        if need > free:  # (a full disk mid-write leaves a broken folder and a failing machine)
+            ap.error(f"argument --dir: invalid value {a.dir!r}: {a.preset} takes {need / 1e9:.1f} GB and {root} has "
+                     f"{free / 1e9:.1f} GB free; expected a folder with room, or --layers N for fewer layers")
         write_folder(cfg, folder, int(a.shard_gb * 2 ** 30), a.device)
     write_s = time.perf_counter() - t0
     nbytes = sum(p.stat().st_size for p in folder.glob("model-*.safetensors"))

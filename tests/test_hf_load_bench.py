@@ -26,3 +26,15 @@ def test_hf_load_tiny(tmp_path):
                 seen += 1
     assert seen == 8  # in_proj, conv1d weight + bias, dt_bias, A_log, D, norm, out_proj
     assert model.blocks[3].kind == "attention" and model.blocks[3].mixer.rot == 0  # NemotronH: no rotary
+
+
+def test_hf_load_refuses_a_folder_without_room(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    import pytest
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10 ** 12, 10 ** 12, 10 ** 6))
+    with pytest.raises(SystemExit) as e:
+        hf_load.main(["--dir", str(tmp_path / "a" / "b"), "--out", str(tmp_path / "r.json"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "nemotron_h_8b takes 16" in err and "expected a folder with room" in err
+    assert not (tmp_path / "a").exists()
