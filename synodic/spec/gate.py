@@ -34,6 +34,9 @@ class Gate:
         # seconds and count of the timed probes and plain steps: what a probe costs in plain steps, in results
         self._probe_t, self._plain_t = [0.0, 0], [0.0, 0]
         self._feed_t = [0.0, 0]  # plain steps that fed the drafter (timed apart: what feeding costs, in results)
+        # bucket → timed drafting steps: a bucket's first may carry one-off work outside a graph capture (kernel
+        # compiles, first allocations), so neither gate lets it alone price drafting there
+        self._drafts_timed: dict[int, int] = {}
 
     def open(self, b: int) -> bool:
         raise NotImplementedError
@@ -62,11 +65,17 @@ class Gate:
 
     def _drafting_ran(self, b: int, seconds: float | None) -> None:
         """Before the step's rates are in: count it as a probe if the gate was closed (and its time)."""
+        if seconds is not None and seconds > 0:
+            self._drafts_timed[bucket(b)] = self._drafts_timed.get(bucket(b), 0) + 1
         if not self.open(b):
             self.probes += 1
             if seconds is not None and seconds > 0:
                 self._probe_t[0] += seconds
                 self._probe_t[1] += 1
+
+    def _first_timed_draft(self, b: int) -> bool:
+        """Whether the drafting step just timed over b rows is its bucket's first (provisional: see __init__)."""
+        return self._drafts_timed.get(bucket(b), 0) == 1
 
     def _drafted(self, b: int) -> None:
         """After a drafting step's rates are in: the next probe's wait. A winning step halves it (not a reset: one
@@ -129,8 +138,8 @@ class MeasuredGate(Gate):
 
     def _probe_excess(self, b: int) -> float | None:
         k = bucket(b)
-        if k not in self._spec or k not in self._plain or self._spec[k][2] < 2:
-            return None  # (one drafting step may carry one-off costs: the wait only doubles until a second)
+        if k not in self._spec or k not in self._plain or self._drafts_timed.get(k, 0) < 2:
+            return None  # (the bucket's first timed drafting step is provisional: the wait only doubles)
         (ts, ss, _), (tp, sp, _) = self._spec[k], self._plain[k]
         return ss / sp - ts / tp  # a drafting step's time and its tokens, each in plain steps
 

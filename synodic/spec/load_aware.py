@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .gate import Gate, bucket
+from .gate import Gate
 
 SPS_DIR = Path(__file__).resolve().parents[1] / "assets" / "sps"
 
@@ -130,7 +130,6 @@ class DraftGate(Gate):
         self.verified: float | None = None  # tokens verified per row-step (chosen drafts + 1)
         self.spec_cost = self.plain_cost = 1.0  # measured step time / the profile's
         self._spec_key, self._spec_val, self._plain_rate = None, 0.0, {}
-        self._timed: set[int] = set()  # batch buckets whose first timed drafting step has run
 
     def _spec_s(self, b: int, verified: float) -> float:
         # one entry: the plain loop asks at every step, and b and verified change only between drafting steps
@@ -177,12 +176,9 @@ class DraftGate(Gate):
         else:
             self.kept += self.decay * (kept - self.kept)
             self.verified += self.decay * (verified - self.verified)
-        # a bucket's first timed drafting step may carry one-off work (kernel compiles, first allocations): it
-        # does not price the step, the profile alone does until a second one is timed
-        if seconds is not None and bucket(b) in self._timed:
+        # a bucket's first timed drafting step is provisional (Gate): the profile alone prices it
+        if seconds is not None and not self._first_timed_draft(b):
             self.spec_cost += self.cost_decay * (_ratio(seconds / self._spec_s(b, verified)) - self.spec_cost)
-        elif seconds is not None:
-            self._timed.add(bucket(b))
         self._drafted(b)
 
     def summary(self) -> dict:
