@@ -86,7 +86,7 @@ def _data(target, tok, p, device, run_dir: Path, model: str = ""):
     if cache.is_file():
         return _cached(cache, made_by)
     gen = torch.Generator().manual_seed(p.seed)
-    train_p = _prompts(tok, p.prompts, p.prompt_len, False, gen)
+    train_p, held_p = _split_prompts(tok, p, gen)
     n_g = p.prompts - int(round(p.prompts * p.sampled_fraction))
     sgen = torch.Generator(device=device).manual_seed(p.seed)
     chunks = []
@@ -97,12 +97,43 @@ def _data(target, tok, p, device, run_dir: Path, model: str = ""):
               f" {p.new_tokens} tokens each)", flush=True)
         chunks.append(continuations(target, train_p[lo:hi].to(device), p.new_tokens, temp,
                                     None if temp == 0 else sgen).cpu())
-    held_p = _prompts(tok, p.eval_prompts, p.prompt_len, True, gen).to(device)
-    held = continuations(target, held_p, p.new_tokens, 0.0).cpu()
-    held_s = continuations(target, held_p, p.new_tokens, 1.0, sgen).cpu()
+    held, held_s = _held_continuations(target, held_p.to(device), p, sgen)
     train = torch.cat(chunks)
     save_file({"train": train.contiguous(), "held": held, "held_sampled": held_s}, str(cache), metadata=made_by)
     return train, held, held_s
+
+
+def _split_prompts(tok, p, gen):
+    """The training prompts, then the held-out ones, drawn from one generator in that order (so the held-out
+    prompts of a recipe are the same whether or not its training continuations are made)."""
+    return _prompts(tok, p.prompts, p.prompt_len, False, gen), _prompts(tok, p.eval_prompts, p.prompt_len, True, gen)
+
+
+def _held_continuations(target, held_p, p, sgen):
+    """The target's greedy and sampled (T = 1, from `sgen`) continuations of the held-out prompts."""
+    from synodic.spec.training import continuations
+    return (continuations(target, held_p, p.new_tokens, 0.0).cpu(),
+            continuations(target, held_p, p.new_tokens, 1.0, sgen).cpu())
+
+
+def heldout_data(target, tok, p, device, gamma: int):
+    """(held, held_sampled, anchors): the held-out sequences and γ-blocks' anchors a train_drafter run with recipe `p`
+    reports its acceptance on, made without the training continuations (benchmarks.drafter_acceptance scores every
+    scheme on them). A sampled training share draws from the sampling generator before the held-out sequences do,
+    so only a recipe without one (sampled_fraction = 0, the default) gives the run's own sampled sequences."""
+    import torch
+    gen = torch.Generator().manual_seed(p.seed)
+    _, held_p = _split_prompts(tok, p, gen)
+    held, held_s = _held_continuations(target, held_p.to(device), p, torch.Generator(device=device).manual_seed(p.seed))
+    return held, held_s, eval_anchors(held, p.prompt_len, p.seed, gamma)
+
+
+def eval_anchors(held, prompt_len: int, seed: int, gamma: int):
+    """16 block anchors per held-out sequence, over the target's own continuation (every block has its labels)."""
+    import torch
+    g = torch.Generator().manual_seed(seed + 1)
+    lo = min(prompt_len - 1, held.shape[1] - gamma - 1)
+    return torch.randint(lo, held.shape[1] - gamma, (held.shape[0], 16), generator=g)
 
 
 # the settings that decide the cached sequences: a rerun in the same directory must ask for the same ones
@@ -227,9 +258,7 @@ def run(cfg, run_dir: Path) -> dict:
     if scheme == "dspark":
         from synodic.spec.training import calibrate_confidence
         calibrate_confidence(draft, target, data[: max(1, data.shape[0] // 8)].to(device), gamma, p.seed)
-    g = torch.Generator().manual_seed(p.seed + 1)
-    lo = min(p.prompt_len - 1, held.shape[1] - gamma - 1)  # blocks over the target's own continuation
-    anchors = torch.randint(lo, held.shape[1] - gamma, (held.shape[0], 16), generator=g).to(device)
+    anchors = eval_anchors(held, p.prompt_len, p.seed, gamma).to(device)
     out_dir = save_draft_model(draft, run_dir / "drafter", p.storage)
     stored = load_draft_model(out_dir, target.config, device, next(draft.parameters()).dtype, target=target).eval()
     with torch.no_grad():

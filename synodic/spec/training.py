@@ -73,11 +73,40 @@ def greedy_acceptance(draft, target, tokens, anchors, gamma: int) -> dict:
     """Teacher-forced greedy acceptance on the target's greedy continuations `tokens`: block a drafts greedily
     from the true prefix; drafts are accepted while they equal the target's argmax (= the next true token).
     Returns the mean acceptance length (accepted + 1) and the conditional acceptance rate per position."""
-    run = _greedy_runs(draft, target, tokens, anchors, gamma)             # 1 while every earlier draft matched
+    return runs_acceptance(_greedy_runs(draft, target, tokens, anchors, gamma))
+
+
+def runs_acceptance(run: torch.Tensor) -> dict:
+    """[blocks, gamma] runs (1 while every earlier draft matched) → the mean acceptance length and the conditional
+    rate by position (kept at k among the blocks that reached k)."""
     accepted = run.sum(-1)
     reach = torch.cat([torch.ones_like(run[:, :1]), run[:, :-1]], dim=1).sum(0).clamp(min=1)
     return {"acceptance_length": (accepted.float() + 1).mean().item(),
             "rate_by_position": (run.sum(0).float() / reach.float()).tolist()}
+
+
+def _blocks_of(anchors: torch.Tensor) -> list[tuple[int, int]]:
+    """(row, anchor) of every block of anchors [B, A], in the flattened order of a [B * A] result."""
+    return [(r, a) for r, row in enumerate(anchors.tolist()) for a in row]
+
+
+@torch.no_grad()
+def ngram_runs(target, tokens: torch.Tensor, anchors: torch.Tensor, gamma: int, max_ngram: int,
+               min_ngram: int) -> torch.Tensor:
+    """spec=ngram's teacher-forced runs [B * A, gamma], as _greedy_runs gives a drafter's: block (b, a) drafts by
+    prompt lookup from tokens[b, :a + 1] and keeps drafts while they equal the target's argmax; a lookup shorter
+    than gamma (or none) ends the run where its drafts end, as a row with fewer drafts does in the Engine."""
+    from .ngram import lookup
+    argmax = target(tokens).argmax(-1).cpu()
+    toks, anc = tokens.cpu().tolist(), anchors.cpu()
+    out = torch.zeros(anc.numel(), gamma, dtype=torch.long)
+    for i, (b, a) in enumerate(_blocks_of(anc)):
+        d = lookup(toks[b][:a + 1], gamma, max_ngram, min_ngram)
+        for k, tok in enumerate(d):
+            if tok != int(argmax[b, a + k]):
+                break
+            out[i, k] = 1
+    return out
 
 
 def _greedy_runs(draft, target, tokens, anchors, gamma: int) -> torch.Tensor:
@@ -99,13 +128,25 @@ def walk_acceptance(draft, target, tokens, prompt_len: int, gamma: int, chunk: i
     walk picks the anchors it reaches. Returns tokens_per_step (the Engine's mean of accepted + 1 over its
     row-steps), steps, max_tokens and the conditional rate by position over the reached blocks."""
     B, T = tokens.shape
-    last = T - gamma - 1  # the last anchor a decode of max_tokens tokens verifies from
+    anchors = walk_anchors(tokens, prompt_len, gamma)  # the last verifies the final max_tokens-th token
+    runs = torch.cat([_greedy_runs(draft, target, tokens[i:i + chunk], anchors[i:i + chunk], gamma).view(
+        -1, anchors.shape[1], gamma) for i in range(0, B, chunk)]).cpu()
+    return walk_runs(runs, prompt_len, T, gamma)
+
+
+def walk_anchors(tokens: torch.Tensor, prompt_len: int, gamma: int) -> torch.Tensor:
+    """[B, n] every anchor a greedy decode of tokens [B, T] can verify from (walk_acceptance)."""
+    B, T = tokens.shape
+    last = T - gamma - 1
     if last < prompt_len:
         raise ValueError(f"walk_acceptance: sequences of {T} tokens with prompt_len={prompt_len} and gamma={gamma}; "
                          f"expected T >= prompt_len + gamma + 1")
-    anchors = torch.arange(prompt_len, last + 1, device=tokens.device).expand(B, -1)
-    runs = torch.cat([_greedy_runs(draft, target, tokens[i:i + chunk], anchors[i:i + chunk], gamma).view(
-        -1, anchors.shape[1], gamma) for i in range(0, B, chunk)]).cpu()
+    return torch.arange(prompt_len, last + 1, device=tokens.device).expand(B, -1)
+
+
+def walk_runs(runs: torch.Tensor, prompt_len: int, T: int, gamma: int) -> dict:
+    """walk_acceptance's walk over teacher-forced runs [B, n anchors, gamma] at walk_anchors."""
+    last = T - gamma - 1
     kept, reached = [], []
     for row in runs:
         a = prompt_len
@@ -161,6 +202,23 @@ def sampled_acceptance(draft, target, tokens, anchors, gamma: int, temperature: 
     alpha = torch.minimum(p, q).sum(-1).flatten(0, 1)                     # [B*A, gamma]
     surv = alpha.cumprod(-1)
     return {"acceptance_length": (1 + surv.sum(-1)).mean().item(),
+            "rate_by_position": alpha.mean(0).tolist()}
+
+
+@torch.no_grad()
+def ngram_sampled_acceptance(target, tokens, anchors, gamma: int, max_ngram: int, min_ngram: int,
+                             temperature: float = 1.0) -> dict:
+    """sampled_acceptance for spec=ngram: its q is one-hot on the looked-up draft, so draft k is kept with
+    probability alpha_k = p_k(d_k) (0 past the end of the lookup), p the target's at `temperature` given the
+    true prefix of the sampled sequences `tokens`."""
+    from .ngram import lookup
+    p = torch.softmax(target(tokens).float() / temperature, -1).cpu()
+    toks, anc = tokens.cpu().tolist(), anchors.cpu()
+    alpha = torch.zeros(anc.numel(), gamma)
+    for i, (b, a) in enumerate(_blocks_of(anc)):
+        for k, tok in enumerate(lookup(toks[b][:a + 1], gamma, max_ngram, min_ngram)):
+            alpha[i, k] = p[b, a + k, tok]
+    return {"acceptance_length": (1 + alpha.cumprod(-1).sum(-1)).mean().item(),
             "rate_by_position": alpha.mean(0).tolist()}
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from benchmarks import (
     closed_gate,
+    drafter_acceptance,
     hf_load,
     kv_locality,
     kv_long,
@@ -79,6 +80,10 @@ CASES = {
     "kv_profile_step --pool-fraction": (kv_profile_step.main, ["--smoke", "--pool-fraction", "-1"],
                                         ["--pool-fraction", "(0, 1]"]),
     "kv_locality --tokens 0": (kv_locality.main, ["--tokens", "0"], ["--tokens", "out of range"]),
+    "drafter_acceptance --gamma 3": (drafter_acceptance.main, ["--gamma", "3"], ["--gamma", "3", "expected --gamma 7"]),
+    "drafter_acceptance --models zzz": (drafter_acceptance.main, ["--models", "zzz"], ["--models", "'zzz'"]),
+    "drafter_acceptance --schemes bogus": (drafter_acceptance.main, ["--schemes", "bogus"], ["--schemes", "'bogus'"]),
+    "drafter_acceptance --prompts 0": (drafter_acceptance.main, ["--prompts", "0"], ["--prompts", "'0'"]),
 }
 
 
