@@ -1,6 +1,6 @@
 """pipeline=train_drafter: train the `spec` scheme's draft model (dflash, dspark, dflash2) for the `model`
-target, which stays frozen. Data: the target's own continuations (half greedy, half sampled at T = 1) of
-prompts drawn from the training split of the embedded corpus; many anchors per sequence, each followed by a
+target, which stays frozen. Data: the target's own continuations (greedy; `sampled_fraction` of them sampled at
+T = 1) of prompts drawn from the training split of the embedded corpus; many anchors per sequence, each followed by a
 masked block, position-weighted losses (synodic/spec/training.py). Writes the drafter (safetensors + config)
 under the run directory, metrics.csv, loss.png, acceptance.png (held-out acceptance rate by draft position)
 and, with `export_to`, a copy where `spec.drafter=auto` finds it. The report gives the teacher-forced acceptance at
