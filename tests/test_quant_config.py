@@ -97,6 +97,43 @@ def test_build_without_dense_copy():
     assert compose(["quant=mxfp4", "quant.dense_copy=false"]).quant.dense_copy is False
 
 
+@pytest.mark.parametrize("fmt,device,dtype,backend,rows,keep", [
+    ("nvfp4", "cuda", torch.bfloat16, "auto", 8, False),      # batch 1 x a window of 8: every call packed
+    ("nvfp4", "cuda", torch.bfloat16, "auto", 32, False),
+    ("nvfp4", "cuda", torch.bfloat16, "auto", 33, True),      # batch 32 with a window: the copy serves it
+    ("mxfp4", "cuda", torch.float16, "auto", 32, False),
+    ("mxfp8_e4m3", "cuda", torch.bfloat16, "auto", 16, False),
+    ("mxfp8_e4m3", "cuda", torch.bfloat16, "auto", 17, True),  # MXFP8's kernel stops at 16 rows
+    ("nvfp4", "cuda", torch.float32, "auto", 1, False),       # fp32 activations: the GEMV only
+    ("nvfp4", "cuda", torch.float32, "auto", 2, True),
+    ("nvfp4", "cpu", torch.bfloat16, "auto", 1, True),        # no packed kernel on the CPU
+    ("nvfp4", "cuda", torch.bfloat16, "torch", 1, True),
+    ("int4_g64", "cuda", torch.bfloat16, "auto", 1, True),    # no packed kernel for the format
+])
+def test_dense_copy_auto_keeps_it_only_where_a_decode_call_reads_it(fmt, device, dtype, backend, rows, keep):
+    """quant.dense_copy=auto drops the copy exactly where every decode call runs the packed kernel with or without
+    it (uses_kernel's rule with the copy), so decode is unchanged and only memory moves."""
+    got, why = qlinear.dense_copy_pays(fmt, device, dtype, backend, rows)
+    assert got is keep and why
+    if device == "cuda" and backend == "auto" and fmt in qlinear.KERNEL_MAX_ROWS:
+        layer = QuantLinear(torch.randn(32, 64), None, mode=f"w{FORMAT_BITS[fmt]}a16", fmt=fmt, dense=True)
+        fake = type("X", (), {"is_cuda": True, "dtype": dtype, "numel": lambda self: rows * 64})()
+        assert layer.uses_kernel(fake) is (not keep)  # the copy is dropped only where the kernel serves the call
+
+
+def test_dense_copy_auto_is_the_default_and_reported():
+    assert compose(["quant=nvfp4"]).quant.dense_copy == "auto"
+    assert compose(["quant=nvfp4", "quant.dense_copy=true"]).quant.dense_copy is True
+    model = tiny()
+    scheme = BlockQuant(kind="nvfp4", method="rtn", artifact="none").build(
+        BuildContext(model=model, device=torch.device("cpu"), max_slots=4, max_seq_len=16, window=8))
+    assert scheme.dense_copy and "auto: on cpu" in scheme.line() and scheme.summary()["dense_copy_why"]
+    assert all(m.dense for m in model.modules() if isinstance(m, QuantLinear))
+    with pytest.raises(ConfigError) as e:
+        compose(["quant=nvfp4", "quant.dense_copy=maybe"])
+    assert len(e.value.lines) == 1 and "quant.dense_copy='maybe'" in e.value.lines[0] and "auto" in e.value.lines[0]
+
+
 def test_layer_patterns_mxfp6_and_smoothquant():
     model = tiny()
     q = BlockQuant(kind="mxfp6_e2m3", method="smoothquant", layers=["blocks.*.mixer.up_proj", "lm_head"],

@@ -225,6 +225,7 @@ class QuantScheme:
     resident_bytes: int
     dense_copy: bool
     rel_mse: dict[str, float] = field(default_factory=dict)
+    dense_copy_why: str | None = None  # quant.dense_copy=auto: what decided it
     build_s: float = 0.0
 
     def summary(self) -> dict:
@@ -241,7 +242,8 @@ class QuantScheme:
         return (f"quant: {self.format} {self.mode} {self.method}, {len(self.layers)} linears ({src}, "
                 f"{self.build_s:.1f}s), weights {self.dense_bytes / 2**20:.1f} -> {self.weight_bytes / 2**20:.1f} MiB "
                 f"packed, {self.resident_bytes / 2**20:.1f} MiB resident"
-                f"{' (dense copy kept)' if self.dense_copy else ''}, "
+                f"{' (dense copy kept)' if self.dense_copy else ' (no dense copy)'}"
+                f"{f' [dense copy {self.dense_copy_why}]' if self.dense_copy_why else ''}, "
                 f"mean rel. MSE {mean:.2e}; " + ("EMULATED: " if self.emulated else "") + self.emulation)
 
 
@@ -304,22 +306,24 @@ def apply_quant(model: nn.Module, qcfg, device: torch.device | str | None = None
             a = None if absmax is None else absmax[n].to(device)
             stored[n], st = solve_linear(mods[n].weight, qcfg.kind, qcfg.method, qcfg.method_opts(), a)
             rel[n] = st["rel_mse"]
+    # "auto" is resolved by QuantConfig.build from the graph's rows; called without a graph, keep the copy
+    keep = qcfg.dense_copy is not False
     dense = wbytes = resident = 0
     for n in names:
         lin, t = mods[n], stored[n]
         q = QTensor(qcfg.kind, t["qdata"], t["qscale"], t["qtensor_scale"], tuple(lin.weight.shape))
         ql = QuantLinear.from_packed(q, t["act_scale"], lin.bias, mode=qcfg.resolved_mode, method=qcfg.method,
                                      rule=qcfg.rule, dtype=lin.weight.dtype, backend=qcfg.backend,
-                                     dense=qcfg.dense_copy).to(device)
+                                     dense=keep).to(device)
         dense += lin.weight.numel() * lin.weight.element_size()
         wbytes += ql.packed_bytes()
         resident += ql.resident_bytes()
         _set_module(model, n, ql)
-    emulated, kernel, why = emulation(device, qcfg.kind, qcfg.bits, qcfg.act_quant, qcfg.backend, qcfg.dense_copy)
+    emulated, kernel, why = emulation(device, qcfg.kind, qcfg.bits, qcfg.act_quant, qcfg.backend, keep)
     scheme = QuantScheme(format=qcfg.kind, method=qcfg.method, mode=qcfg.resolved_mode, act_quant=qcfg.act_quant,
                          layers=names, skipped=skipped, source="artifact" if adir is not None else "on_the_fly",
                          artifact=None if adir is None else str(adir), hash=key, emulated=emulated, emulation=why,
                          kernel=kernel, weight_bytes=wbytes, dense_bytes=dense, resident_bytes=resident,
-                         dense_copy=qcfg.dense_copy, rel_mse=rel,
+                         dense_copy=keep, rel_mse=rel,
                          build_s=time.perf_counter() - t0)
     return scheme

@@ -61,11 +61,13 @@ class BlockQuant(Component):
                           "else quantize on the fly; none: always on the fly; or a store / artifact directory")
     backend: Literal["auto", "torch", "triton"] = Field("auto", description="QuantLinear forward: auto = packed "
                                                          "Triton kernel on CUDA where it applies, else torch")
-    dense_copy: bool = Field(True, description="true: keep each weight's dequantized copy resident beside the "
-                             "packed one (the packed kernel serves decode steps where it beats the bf16 linear: up "
-                             "to 32 rows MXFP4 / NVFP4, 16 rows MXFP8; larger batches and prefill run the dense "
-                             "matmul on the copy); false: weights resident at the format's width only, the packed "
-                             "kernel takes up to 128 rows and larger calls dequantize the weight per call")
+    dense_copy: bool | Literal["auto"] = Field(
+        "auto", description="true: keep each weight's dequantized copy resident beside the packed one (the packed "
+        "kernel serves decode steps where it beats the bf16 linear: up to 32 rows MXFP4 / NVFP4, 16 rows MXFP8; "
+        "larger batches and prefill run the dense matmul on the copy); false: weights resident at the format's "
+        "width only, the packed kernel takes up to 128 rows and larger calls dequantize the weight per call; "
+        "auto: no copy where every decode call (runtime.max_slots x the verify window rows) runs the packed "
+        "kernel anyway (CUDA, up to 32 / 16 rows), else true")
 
     @field_validator("mode")
     @classmethod
@@ -108,6 +110,14 @@ class BlockQuant(Component):
 
     def build(self, ctx):
         from synodic.quant.apply import apply_quant
-        scheme = apply_quant(ctx.model, self, ctx.device)
+        cfg, why = self, None
+        if self.dense_copy == "auto":  # decided by what the graph serves: its slots and verify window
+            from synodic.quant.linear import dense_copy_pays
+            dtype = next(ctx.model.parameters()).dtype
+            keep, why = dense_copy_pays(self.kind, ctx.device.type, dtype, self.backend, ctx.max_slots * ctx.window)
+            cfg = self.model_copy(update={"dense_copy": keep})
+        scheme = apply_quant(ctx.model, cfg, ctx.device)
+        if why is not None:
+            scheme.dense_copy_why = f"auto: {why}"
         print(scheme.line(), flush=True)
         return scheme

@@ -48,6 +48,23 @@ PACKED_ONLY_MAX_ROWS = {"mxfp4": 128, "nvfp4": 128, "mxfp8_e4m3": 128, "mxfp8_e5
 KGEMM_ROWS: dict[str, tuple[int, int]] = {}
 
 
+def dense_copy_pays(fmt: str, device_type: str, dtype: torch.dtype, backend: str, rows: int) -> tuple[bool, str]:
+    """quant.dense_copy=auto: whether a model whose decode calls take at most `rows` rows needs the dequantized copy,
+    and why. Not where every such call runs the packed kernel with or without the copy (CUDA, backend auto, a kernel
+    format, rows within KERNEL_MAX_ROWS): decode is then the same and the copy only costs memory (prefill
+    dequantizes each weight per call instead). Everywhere else the copy is what the layer's calls read."""
+    from synodic.kernels.quant_linear import KERNEL_FORMATS
+    if device_type != "cuda":
+        return True, f"on {device_type} every call reads the dense weight"
+    if backend != "auto" or fmt not in KERNEL_FORMATS:
+        return True, (f"backend={backend}" if backend != "auto" else f"no packed kernel for {fmt}") + \
+            ": calls read the dense weight"
+    limit = KERNEL_MAX_ROWS[fmt] if dtype in (torch.bfloat16, torch.float16) else KERNEL_MAX_ROWS_FP32
+    if rows <= limit:
+        return False, f"decode calls of up to {rows} rows all run the packed kernel (it takes up to {limit})"
+    return True, f"decode calls of up to {rows} rows, above the {limit} the packed kernel takes, read it"
+
+
 def _check(mode: str, fmt: str | None) -> tuple[str, bool]:
     if mode not in MODES:
         raise ValueError(f"unknown quant mode {mode!r}; expected one of: {', '.join(MODES)}")
