@@ -33,8 +33,9 @@ def _describe(t: str, plural: bool = False) -> str:
     if head in ("list", "tuple", "set"):
         inner = _describe(rest[:-1], plural=True) if rest else "values"
         return f"lists of {inner}" if plural else f"a list of {inner}"
-    if head == "literal":
-        return f"one of {rest[:-1]}"
+    if head == "literal":  # one allowed value is named as it is: `true or false or 'auto'`
+        vals = rest[:-1]
+        return vals if "," not in vals else f"one of {vals}"
     if head == "dict":
         return "mappings" if plural else "a mapping {key: value}"
     return _PLURAL.get(head, head) if plural else _SCALARS.get(head, head)
