@@ -1,6 +1,6 @@
-"""The speculative-decoding target runs of BENCHMARKS.md (S3, S4, S5) as one list, to run in one device session:
-each is the exact command its section cites, started in turn with its share of a time budget, its output kept
-under --out (a log per run, plus the run directories and JSON they write).
+"""The speculative-decoding targets' runs that BENCHMARKS.md cites (S3, S4, S5), as one list run in turn: each is
+the exact command of its section, given its share of a time budget, its output kept under --out (a log per run,
+plus the run directories and JSON they write).
 
     python -m benchmarks.spec_targets --out runs/targets                   # every run, GPU
     python -m benchmarks.spec_targets --only headline s5 --budget-s 540    # some of them
@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks._cli import positive_float
 
 H = "ssm=replay kv=adaptive quant=nvfp4"
 S = "spec=dflash2 spec.drafter=random"
@@ -94,13 +96,11 @@ def main(argv=None) -> None:
     names = list(runs(True))
     ap.add_argument("--out", type=Path, default=Path("runs/targets"), help="folder for the logs and run folders")
     ap.add_argument("--only", nargs="+", choices=names, help="these runs, in this order (default: all)")
-    ap.add_argument("--budget-s", type=float, default=3000.0, help="seconds for all the runs together; each gets an "
-                    "equal share of what is left when it starts")
+    ap.add_argument("--budget-s", type=positive_float, default=3000.0, help="seconds for all the runs together; "
+                    "each gets an equal share of what is left when it starts")
     ap.add_argument("--check", action="store_true", help="compose every run's config and print the commands; "
                     "run nothing")
     a = ap.parse_args(argv)
-    if a.budget_s <= 0:
-        ap.error(f"argument --budget-s: invalid value {a.budget_s!r}; expected a number > 0")
     chosen = a.only or names
     if a.check:
         bad = {n: check(runs(True)[n]) for n in chosen}

@@ -64,7 +64,7 @@ def validate_trials(trial_overrides: list[list[str]], key: str, noun: str = "tri
                             f"expected a pipeline a trial runs (decode, bench, eval, ...)")
             continue
         addr = getattr(cfg.runtime, "address", None) or getattr(cfg.pipeline, "ray_address", None)
-        if addr:  # (a trial's Ray session joins the sweep's own instance, so its own address could not be used)
+        if addr:  # a trial joins the sweep's Ray instance: an address of its own would be ignored
             problems.append(f"{key}: {noun} {i} ({' '.join(over)}): a Ray address ({addr!r}) inside a sweep; "
                             "expected pipeline.ray_address of the sweep (its trials run on the sweep's cluster)")
             continue

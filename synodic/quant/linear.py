@@ -51,8 +51,9 @@ KGEMM_ROWS: dict[str, tuple[int, int]] = {}
 def dense_copy_pays(fmt: str, device_type: str, dtype: torch.dtype, backend: str, rows: int) -> tuple[bool, str]:
     """quant.dense_copy=auto: whether a model whose decode calls take at most `rows` rows needs the dequantized copy,
     and why. Not where every such call runs the packed kernel with or without the copy (CUDA, backend auto, a kernel
-    format, rows within KERNEL_MAX_ROWS): decode is then the same and the copy only costs memory (prefill
-    dequantizes each weight per call instead). Everywhere else the copy is what the layer's calls read."""
+    format, rows within KERNEL_MAX_ROWS): decode is then the same and the copy only costs memory (prefill takes the
+    copy-less path: the packed kernel up to PACKED_ONLY_MAX_ROWS, a per-call dequantization above). Everywhere else
+    the copy is what the layer's calls read."""
     from synodic.kernels.quant_linear import KERNEL_FORMATS
     if device_type != "cuda":
         return True, f"on {device_type} every call reads the dense weight"

@@ -85,9 +85,13 @@ def runs_acceptance(run: torch.Tensor) -> dict:
             "rate_by_position": (run.sum(0).float() / reach.float()).tolist()}
 
 
-def _blocks_of(anchors: torch.Tensor) -> list[tuple[int, int]]:
-    """(row, anchor) of every block of anchors [B, A], in the flattened order of a [B * A] result."""
-    return [(r, a) for r, row in enumerate(anchors.tolist()) for a in row]
+def _ngram_drafts(tokens: torch.Tensor, anchors: torch.Tensor, gamma: int, max_ngram: int, min_ngram: int):
+    """(row, anchor, drafts) of every block of anchors [B, A], in the flattened order of a [B * A] result: spec=ngram's
+    prompt lookup from tokens[row, :anchor + 1]."""
+    from .ngram import lookup
+    toks = tokens.cpu().tolist()
+    return [(r, a, lookup(toks[r][:a + 1], gamma, max_ngram, min_ngram))
+            for r, row in enumerate(anchors.cpu().tolist()) for a in row]
 
 
 @torch.no_grad()
@@ -96,12 +100,9 @@ def ngram_runs(target, tokens: torch.Tensor, anchors: torch.Tensor, gamma: int, 
     """spec=ngram's teacher-forced runs [B * A, gamma], as _greedy_runs gives a drafter's: block (b, a) drafts by
     prompt lookup from tokens[b, :a + 1] and keeps drafts while they equal the target's argmax; a lookup shorter
     than gamma (or none) ends the run where its drafts end, as a row with fewer drafts does in the Engine."""
-    from .ngram import lookup
     argmax = target(tokens).argmax(-1).cpu()
-    toks, anc = tokens.cpu().tolist(), anchors.cpu()
-    out = torch.zeros(anc.numel(), gamma, dtype=torch.long)
-    for i, (b, a) in enumerate(_blocks_of(anc)):
-        d = lookup(toks[b][:a + 1], gamma, max_ngram, min_ngram)
+    out = torch.zeros(anchors.numel(), gamma, dtype=torch.long)
+    for i, (b, a, d) in enumerate(_ngram_drafts(tokens, anchors, gamma, max_ngram, min_ngram)):
         for k, tok in enumerate(d):
             if tok != int(argmax[b, a + k]):
                 break
@@ -211,12 +212,10 @@ def ngram_sampled_acceptance(target, tokens, anchors, gamma: int, max_ngram: int
     """sampled_acceptance for spec=ngram: its q is one-hot on the looked-up draft, so draft k is kept with
     probability alpha_k = p_k(d_k) (0 past the end of the lookup), p the target's at `temperature` given the
     true prefix of the sampled sequences `tokens`."""
-    from .ngram import lookup
     p = torch.softmax(target(tokens).float() / temperature, -1).cpu()
-    toks, anc = tokens.cpu().tolist(), anchors.cpu()
-    alpha = torch.zeros(anc.numel(), gamma)
-    for i, (b, a) in enumerate(_blocks_of(anc)):
-        for k, tok in enumerate(lookup(toks[b][:a + 1], gamma, max_ngram, min_ngram)):
+    alpha = torch.zeros(anchors.numel(), gamma)
+    for i, (b, a, d) in enumerate(_ngram_drafts(tokens, anchors, gamma, max_ngram, min_ngram)):
+        for k, tok in enumerate(d):
             alpha[i, k] = p[b, a + k, tok]
     return {"acceptance_length": (1 + alpha.cumprod(-1).sum(-1)).mean().item(),
             "rate_by_position": alpha.mean(0).tolist()}

@@ -17,6 +17,7 @@ from benchmarks import (
     ray_scaling,
     spec_decode,
     spec_profile,
+    spec_targets,
     sps_profile,
     ssm_decode,
 )
@@ -83,6 +84,7 @@ CASES = {
     "drafter_acceptance --gamma 3": (drafter_acceptance.main, ["--gamma", "3"], ["--gamma", "3", "expected --gamma 7"]),
     "drafter_acceptance --models zzz": (drafter_acceptance.main, ["--models", "zzz"], ["--models", "'zzz'"]),
     "drafter_acceptance --schemes bogus": (drafter_acceptance.main, ["--schemes", "bogus"], ["--schemes", "'bogus'"]),
+    "spec_targets --budget-s 0": (spec_targets.main, ["--budget-s", "0"], ["--budget-s", "'0'", "a number > 0"]),
     "drafter_acceptance --prompts 0": (drafter_acceptance.main, ["--prompts", "0"], ["--prompts", "'0'"]),
 }
 
